@@ -1,0 +1,174 @@
+"""Every etcd key path of Danube's metadata layout (seed ``000``, "ETCD Metadata Structure").
+
+One function per key kind; section numbers refer to seed ``000``. Offsets in object keys are
+zero-padded to 20 digits so keys sort in offset order (§5.1 "Offset Padding").
+"""
+
+from __future__ import annotations
+
+from danube_pipeline.names import TopicName
+
+CLUSTER = "/cluster"
+NAMESPACES = "/namespaces"
+TOPICS = "/topics"
+SCHEMAS = "/schemas"
+DANUBE_DATA = "/danube-data"
+STORAGE_TOPICS = "/danube-data/storage/topics"
+
+OFFSET_PAD_DIGITS = 20
+
+
+def pad_offset(offset: int) -> str:
+    """``offset`` zero-padded to 20 digits (§5.1)."""
+    return f"{offset:0{OFFSET_PAD_DIGITS}d}"
+
+
+# ---- 1. cluster
+
+
+def cluster_name(name: str) -> str:
+    """§1.1 ``/cluster/{CLUSTER_NAME}``; value ``null``."""
+    return f"{CLUSTER}/{name}"
+
+
+def broker_register(broker_id: int) -> str:
+    """§1.2 ``/cluster/register/{broker_id}``; value :class:`BrokerRegistration`, under a lease."""
+    return f"{CLUSTER}/register/{broker_id}"
+
+
+BROKER_REGISTER_PREFIX = f"{CLUSTER}/register/"
+
+
+def broker_state(broker_id: int) -> str:
+    """§1.3 ``/cluster/brokers/{broker_id}/state``; value :class:`BrokerState`."""
+    return f"{CLUSTER}/brokers/{broker_id}/state"
+
+
+def broker_prefix(broker_id: int) -> str:
+    """``/cluster/brokers/{broker_id}/``, watched by the broker for its assignments (§1.4)."""
+    return f"{CLUSTER}/brokers/{broker_id}/"
+
+
+BROKERS_PREFIX = f"{CLUSTER}/brokers/"
+
+
+def topic_assignment(broker_id: int, topic: TopicName) -> str:
+    """§1.4 ``/cluster/brokers/{broker_id}/{namespace}/{topic}``; value ``null``."""
+    return f"{CLUSTER}/brokers/{broker_id}/{topic.namespace}/{topic.topic}"
+
+
+def unassigned_topic(topic: TopicName) -> str:
+    """§1.5 ``/cluster/unassigned/{namespace}/{topic}``; value ``null`` or an unload reason."""
+    return f"{CLUSTER}/unassigned/{topic.namespace}/{topic.topic}"
+
+
+def load_report(broker_id: int) -> str:
+    """§1.6 ``/cluster/load/{broker_id}``; value :class:`LoadReport`."""
+    return f"{CLUSTER}/load/{broker_id}"
+
+
+CLUSTER_LEADER = f"{CLUSTER}/leader"
+"""§1.7 ``/cluster/leader``; value the leader's broker id (u64)."""
+
+
+# ---- 2. namespaces
+
+
+def namespace_policy(namespace: str) -> str:
+    """§2.1 ``/namespaces/{namespace}/policy``; value :class:`NamespacePolicy`."""
+    return f"{NAMESPACES}/{namespace}/policy"
+
+
+def namespace_topic(topic: TopicName) -> str:
+    """§2.2 ``/namespaces/{namespace}/topics/{namespace}/{topic}``; value ``null``."""
+    return f"{NAMESPACES}/{topic.namespace}/topics/{topic.namespace}/{topic.topic}"
+
+
+def namespace_topics_prefix(namespace: str) -> str:
+    """``/namespaces/{namespace}/topics/``: every topic of the namespace (§2.2)."""
+    return f"{NAMESPACES}/{namespace}/topics/"
+
+
+# ---- 3. topics
+
+
+def topic_root(topic: TopicName) -> str:
+    """§3.1 ``/topics/{namespace}/{topic}``; value the partition count (0 = non-partitioned)."""
+    return f"{TOPICS}/{topic.namespace}/{topic.topic}"
+
+
+def topic_delivery(topic: TopicName) -> str:
+    """§3.2 ``/topics/{namespace}/{topic}/delivery``; value ``"Reliable"`` or ``"NonReliable"``."""
+    return f"{topic_root(topic)}/delivery"
+
+
+def topic_producer(topic: TopicName, producer_id: int) -> str:
+    """§3.3 ``/topics/{namespace}/{topic}/producers/{producer_id}``; :class:`ProducerMetadata`."""
+    return f"{topic_root(topic)}/producers/{producer_id}"
+
+
+def topic_subscription(topic: TopicName, subscription: str) -> str:
+    """§3.4 ``/topics/{namespace}/{topic}/subscriptions/{subscription_name}``."""
+    return f"{topic_root(topic)}/subscriptions/{subscription}"
+
+
+def subscription_cursor(topic: TopicName, subscription: str) -> str:
+    """§3.5 ``.../subscriptions/{subscription_name}/cursor``; value the last acked offset (u64)."""
+    return f"{topic_subscription(topic, subscription)}/cursor"
+
+
+# ---- 4. schemas
+
+SCHEMA_NEXT_ID = f"{SCHEMAS}/_global/next_schema_id"
+"""§4.1 ``/schemas/_global/next_schema_id``; value the next free schema id (u64)."""
+
+
+def schema_metadata(subject: str) -> str:
+    """§4.2 ``/schemas/{subject}/metadata``; value :class:`SchemaMetadata`."""
+    return f"{SCHEMAS}/{subject}/metadata"
+
+
+def schema_version(subject: str, version: int) -> str:
+    """§4.3 ``/schemas/{subject}/versions/{version}``; value :class:`SchemaVersion`."""
+    return f"{SCHEMAS}/{subject}/versions/{version}"
+
+
+def schema_by_id(schema_id: int) -> str:
+    """§4.4 ``/schemas/_index/by_id/{schema_id}``; value :class:`SchemaIndexEntry`."""
+    return f"{SCHEMAS}/_index/by_id/{schema_id}"
+
+
+# ---- 5. danube-data (object descriptors)
+
+
+def storage_topic(topic: TopicName) -> str:
+    """``/danube-data/storage/topics/{namespace}/{topic}``."""
+    return f"{STORAGE_TOPICS}/{topic.namespace}/{topic.topic}"
+
+
+def objects_prefix(topic: TopicName) -> str:
+    """``.../objects/``: every descriptor of the topic and the ``cur`` pointer (§5.1, §5.2)."""
+    return f"{storage_topic(topic)}/objects/"
+
+
+def object_descriptor(topic: TopicName, start_offset: int) -> str:
+    """§5.1 ``.../objects/{padded_start_offset}``; value :class:`ObjectDescriptor`."""
+    return f"{objects_prefix(topic)}{pad_offset(start_offset)}"
+
+
+def objects_cur(topic: TopicName) -> str:
+    """§5.2 ``.../objects/cur``; value :class:`ObjectsCursor`."""
+    return f"{objects_prefix(topic)}cur"
+
+
+def sealed_state(topic: TopicName) -> str:
+    """§5.3 ``.../state``; value :class:`SealedState`, written when a topic is unloaded."""
+    return f"{storage_topic(topic)}/state"
+
+
+# ---- 6. legacy
+
+
+def legacy_subscription_consumer(subscription: str, consumer_id: int) -> str:
+    """§6 ``/subscriptions/{subscription_name}/{consumer_id}`` (legacy; not written)."""
+    return f"/subscriptions/{subscription}/{consumer_id}"

@@ -1,0 +1,262 @@
+"""The JSON values stored at the keys of :mod:`danube_pipeline.metadata.keys` (seed ``000``).
+
+Each structured value is a frozen dataclass whose fields, names and order are those the seed
+shows; :func:`encode` writes compact JSON (UTF-8) and :func:`decode` reads it back. Scalar
+values (``null`` markers, the partition count ``0``, ``"Reliable"``, cursors, the leader id,
+the next schema id) are stored as their plain JSON form through the same two functions.
+Times are whole seconds since the Unix epoch, as in the seed examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, ClassVar, Self, TypeVar
+
+JsonValue = None | bool | int | float | str | list[Any] | dict[str, Any]
+
+T = TypeVar("T", bound="JsonRecord")
+
+
+def encode(value: JsonValue | JsonRecord) -> bytes:
+    """Compact JSON bytes for an etcd value (``null`` for ``None``)."""
+    if isinstance(value, JsonRecord):
+        value = value.to_json()
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode(raw: bytes | str) -> JsonValue:
+    """Parse an etcd value written by :func:`encode` (or by Danube itself).
+
+    Raises:
+        ValueError: if ``raw`` is not JSON.
+    """
+    return json.loads(raw)  # type: ignore[no-any-return]
+
+
+class JsonRecord:
+    """Base of the structured values: ``to_json`` keeps the dataclass field order."""
+
+    _nested: ClassVar[dict[str, type[JsonRecord]]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if isinstance(v, JsonRecord):
+                v = v.to_json()
+            elif isinstance(v, list):
+                v = [x.to_json() if isinstance(x, JsonRecord) else x for x in v]
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: if ``data`` is not an object or lacks a required field.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in data:
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                    continue
+                raise ValueError(f"{cls.__name__}: missing field {f.name!r}")
+            v = data[f.name]
+            nested = cls._nested.get(f.name)
+            if nested is not None and v is not None:
+                v = [nested.from_json(x) for x in v] if isinstance(v, list) else nested.from_json(v)
+            kwargs[f.name] = v
+        return cls(**kwargs)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Self:
+        """:func:`decode` then :meth:`from_json`."""
+        return cls.from_json(decode(raw))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerRegistration(JsonRecord):
+    """§1.2 ``/cluster/register/{broker_id}``.
+
+    ``broker_addr`` and ``admin_addr`` carry an ``http://`` scheme as in the seed;
+    ``advertised_addr`` is ``host:port``. ``prom_exporter`` is ``None`` while no metrics
+    endpoint runs.
+    """
+
+    admin_addr: str
+    advertised_addr: str
+    broker_addr: str
+    prom_exporter: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerState(JsonRecord):
+    """§1.3 ``/cluster/brokers/{broker_id}/state``: ``mode`` is ``active`` or ``draining``."""
+
+    mode: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResourceUsage(JsonRecord):
+    """One entry of :class:`LoadReport` ``resources_usage`` (usage in percent)."""
+
+    resource: str
+    usage: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadReport(JsonRecord):
+    """§1.6 ``/cluster/load/{broker_id}``."""
+
+    resources_usage: list[ResourceUsage]
+    topic_list: list[str]
+    topics_len: int
+    _nested: ClassVar[dict[str, type[JsonRecord]]] = {"resources_usage": ResourceUsage}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnassignedReason(JsonRecord):
+    """§1.5 value of ``/cluster/unassigned/{ns}/{topic}`` after an unload."""
+
+    reason: str
+    from_broker: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamespacePolicy(JsonRecord):
+    """§2.1 ``/namespaces/{namespace}/policy``; 0 means unlimited. Sizes in bytes."""
+
+    max_consumers_per_subscription: int = 0
+    max_consumers_per_topic: int = 0
+    max_message_size: int = 10 * 1024 * 1024
+    max_producers_per_topic: int = 0
+    max_publish_rate: int = 0
+    max_subscription_dispatch_rate: int = 0
+    max_subscriptions_per_topic: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProducerMetadata(JsonRecord):
+    """§3.3 ``/topics/{ns}/{topic}/producers/{producer_id}``; ``status`` false once closed."""
+
+    access_mode: int
+    producer_id: int
+    producer_name: str
+    status: bool
+    topic_name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionMetadata(JsonRecord):
+    """§3.4 ``/topics/{ns}/{topic}/subscriptions/{name}``.
+
+    ``subscription_type``: 0 Exclusive, 1 Shared, 2 Failover. ``consumer_id`` is ``None`` in
+    the seed example; the broker writes the active consumer's id when one is attached.
+    """
+
+    consumer_id: int | None
+    consumer_name: str
+    subscription_name: str
+    subscription_type: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AvroSchemaDef(JsonRecord):
+    """The ``{"Avro": {...}}`` body of ``schema_def`` (§4.3)."""
+
+    fingerprint: str
+    raw_schema: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaVersion(JsonRecord):
+    """§4.3 ``/schemas/{subject}/versions/{version}``.
+
+    ``schema_def`` is ``{"Avro": {"fingerprint": "sha256:…", "raw_schema": "…"}}``;
+    ``fingerprint`` is ``"sha256:"`` plus the hex SHA-256 of the schema's Parsing Canonical
+    Form (Avro spec, "Schema Fingerprints").
+    """
+
+    created_at: int
+    created_by: str
+    version: int
+    fingerprint: str
+    is_deprecated: bool
+    schema_def: dict[str, Any]
+    tags: list[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaMetadata(JsonRecord):
+    """§4.2 ``/schemas/{subject}/metadata``."""
+
+    compatibility_mode: str
+    created_at: int
+    created_by: str
+    id: int
+    latest_version: int
+    subject: str
+    topics_using: list[str]
+    updated_at: int
+    versions: list[SchemaVersion]
+    _nested: ClassVar[dict[str, type[JsonRecord]]] = {"versions": SchemaVersion}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaIndexEntry(JsonRecord):
+    """§4.4 ``/schemas/_index/by_id/{schema_id}``."""
+
+    schema_id: int
+    subject: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectDescriptor(JsonRecord):
+    """§5.1 ``/danube-data/storage/topics/{ns}/{topic}/objects/{padded_start_offset}``.
+
+    Attributes:
+        completed: false until the object is fully written, then true.
+        created_at: seconds since the epoch.
+        end_offset: inclusive.
+        etag: the object store's etag or content hash, ``None`` until known.
+        object_id: ``data-{start}-{end}.dnb1``.
+        offset_index: sparse ``[offset, byte_position]`` pairs within the object.
+        size: object size in bytes.
+        start_offset: first offset in the object.
+    """
+
+    completed: bool
+    created_at: int
+    end_offset: int
+    etag: str | None
+    object_id: str
+    offset_index: list[list[int]]
+    size: int
+    start_offset: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectsCursor(JsonRecord):
+    """§5.2 ``.../objects/cur``: ``start`` is the padded start offset of the newest object."""
+
+    start: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SealedState(JsonRecord):
+    """§5.3 ``.../state``: written on topic unload; the next owner starts its WAL at
+    ``last_committed_offset + 1``."""
+
+    sealed: bool
+    last_committed_offset: int
+    broker_id: int
+    timestamp: int
+
+
+RELIABLE = "Reliable"
+NON_RELIABLE = "NonReliable"

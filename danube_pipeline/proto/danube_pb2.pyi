@@ -1,0 +1,394 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DeliveryMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELIABLE: _ClassVar[DeliveryMode]
+    NON_RELIABLE: _ClassVar[DeliveryMode]
+
+class SubscriptionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXCLUSIVE: _ClassVar[SubscriptionType]
+    SHARED: _ClassVar[SubscriptionType]
+    FAILOVER: _ClassVar[SubscriptionType]
+
+class InitialPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LATEST: _ClassVar[InitialPosition]
+    EARLIEST: _ClassVar[InitialPosition]
+
+class SchemaType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AVRO: _ClassVar[SchemaType]
+RELIABLE: DeliveryMode
+NON_RELIABLE: DeliveryMode
+EXCLUSIVE: SubscriptionType
+SHARED: SubscriptionType
+FAILOVER: SubscriptionType
+LATEST: InitialPosition
+EARLIEST: InitialPosition
+AVRO: SchemaType
+
+class SchemaReference(_message.Message):
+    __slots__ = ("schema_id", "schema_version", "subject")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    schema_id: int
+    schema_version: int
+    subject: str
+    def __init__(self, schema_id: _Optional[int] = ..., schema_version: _Optional[int] = ..., subject: _Optional[str] = ...) -> None: ...
+
+class CreateProducerRequest(_message.Message):
+    __slots__ = ("topic", "producer_name", "access_mode", "schema", "delivery")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    producer_name: str
+    access_mode: int
+    schema: SchemaReference
+    delivery: DeliveryMode
+    def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
+
+class CreateProducerResponse(_message.Message):
+    __slots__ = ("producer_id", "broker_id", "max_message_size")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    broker_id: int
+    max_message_size: int
+    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size: _Optional[int] = ...) -> None: ...
+
+class ProducerMessage(_message.Message):
+    __slots__ = ("payload", "attributes", "publish_time_us")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    attributes: _containers.ScalarMap[str, str]
+    publish_time_us: int
+    def __init__(self, payload: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., publish_time_us: _Optional[int] = ...) -> None: ...
+
+class SendMessageRequest(_message.Message):
+    __slots__ = ("producer_id", "message")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    message: ProducerMessage
+    def __init__(self, producer_id: _Optional[int] = ..., message: _Optional[_Union[ProducerMessage, _Mapping]] = ...) -> None: ...
+
+class SendMessageResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class SendBatchRequest(_message.Message):
+    __slots__ = ("producer_id", "messages")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    messages: _containers.RepeatedCompositeFieldContainer[ProducerMessage]
+    def __init__(self, producer_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProducerMessage, _Mapping]]] = ...) -> None: ...
+
+class SendBatchResponse(_message.Message):
+    __slots__ = ("first_offset", "last_offset")
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    first_offset: int
+    last_offset: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
+
+class CloseProducerRequest(_message.Message):
+    __slots__ = ("producer_id",)
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    def __init__(self, producer_id: _Optional[int] = ...) -> None: ...
+
+class CloseProducerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    subscription_type: SubscriptionType
+    consumer_name: str
+    initial_position: InitialPosition
+    receiver_queue_size: int
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("consumer_id", "broker_id")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    broker_id: int
+    def __init__(self, consumer_id: _Optional[int] = ..., broker_id: _Optional[int] = ...) -> None: ...
+
+class ReceiveRequest(_message.Message):
+    __slots__ = ("consumer_id",)
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
+
+class StreamMessage(_message.Message):
+    __slots__ = ("offset", "payload", "attributes", "publish_time_us", "producer_id", "producer_name", "schema_id", "schema_version", "redelivery_count")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    payload: bytes
+    attributes: _containers.ScalarMap[str, str]
+    publish_time_us: int
+    producer_id: int
+    producer_name: str
+    schema_id: int
+    schema_version: int
+    redelivery_count: int
+    def __init__(self, offset: _Optional[int] = ..., payload: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., publish_time_us: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., schema_id: _Optional[int] = ..., schema_version: _Optional[int] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+
+class MessageBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StreamMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("consumer_id", "offsets")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseConsumerRequest(_message.Message):
+    __slots__ = ("consumer_id",)
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
+
+class CloseConsumerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopicLookupRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class TopicLookupResponse(_message.Message):
+    __slots__ = ("broker_id", "broker_addr")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_addr: str
+    def __init__(self, broker_id: _Optional[int] = ..., broker_addr: _Optional[str] = ...) -> None: ...
+
+class ClusterMetadataRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BrokerInfo(_message.Message):
+    __slots__ = ("broker_id", "broker_addr", "mode")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_addr: str
+    mode: str
+    def __init__(self, broker_id: _Optional[int] = ..., broker_addr: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ClusterMetadataResponse(_message.Message):
+    __slots__ = ("cluster_name", "brokers", "leader_broker_id")
+    CLUSTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster_name: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
+    leader_broker_id: int
+    def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic", "delivery")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    delivery: DeliveryMode
+    def __init__(self, topic: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class TopicInfo(_message.Message):
+    __slots__ = ("topic", "next_offset", "sealed_segments", "wal_syncs")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    WAL_SYNCS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    next_offset: int
+    sealed_segments: int
+    wal_syncs: int
+    def __init__(self, topic: _Optional[str] = ..., next_offset: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., wal_syncs: _Optional[int] = ...) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class ListSealedSegmentsRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class SegmentInfo(_message.Message):
+    __slots__ = ("start_offset", "end_offset", "size_bytes", "record_count", "created_at_ms", "sealed_at_ms")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SEALED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+    record_count: int
+    created_at_ms: int
+    sealed_at_ms: int
+    def __init__(self, start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., record_count: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., sealed_at_ms: _Optional[int] = ...) -> None: ...
+
+class ListSealedSegmentsResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class SealActiveSegmentRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class SealActiveSegmentResponse(_message.Message):
+    __slots__ = ("sealed", "segment")
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    sealed: bool
+    segment: SegmentInfo
+    def __init__(self, sealed: _Optional[bool] = ..., segment: _Optional[_Union[SegmentInfo, _Mapping]] = ...) -> None: ...
+
+class ReadSegmentRequest(_message.Message):
+    __slots__ = ("topic", "start_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    start_offset: int
+    def __init__(self, topic: _Optional[str] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class SegmentChunk(_message.Message):
+    __slots__ = ("position", "data")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    data: bytes
+    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class RegisterSchemaRequest(_message.Message):
+    __slots__ = ("subject", "schema_type", "raw_schema", "created_by")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    schema_type: SchemaType
+    raw_schema: str
+    created_by: str
+    def __init__(self, subject: _Optional[str] = ..., schema_type: _Optional[_Union[SchemaType, str]] = ..., raw_schema: _Optional[str] = ..., created_by: _Optional[str] = ...) -> None: ...
+
+class RegisterSchemaResponse(_message.Message):
+    __slots__ = ("schema_id", "version", "fingerprint")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    schema_id: int
+    version: int
+    fingerprint: str
+    def __init__(self, schema_id: _Optional[int] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("schema_id", "version")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    schema_id: int
+    version: int
+    def __init__(self, schema_id: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetSchemaResponse(_message.Message):
+    __slots__ = ("subject", "schema_id", "version", "schema_type", "raw_schema", "fingerprint")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    schema_id: int
+    version: int
+    schema_type: SchemaType
+    raw_schema: str
+    fingerprint: str
+    def __init__(self, subject: _Optional[str] = ..., schema_id: _Optional[int] = ..., version: _Optional[int] = ..., schema_type: _Optional[_Union[SchemaType, str]] = ..., raw_schema: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
