@@ -135,6 +135,27 @@ class SubscriptionBusyError(DanubeError):
         super().__init__(f"subscription {subscription!r} is busy: {reason}")
 
 
+class SchemaNotFoundError(DanubeError, LookupError):
+    """No schema is registered under that id, subject or version (seed ``000`` §4)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"schema not found: {what}")
+
+
+class InvalidSchemaError(DanubeError, ValueError):
+    """A schema definition does not parse (e.g. not valid Avro)."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, subject: str, reason: str) -> None:
+        self.subject = subject
+        self.reason = reason
+        super().__init__(f"invalid schema for subject {subject!r}: {reason}")
+
+
 class SegmentNotFoundError(DanubeError, LookupError):
     """No sealed segment starts at the requested offset."""
 
@@ -207,6 +228,8 @@ _BY_NAME: dict[str, type[DanubeError]] = {
         ProducerNotFoundError,
         ConsumerNotFoundError,
         SubscriptionBusyError,
+        SchemaNotFoundError,
+        InvalidSchemaError,
         SegmentNotFoundError,
         CorruptRecordError,
         BrokerUnavailableError,

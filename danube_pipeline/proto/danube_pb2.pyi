@@ -101,20 +101,24 @@ class SendMessageResponse(_message.Message):
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
-    __slots__ = ("producer_id", "messages")
+    __slots__ = ("producer_id", "messages", "sequence_id")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     messages: _containers.RepeatedCompositeFieldContainer[ProducerMessage]
-    def __init__(self, producer_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProducerMessage, _Mapping]]] = ...) -> None: ...
+    sequence_id: int
+    def __init__(self, producer_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProducerMessage, _Mapping]]] = ..., sequence_id: _Optional[int] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
-    __slots__ = ("first_offset", "last_offset")
+    __slots__ = ("first_offset", "last_offset", "sequence_id")
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     first_offset: int
     last_offset: int
-    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
+    sequence_id: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ...) -> None: ...
 
 class CloseProducerRequest(_message.Message):
     __slots__ = ("producer_id",)

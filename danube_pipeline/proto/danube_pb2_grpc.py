@@ -51,6 +51,11 @@ class ProducerServiceStub:
                 request_serializer=danube__pb2.SendBatchRequest.SerializeToString,
                 response_deserializer=danube__pb2.SendBatchResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/danube.v1.ProducerService/SendStream',
+                request_serializer=danube__pb2.SendBatchRequest.SerializeToString,
+                response_deserializer=danube__pb2.SendBatchResponse.FromString,
+                _registered_method=True)
         self.CloseProducer = channel.unary_unary(
                 '/danube.v1.ProducerService/CloseProducer',
                 request_serializer=danube__pb2.CloseProducerRequest.SerializeToString,
@@ -85,6 +90,14 @@ class ProducerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendStream(self, request_iterator, context):
+        """Pipelined batches on one stream: the broker appends requests in the order it reads them
+        and answers in the same order, so several batches can be in flight without reordering.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseProducer(self, request, context):
         """Marks the producer closed (status false in its seed 000 §3.3 JSON).
         """
@@ -107,6 +120,11 @@ def add_ProducerServiceServicer_to_server(servicer, server):
             ),
             'SendBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.SendBatch,
+                    request_deserializer=danube__pb2.SendBatchRequest.FromString,
+                    response_serializer=danube__pb2.SendBatchResponse.SerializeToString,
+            ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
                     request_deserializer=danube__pb2.SendBatchRequest.FromString,
                     response_serializer=danube__pb2.SendBatchResponse.SerializeToString,
             ),
@@ -197,6 +215,33 @@ class ProducerService:
             request,
             target,
             '/danube.v1.ProducerService/SendBatch',
+            danube__pb2.SendBatchRequest.SerializeToString,
+            danube__pb2.SendBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/danube.v1.ProducerService/SendStream',
             danube__pb2.SendBatchRequest.SerializeToString,
             danube__pb2.SendBatchResponse.FromString,
             options,
