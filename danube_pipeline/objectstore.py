@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -183,11 +182,8 @@ class ObjectStore:
             return []
         out = []
         for full in found:
-            full = full if full.startswith("/") or not self._root.startswith("/") else full
             rel = full[len(self._root) :].lstrip("/") if full.startswith(self._root) else full
             if not os.path.basename(rel).startswith("."):
                 out.append(rel)
         return sorted(out)
 
-
-_ = uuid  # reserved for multipart uploads

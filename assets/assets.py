@@ -1,0 +1,171 @@
+"""The tiering assets, partitioned by topic (``"ns.topic"``).
+
+``segment_objects`` → ``iceberg_table`` → ``compacted_table``: sealed WAL segments become
+objects plus etcd descriptors, then one Iceberg snapshot per object, then Spark compacts the
+table's small files. Each materialization records metadata (offsets, bytes, snapshot ids,
+file counts) so the Dagster UI tells the story without opening logs.
+"""
+
+import asyncio
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from assets.partitions import topics_partitions
+from assets.resources import (
+    BrokerResource,
+    EtcdResource,
+    IcebergCatalogResource,
+    ObjectStoreResource,
+    SparkResource,
+)
+from assets.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
+from danube_pipeline import iceberg
+from danube_pipeline.names import TopicName
+from danube_pipeline.spark import compact_table
+
+TIERING_GROUP = "tiering"
+
+
+def _topic(context: AssetExecutionContext) -> TopicName:
+    return TopicName.from_partition_key(context.partition_key)
+
+
+@asset(
+    partitions_def=topics_partitions,
+    group_name=TIERING_GROUP,
+    kinds={"etcd", "python"},
+    description=(
+        "Sealed WAL segments of the topic as objects topics/{ns}/{topic}/data-{start}-{end}.dnb1 "
+        "in object storage, each with a completed descriptor under "
+        "/danube-data/storage/topics/{ns}/{topic}/objects/ in etcd (seed 000 §5)."
+    ),
+)
+def segment_objects(
+    context: AssetExecutionContext,
+    etcd: EtcdResource,
+    broker: BrokerResource,
+    object_store: ObjectStoreResource,
+) -> MaterializeResult:
+    """Upload every sealed segment without a completed descriptor, in offset order."""
+    topic = _topic(context)
+    objects = object_store.store()
+
+    async def run() -> TieringReport:
+        async with await etcd.connect() as store, broker.client() as client:
+            return await tier_sealed_segments(topic, store=store, admin=client.admin, objects=objects)
+
+    report = asyncio.run(run())
+    context.log.info(
+        f"{topic.path}: {report.objects_written} objects written ({report.bytes_written} bytes), "
+        f"{report.objects_skipped} already tiered"
+    )
+    return MaterializeResult(
+        metadata={
+            "topic": topic.path,
+            "sealed_segments": report.sealed_segments,
+            "objects_written": report.objects_written,
+            "objects_skipped": report.objects_skipped,
+            "bytes_written": MetadataValue.int(report.bytes_written),
+            "records_written": report.records_written,
+            "first_offset": MetadataValue.int(report.first_offset if report.first_offset is not None else -1),
+            "last_offset": MetadataValue.int(report.last_offset if report.last_offset is not None else -1),
+            "descriptors_total": report.descriptors_total,
+            "objects_cur": report.cursor or "",
+            "written": MetadataValue.json(report.written),
+            "object_store": objects.url(f"topics/{topic.namespace}/{topic.topic}"),
+        }
+    )
+
+
+@asset(
+    partitions_def=topics_partitions,
+    group_name=TIERING_GROUP,
+    deps=[segment_objects],
+    kinds={"iceberg", "python"},
+    description=(
+        "The topic's Iceberg table (namespace = Danube namespace): one snapshot per segment "
+        "object, exactly once (snapshot summaries carry danube.end-offset)."
+    ),
+)
+def iceberg_table(
+    context: AssetExecutionContext,
+    etcd: EtcdResource,
+    object_store: ObjectStoreResource,
+    iceberg_catalog: IcebergCatalogResource,
+) -> MaterializeResult:
+    """Append every completed segment object not yet committed to the topic's table."""
+    from danube_pipeline.schema_registry import SchemaRegistry
+
+    topic = _topic(context)
+    objects = object_store.store()
+    catalog = iceberg_catalog.load()
+
+    async def run() -> TableReport:
+        async with await etcd.connect() as store:
+            return await commit_objects_to_table(
+                topic, store=store, objects=objects, catalog=catalog, registry=SchemaRegistry(store)
+            )
+
+    report = asyncio.run(run())
+    context.log.info(
+        f"{report.table}: {report.rows_appended} rows in {report.objects_appended} snapshots, "
+        f"committed through offset {report.committed_end_offset}"
+    )
+    return MaterializeResult(
+        metadata={
+            "table": f"{iceberg_catalog.catalog_name()}.{report.table}",
+            "rows_appended": MetadataValue.int(report.rows_appended),
+            "objects_appended": report.objects_appended,
+            "objects_skipped": report.objects_skipped,
+            "snapshot_id": MetadataValue.text(str(report.snapshot_id) if report.snapshot_id else ""),
+            "snapshots_created": MetadataValue.json([str(s) for s in report.snapshots]),
+            "committed_end_offset": MetadataValue.int(
+                report.committed_end_offset if report.committed_end_offset is not None else -1
+            ),
+            "data_files": report.data_files,
+            "schema_ids": MetadataValue.json(report.schema_ids),
+        }
+    )
+
+
+@asset(
+    partitions_def=topics_partitions,
+    group_name=TIERING_GROUP,
+    deps=[iceberg_table],
+    kinds={"spark", "iceberg"},
+    description=(
+        "The topic's table after Spark's rewrite_data_files merged its small per-object files."
+    ),
+)
+def compacted_table(
+    context: AssetExecutionContext,
+    iceberg_catalog: IcebergCatalogResource,
+    spark: SparkResource,
+) -> MaterializeResult:
+    """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table."""
+    topic = _topic(context)
+    catalog = iceberg_catalog.load()
+    ident = iceberg.table_identifier(topic)
+    if not catalog.table_exists(ident):
+        context.log.info(f"{'.'.join(ident)} does not exist yet; nothing to compact")
+        return MaterializeResult(metadata={"table": ".".join(ident), "skipped": "table does not exist"})
+    with spark.session() as session:
+        result = compact_table(session, topic, catalog_name=spark.resolved_catalog_name())
+    table = catalog.load_table(ident)
+    committed = iceberg.committed_end_offset(table)
+    context.log.info(
+        f"{'.'.join(ident)}: {result.data_files_before} → {result.data_files_after} data files "
+        f"({result.rewritten_data_files} rewritten into {result.added_data_files})"
+    )
+    return MaterializeResult(
+        metadata={
+            "table": f"{spark.resolved_catalog_name()}.{'.'.join(ident)}",
+            "data_files_before": result.data_files_before,
+            "data_files_after": result.data_files_after,
+            "rewritten_data_files": result.rewritten_data_files,
+            "added_data_files": result.added_data_files,
+            "rewritten_bytes": MetadataValue.int(result.rewritten_bytes),
+            "snapshot_id": MetadataValue.text(str(result.snapshot_id) if result.snapshot_id else ""),
+            "committed_end_offset": MetadataValue.int(committed if committed is not None else -1),
+        }
+    )

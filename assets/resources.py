@@ -1,0 +1,169 @@
+"""Dagster resources: the four systems the assets talk to, plus Spark.
+
+Every field is optional: left unset, it resolves at run time from the ``DANUBE_*`` environment
+through :mod:`danube_pipeline.settings` (so one ``DANUBE_HOME`` or the demo's environment
+points a run at its etcd, broker, object store and catalog). Set a field, or pass
+``EnvVar("…")``, to pin it in the Definitions or in run config.
+
+The assets never import ``broker/``: they reach the broker only through its gRPC admin API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from dagster import ConfigurableResource
+from pydantic import Field
+from pyiceberg.catalog.sql import SqlCatalog
+
+from danube_pipeline import settings
+from danube_pipeline.iceberg import load_catalog
+from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.spark import build_spark_session, spark_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from danube_pipeline.client import DanubeClient
+    from danube_pipeline.metadata.store import MetadataStore
+
+
+def _split(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+class EtcdResource(ConfigurableResource):  # type: ignore[misc]
+    """The etcd cluster holding Danube's metadata (seed ``000``)."""
+
+    endpoints: str | None = Field(
+        default=None,
+        description="Comma-separated host:port etcd endpoints; default $DANUBE_ETCD_ENDPOINTS or 127.0.0.1:2379.",
+    )
+    connect_timeout_s: float = Field(default=5.0, description="Seconds to wait for etcd when connecting.")
+
+    def endpoint_list(self) -> list[str]:
+        """The endpoints as ``host:port`` strings."""
+        return _split(self.endpoints) if self.endpoints else settings.etcd_endpoints()
+
+    async def connect(self) -> MetadataStore:
+        """A connected :class:`MetadataStore`; use it as ``async with await etcd.connect() as store``."""
+        from danube_pipeline.metadata.store import MetadataStore
+
+        return await MetadataStore.connect(self.endpoint_list(), connect_timeout_s=self.connect_timeout_s)
+
+
+class BrokerResource(ConfigurableResource):  # type: ignore[misc]
+    """Seed brokers for the admin gRPC API (list and read sealed segments)."""
+
+    seed_addresses: str | None = Field(
+        default=None,
+        description="Comma-separated host:port seed brokers; default $DANUBE_BROKER_ADDRESSES or 127.0.0.1:6650.",
+    )
+
+    def address_list(self) -> list[str]:
+        """The seed addresses as ``host:port`` strings."""
+        return _split(self.seed_addresses) if self.seed_addresses else settings.broker_addresses()
+
+    def client(self) -> DanubeClient:
+        """A new :class:`DanubeClient`; use it as ``async with broker.client() as client``."""
+        from danube_pipeline.client import DanubeClient
+
+        return DanubeClient(self.address_list())
+
+
+class ObjectStoreResource(ConfigurableResource):  # type: ignore[misc]
+    """Where sealed segments are tiered: ``file://`` by default, ``s3://`` for S3 or MinIO."""
+
+    root_url: str | None = Field(
+        default=None,
+        description="fsspec URL of the store's root; default $DANUBE_OBJECT_STORE_URL or file://$DANUBE_HOME/objects.",
+    )
+    s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, moto).")
+    s3_access_key_id: str | None = Field(default=None, description="S3 access key; default the AWS credential chain.")
+    s3_secret_access_key: str | None = Field(default=None, description="S3 secret key.")
+    s3_region: str | None = Field(default=None, description="S3 region.")
+
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec ``storage_options`` for the configured backend."""
+        options: dict[str, Any] = {}
+        if self.s3_endpoint_url:
+            options["endpoint_url"] = self.s3_endpoint_url
+        if self.s3_access_key_id:
+            options["key"] = self.s3_access_key_id
+        if self.s3_secret_access_key:
+            options["secret"] = self.s3_secret_access_key
+        if self.s3_region:
+            options["client_kwargs"] = {"region_name": self.s3_region}
+        return options
+
+    def store(self) -> ObjectStore:
+        """The :class:`ObjectStore`."""
+        url = self.root_url or settings.object_store_url()
+        return ObjectStore(url, storage_options=self.storage_options() if url.startswith("s3") else None)
+
+
+class IcebergCatalogResource(ConfigurableResource):  # type: ignore[misc]
+    """The Iceberg SQL catalog shared by pyiceberg and Spark (``../shared/STACK.md``)."""
+
+    name: str | None = Field(default=None, description="Catalog name; default $DANUBE_CATALOG_NAME or danube.")
+    uri: str | None = Field(
+        default=None, description="SQLAlchemy URI; default $DANUBE_CATALOG_URI or sqlite:///$DANUBE_HOME/catalog.db."
+    )
+    warehouse: str | None = Field(
+        default=None, description="Warehouse URL; default $DANUBE_WAREHOUSE or file://$DANUBE_HOME/warehouse."
+    )
+
+    def catalog_name(self) -> str:
+        return self.name or settings.catalog_name()
+
+    def catalog_uri(self) -> str:
+        return self.uri or settings.catalog_uri()
+
+    def warehouse_url(self) -> str:
+        return self.warehouse or settings.warehouse_url()
+
+    def load(self) -> SqlCatalog:
+        """Open the pyiceberg ``SqlCatalog``."""
+        return load_catalog(name=self.catalog_name(), uri=self.catalog_uri(), warehouse=self.warehouse_url())
+
+
+class SparkResource(ConfigurableResource):  # type: ignore[misc]
+    """A local Spark session with Iceberg's ``SparkCatalog`` on the shared JDBC catalog.
+
+    Catalog fields default like :class:`IcebergCatalogResource`'s, so both see the same tables.
+    Jars come from :func:`danube_pipeline.spark.iceberg_spark_runtime_jar` and
+    :func:`danube_pipeline.spark.sqlite_jdbc_jar` (``DANUBE_ICEBERG_SPARK_JAR``,
+    ``DANUBE_SQLITE_JDBC_JAR``).
+    """
+
+    catalog_name: str | None = Field(default=None, description="Spark catalog name = the pyiceberg catalog name.")
+    catalog_uri: str | None = Field(default=None, description="pyiceberg SQLAlchemy URI (converted to JDBC).")
+    warehouse: str | None = Field(default=None, description="Warehouse URL.")
+    master: str = Field(default="local[2]", description="Spark master URL.")
+    shuffle_partitions: int = Field(default=4, description="spark.sql.shuffle.partitions.")
+    stop_after_use: bool = Field(default=True, description="Stop the session when the asset is done.")
+
+    def resolved_catalog_name(self) -> str:
+        return self.catalog_name or settings.catalog_name()
+
+    def conf(self) -> dict[str, str]:
+        """The Spark configuration (see :func:`danube_pipeline.spark.spark_conf`)."""
+        return spark_conf(
+            catalog_name=self.resolved_catalog_name(),
+            catalog_uri=self.catalog_uri or settings.catalog_uri(),
+            warehouse=self.warehouse or settings.warehouse_url(),
+            master=self.master,
+            shuffle_partitions=self.shuffle_partitions,
+        )
+
+    @contextmanager
+    def session(self) -> Iterator[SparkSession]:
+        """A Spark session for the duration of the block."""
+        spark = build_spark_session(self.conf())
+        try:
+            yield spark
+        finally:
+            if self.stop_after_use:
+                spark.stop()

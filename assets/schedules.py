@@ -1,0 +1,24 @@
+"""Schedules: hourly compaction of every topic table."""
+
+from collections.abc import Iterator
+
+from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+
+from assets.jobs import compaction_job
+from assets.partitions import TOPICS_PARTITIONS_NAME
+
+
+@schedule(
+    name="compaction_schedule",
+    job=compaction_job,
+    cron_schedule="0 * * * *",
+    description="Every hour, one compaction_job run per topic partition.",
+)
+def compaction_schedule(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
+    partitions = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
+    if not partitions:
+        yield SkipReason("no topic partitions yet")
+        return
+    tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
+    for key in partitions:
+        yield RunRequest(run_key=f"{key}:{tick}", partition_key=key)

@@ -1,0 +1,361 @@
+"""The tiering steps behind the assets, as plain async functions over the real systems.
+
+* :func:`tier_sealed_segments`: sealed WAL segments → objects in object storage plus their
+  descriptors in etcd (seed ``000`` §5.1, §5.2).
+* :func:`commit_objects_to_table`: segment objects → one Iceberg snapshot per object, exactly
+  once (seed ``003`` §II, "Atomic Commits").
+
+They meet the broker only through its gRPC admin API and never read its disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyiceberg.catalog import Catalog
+
+from danube_pipeline import iceberg
+from danube_pipeline.errors import CorruptRecordError, OffsetRangeError, TopicNotFoundError
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
+from danube_pipeline.names import TopicName
+from danube_pipeline.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.records import Record, decode_segment, object_id
+
+if TYPE_CHECKING:
+    from danube_pipeline.client.types import SegmentInfo
+    from danube_pipeline.metadata.store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+OFFSET_INDEX_INTERVAL = 1000
+"""Records between entries of a descriptor's sparse ``offset_index``."""
+
+
+class SegmentAdmin(Protocol):
+    """The part of the broker admin API tiering uses (``DanubeClient.admin``)."""
+
+    async def list_sealed_segments(self, topic: str) -> list[SegmentInfo]: ...
+
+    async def read_segment_bytes(self, topic: str, start_offset: int) -> bytes: ...
+
+
+class SchemaLookup(Protocol):
+    """The part of ``SchemaRegistry`` the table commit uses."""
+
+    async def get_by_id(self, schema_id: int, *, version: int | None = None) -> Any: ...
+
+
+# --------------------------------------------------------------------------- descriptors
+
+
+async def read_descriptors(store: MetadataStore, topic: TopicName) -> tuple[list[ObjectDescriptor], str | None]:
+    """Every object descriptor of ``topic`` in offset order, and ``objects/cur``'s ``start``."""
+    kvs, _ = await store.get_prefix(keys.objects_prefix(topic))
+    cur_key = keys.objects_cur(topic)
+    descriptors: list[ObjectDescriptor] = []
+    cur: str | None = None
+    for kv in kvs:
+        if kv.key == cur_key:
+            cur = ObjectsCursor.from_json(kv.value).start
+        else:
+            descriptors.append(ObjectDescriptor.from_json(kv.value))
+    descriptors.sort(key=lambda d: d.start_offset)
+    return descriptors, cur
+
+
+def untiered_segments(sealed: Sequence[SegmentInfo], descriptors: Sequence[ObjectDescriptor]) -> list[SegmentInfo]:
+    """Sealed, non-empty segments that have no completed descriptor, in offset order."""
+    done = {d.start_offset for d in descriptors if d.completed}
+    return [
+        s
+        for s in sorted(sealed, key=lambda s: s.start_offset)
+        if s.end_offset >= s.start_offset and s.start_offset not in done
+    ]
+
+
+@dataclass
+class TieringReport:
+    """What :func:`tier_sealed_segments` did."""
+
+    topic: str
+    sealed_segments: int = 0
+    objects_written: int = 0
+    objects_skipped: int = 0
+    bytes_written: int = 0
+    records_written: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    descriptors_total: int = 0
+    cursor: str | None = None
+    written: list[str] = field(default_factory=list)
+
+
+async def tier_sealed_segments(
+    topic: TopicName,
+    *,
+    store: MetadataStore,
+    admin: SegmentAdmin,
+    objects: ObjectStore,
+    now_s: int | None = None,
+) -> TieringReport:
+    """Upload every sealed segment that has no completed descriptor, in offset order.
+
+    For each: check contiguity (its start is the previous descriptor's end + 1, or it is offset
+    0 / the first sealed segment when no descriptor exists); put its descriptor with
+    ``completed=false``; fetch its bytes through the broker admin API; verify them with
+    :func:`~danube_pipeline.records.decode_segment` (which also builds the sparse offset
+    index); write the object ``topics/{ns}/{topic}/data-{start}-{end}.dnb1``; then put the
+    descriptor with ``completed=true``, size, etag and offset index together with
+    ``objects/cur`` in one etcd transaction.
+
+    Idempotent: a segment whose completed descriptor exists and whose object exists with the
+    stated size is skipped; one whose object is missing or the wrong size is uploaded again.
+
+    Raises:
+        OffsetRangeError: a segment does not follow the previous descriptor, or its bytes do
+            not hold the offsets the broker listed.
+        CorruptRecordError: the bytes fail the segment checks.
+        MetadataStoreError, RemoteError: etcd or the broker failed.
+    """
+    report = TieringReport(topic=topic.path)
+    sealed = sorted(await admin.list_sealed_segments(topic.path), key=lambda s: s.start_offset)
+    sealed = [s for s in sealed if s.end_offset >= s.start_offset]
+    report.sealed_segments = len(sealed)
+    descriptors, _ = await read_descriptors(store, topic)
+    by_start = {d.start_offset: d for d in descriptors}
+    completed_ends: dict[int, int] = {d.start_offset: d.end_offset for d in descriptors if d.completed}
+
+    def previous_end(start: int) -> int | None:
+        ends = [end for s, end in completed_ends.items() if s < start]
+        return max(ends) if ends else None
+
+    for index, seg in enumerate(sealed):
+        oid = object_id(seg.start_offset, seg.end_offset)
+        path = segment_object_path(topic, oid)
+        existing = by_start.get(seg.start_offset)
+        if existing is not None and existing.completed:
+            if existing.end_offset != seg.end_offset:
+                raise OffsetRangeError(existing.end_offset, seg.end_offset, f"{topic.path} descriptor {oid}")
+            info = objects.info(path)
+            if info is not None and info.size == existing.size:
+                report.objects_skipped += 1
+                continue
+            log.warning("%s: object %s missing or wrong size (%s); uploading again", topic.path, path, info)
+        prev = previous_end(seg.start_offset)
+        if prev is None:
+            if seg.start_offset != 0 and index != 0:
+                raise OffsetRangeError(0, seg.start_offset, f"{topic.path} first object")
+        elif seg.start_offset != prev + 1:
+            raise OffsetRangeError(prev + 1, seg.start_offset, f"{topic.path} object {oid}")
+
+        created_at = int(time.time()) if now_s is None else now_s
+        descriptor_key = keys.object_descriptor(topic, seg.start_offset)
+        if existing is None or not existing.completed:
+            await store.put(
+                descriptor_key,
+                ObjectDescriptor(
+                    completed=False,
+                    created_at=created_at,
+                    end_offset=seg.end_offset,
+                    etag=None,
+                    object_id=oid,
+                    offset_index=[],
+                    size=seg.size_bytes,
+                    start_offset=seg.start_offset,
+                ),
+            )
+        data = await admin.read_segment_bytes(topic.path, seg.start_offset)
+        decoded = decode_segment(data, where=f"{topic.path}/{oid}", index_interval=OFFSET_INDEX_INTERVAL)
+        if not decoded.records:
+            raise CorruptRecordError(f"{topic.path}/{oid}", 0, "segment listed as non-empty holds no records")
+        if decoded.start_offset != seg.start_offset or decoded.end_offset != seg.end_offset:
+            raise OffsetRangeError(seg.end_offset, decoded.end_offset, f"{topic.path}/{oid} contents")
+        info = objects.put_bytes(path, data)
+        completed = ObjectDescriptor(
+            completed=True,
+            created_at=created_at,
+            end_offset=seg.end_offset,
+            etag=info.etag,
+            object_id=oid,
+            offset_index=decoded.offset_index,
+            size=info.size,
+            start_offset=seg.start_offset,
+        )
+        completed_ends[seg.start_offset] = seg.end_offset
+        newest = max(completed_ends)
+        await store.put_many(
+            [
+                (descriptor_key, completed),
+                (keys.objects_cur(topic), ObjectsCursor(start=keys.pad_offset(newest))),
+            ]
+        )
+        report.objects_written += 1
+        report.bytes_written += info.size
+        report.records_written += len(decoded.records)
+        report.written.append(oid)
+        log.info("%s: tiered %s (%d records, %d bytes)", topic.path, oid, len(decoded.records), info.size)
+
+    descriptors, cur = await read_descriptors(store, topic)
+    done = [d for d in descriptors if d.completed]
+    report.descriptors_total = len(done)
+    report.cursor = cur
+    if done:
+        report.first_offset = done[0].start_offset
+        report.last_offset = done[-1].end_offset
+    return report
+
+
+# --------------------------------------------------------------------------- Iceberg
+
+
+@dataclass
+class TableReport:
+    """What :func:`commit_objects_to_table` did."""
+
+    table: str
+    objects_appended: int = 0
+    objects_skipped: int = 0
+    rows_appended: int = 0
+    snapshot_id: int | None = None
+    committed_end_offset: int | None = None
+    data_files: int = 0
+    snapshots: list[int] = field(default_factory=list)
+    schema_ids: list[int] = field(default_factory=list)
+
+
+def _schema_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    parsed = json.loads(raw)
+    return parsed if isinstance(parsed, dict) else {"type": parsed}
+
+
+async def _schemas_for(
+    records: Sequence[Record], registry: SchemaLookup
+) -> tuple[dict[str, Any] | None, dict[tuple[int, int], dict[str, Any]]]:
+    """The table (latest) Avro schema and each ``(schema_id, version)``'s writer schema."""
+    pairs = sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0})
+    if not pairs:
+        return None, {}
+    writers: dict[tuple[int, int], dict[str, Any]] = {}
+    for schema_id, version in pairs:
+        registered = await registry.get_by_id(schema_id, version=version or None)
+        writers[(schema_id, version)] = _schema_dict(registered.raw_schema)
+    newest_id = pairs[-1][0]
+    latest = await registry.get_by_id(newest_id)
+    return _schema_dict(latest.raw_schema), writers
+
+
+async def commit_objects_to_table(
+    topic: TopicName,
+    *,
+    store: MetadataStore,
+    objects: ObjectStore,
+    catalog: Catalog,
+    registry: SchemaLookup,
+) -> TableReport:
+    """Append every completed segment object not yet in the topic's table, one snapshot each.
+
+    Objects whose end offset is at or below the table's committed end offset are not even
+    read. Each object is checked against its descriptor (size, MD5 etag, offsets), decoded,
+    and appended with :func:`danube_pipeline.iceberg.append_records`. The table is created
+    from the first object's schema (the registry's latest version of the schema id its records
+    carry; ``_payload`` when they carry none).
+
+    Raises:
+        OffsetRangeError: the descriptors or the table leave a gap.
+        CorruptRecordError: an object does not match its descriptor or fails decoding.
+        SchemaNotFoundError: a record names a schema the registry does not know.
+    """
+    ident = iceberg.table_identifier(topic)
+    report = TableReport(table=".".join(ident))
+    descriptors, _ = await read_descriptors(store, topic)
+    completed = [d for d in descriptors if d.completed]
+    table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+    committed = iceberg.committed_end_offset(table) if table is not None else None
+    payload_only = table is not None and iceberg.PAYLOAD_COLUMN in {f.name for f in table.schema().fields}
+
+    for d in completed:
+        if committed is not None and d.end_offset <= committed:
+            report.objects_skipped += 1
+            continue
+        path = segment_object_path(topic, d.object_id)
+        data = objects.get_bytes(path)
+        where = f"{topic.path}/{d.object_id}"
+        if len(data) != d.size:
+            raise CorruptRecordError(where, len(data), f"object is {len(data)} bytes, descriptor says {d.size}")
+        if d.etag and hashlib.md5(data).hexdigest() != d.etag:
+            raise CorruptRecordError(where, 0, f"MD5 does not match the descriptor's etag {d.etag}")
+        decoded = decode_segment(data, where=where)
+        records = decoded.records
+        if not records or records[0].offset != d.start_offset or records[-1].offset != d.end_offset:
+            raise OffsetRangeError(d.start_offset, records[0].offset if records else -1, where)
+        avro, writers = (None, {}) if payload_only else await _schemas_for(records, registry)
+        if table is None:
+            table = iceberg.ensure_table(catalog, topic, avro)
+            payload_only = avro is None
+        elif avro is not None:
+            table = iceberg.ensure_table(catalog, topic, avro)
+        result = iceberg.append_records(
+            table,
+            records,
+            avro,
+            d.object_id,
+            topic=topic.path,
+            writer_schemas=writers,
+            first_offset=completed[0].start_offset,
+        )
+        committed = result.committed_end_offset
+        if result.rows_appended:
+            report.objects_appended += 1
+            report.rows_appended += result.rows_appended
+            if result.snapshot_id is not None:
+                report.snapshots.append(result.snapshot_id)
+        else:
+            report.objects_skipped += 1
+        for sid, _ in writers:
+            if sid not in report.schema_ids:
+                report.schema_ids.append(sid)
+        del data, decoded, records
+
+    if table is not None:
+        table.refresh()
+        snapshot = table.current_snapshot()
+        report.snapshot_id = snapshot.snapshot_id if snapshot else None
+        report.committed_end_offset = iceberg.committed_end_offset(table)
+        report.data_files = iceberg.data_file_count(table)
+    return report
+
+
+async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
+    """Topics whose root key ``/topics/{ns}/{topic}`` exists (sub-keys are ignored)."""
+    kvs, _ = await store.get_prefix(keys.TOPICS + "/")
+    found: list[TopicName] = []
+    for kv in kvs:
+        parts = kv.key.split("/")
+        if len(parts) != 4 or parts[1] != keys.TOPICS.strip("/"):
+            continue
+        try:
+            found.append(TopicName.parse(f"/{parts[2]}/{parts[3]}"))
+        except ValueError:
+            log.warning("ignoring malformed topic key %s", kv.key)
+    return found
+
+
+async def segments_needing_tiering(
+    topic: TopicName, *, store: MetadataStore, admin: SegmentAdmin
+) -> list[SegmentInfo]:
+    """Sealed segments of ``topic`` without a completed descriptor (for the sensor)."""
+    try:
+        sealed = await admin.list_sealed_segments(topic.path)
+    except TopicNotFoundError:
+        return []
+    descriptors, _ = await read_descriptors(store, topic)
+    return untiered_segments(sealed, descriptors)

@@ -1,0 +1,95 @@
+"""``python -m broker``: run one broker until SIGTERM or SIGINT.
+
+Command line (``danube_pipeline.localcluster.BrokerProcess`` depends on it)::
+
+    python -m broker --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
+        --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
+        [--ready-file PATH] [--log-level INFO]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from danube_pipeline import settings
+
+from broker.config import DEFAULT_LISTEN, DEFAULT_SEGMENT_MAX_AGE_S, DEFAULT_SEGMENT_MAX_BYTES, BrokerConfig
+from broker.server import BrokerServer
+
+log = logging.getLogger("broker")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
+    """Parse the command line into a :class:`BrokerConfig` (and configure logging)."""
+    p = argparse.ArgumentParser(prog="python -m broker", description="Danube Pipeline broker")
+    p.add_argument(
+        "--etcd-endpoints",
+        default=",".join(settings.etcd_endpoints()),
+        help="comma-separated etcd host:port endpoints (default $DANUBE_ETCD_ENDPOINTS or 127.0.0.1:2379)",
+    )
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help="gRPC listen host:port; port 0 = any free port")
+    p.add_argument("--advertised-addr", default=None, help="host:port advertised to clients")
+    p.add_argument("--data-dir", default=str(settings.danube_home() / "broker"), help="broker data directory")
+    p.add_argument("--cluster-name", default="danube", help="cluster name (/cluster/{name})")
+    p.add_argument("--segment-max-bytes", type=int, default=DEFAULT_SEGMENT_MAX_BYTES, help="seal WAL segments at this size")
+    p.add_argument("--segment-max-age-s", type=float, default=DEFAULT_SEGMENT_MAX_AGE_S, help="seal non-empty WAL segments at this age")
+    p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
+    p.add_argument("--log-level", default="INFO", help="logging level")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
+    if args.segment_max_bytes <= 0 or args.segment_max_age_s <= 0:
+        p.error("--segment-max-bytes and --segment-max-age-s must be positive")
+    return BrokerConfig(
+        data_dir=Path(args.data_dir).resolve(),
+        etcd_endpoints=endpoints,
+        listen=args.listen,
+        advertised_addr=args.advertised_addr,
+        cluster_name=args.cluster_name,
+        segment_max_bytes=args.segment_max_bytes,
+        segment_max_age_s=args.segment_max_age_s,
+        ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
+    )
+
+
+async def run(config: BrokerConfig) -> None:
+    """Start a broker and serve until SIGTERM/SIGINT, then shut down gracefully."""
+    broker = BrokerServer(config)
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        await broker.start()
+        await stop_requested.wait()
+    finally:
+        await broker.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``danube-broker``)."""
+    config = parse_args(argv)
+    try:
+        asyncio.run(run(config))
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        log.exception("broker failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

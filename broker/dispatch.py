@@ -1,0 +1,376 @@
+"""Subscriptions and their dispatch to consumers: Exclusive, Shared and Failover (seed ``000`` §3.4).
+
+One :class:`Subscription` per ``(topic, subscription name)`` holds the delivery state:
+
+* ``read_position``: the next WAL offset never handed to any consumer;
+* ``unacked``: offsets handed to a consumer and not yet acknowledged;
+* ``redeliver``: offsets taken back from a consumer that left, to hand out again with
+  ``redelivery_count + 1``;
+* the ack floor: the first offset not yet acknowledged. The persisted cursor is the *last
+  acknowledged offset* below which everything is acknowledged (§3.5): ``ack_floor - 1``.
+
+One dispatcher task per subscription moves messages from the WAL (and the redelivery set) into
+per-consumer queues, respecting each consumer's ``receiver_queue_size`` permits: Exclusive and
+Failover hand everything to the active (first) consumer; Shared hands messages out round-robin.
+A consumer's ``Receive`` stream drains its queue in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from danube_pipeline.errors import MalformedRequestError, SubscriptionBusyError
+from danube_pipeline.records import Record
+
+from broker.wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RECEIVER_QUEUE_SIZE = 1000
+ATTACH_TIMEOUT_S = 30.0
+"""A consumer that opens no Receive stream within this time after Subscribe is removed."""
+MAX_BATCH_MESSAGES = 100
+_MAX_READ_PER_ROUND = 500
+
+
+class SubscriptionType(enum.IntEnum):
+    """``subscription_type`` of seed ``000`` §3.4 (same numbers as the proto enum)."""
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed to a consumer."""
+
+    record: Record
+    redelivery_count: int
+
+
+class Consumer:
+    """One consumer attached to a subscription.
+
+    Attributes:
+        id: u64 consumer id.
+        name: the consumer's name.
+        receiver_queue_size: most unacknowledged messages outstanding at once.
+    """
+
+    def __init__(self, consumer_id: int, name: str, subscription: Subscription, receiver_queue_size: int) -> None:
+        self.id = consumer_id
+        self.name = name
+        self.subscription = subscription
+        self.receiver_queue_size = receiver_queue_size
+        self.outstanding: set[int] = set()
+        self.queue: deque[Delivery] = deque()
+        self.attached = False
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    @property
+    def permits(self) -> int:
+        """How many more messages may be handed to this consumer now."""
+        return self.receiver_queue_size - len(self.outstanding)
+
+    def _push(self, delivery: Delivery) -> None:
+        self.outstanding.add(delivery.record.offset)
+        self.queue.append(delivery)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def batches(self, *, max_messages: int = MAX_BATCH_MESSAGES) -> AsyncIterator[list[Delivery]]:
+        """Yield batches of at most ``max_messages`` deliveries until the consumer closes.
+
+        When the iteration ends (stream closed by the client, consumer closed, broker stopping)
+        the consumer leaves its subscription and its unacknowledged messages are redelivered.
+
+        Raises:
+            MalformedRequestError: if another stream already receives for this consumer.
+        """
+        if self.attached:
+            raise MalformedRequestError(f"consumer {self.id} already has a Receive stream")
+        if self.closed:
+            return
+        self.attached = True
+        self.subscription._consumer_attached(self)
+        try:
+            while not self.closed:
+                if not self.queue:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                batch: list[Delivery] = []
+                while self.queue and len(batch) < max_messages:
+                    d = self.queue.popleft()
+                    if d.record.offset in self.outstanding:  # not acked meanwhile
+                        batch.append(d)
+                if batch:
+                    yield batch
+        finally:
+            self.subscription.remove_consumer(self, reason="stream ended")
+
+
+class Subscription:
+    """Delivery state of one subscription on one topic.
+
+    Args:
+        topic: the topic path ``/ns/topic`` (for logs and errors).
+        name: the subscription name.
+        subscription_type: Exclusive, Shared or Failover.
+        wal: the topic's WAL to read from.
+        start_offset: the first offset to deliver (cursor + 1, or by initial position).
+        persisted_cursor: the cursor value already stored in etcd, or ``None``.
+        persist_cursor: coroutine storing a cursor value (the last acknowledged offset).
+        cursor_flush_acks: persist after this many acks (seed ``000`` §3.5: 1000).
+        on_active_change: called with the new active consumer (or ``None``) when the active
+            consumer leaves (the caller records the first consumer itself).
+    """
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        name: str,
+        subscription_type: SubscriptionType,
+        wal: WriteAheadLog,
+        start_offset: int,
+        persisted_cursor: int | None,
+        persist_cursor: Callable[[int], Awaitable[None]],
+        cursor_flush_acks: int = 1000,
+        on_active_change: Callable[[Consumer | None], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.type = subscription_type
+        self.wal = wal
+        self.read_position = start_offset
+        self.ack_floor = start_offset
+        self.acked: set[int] = set()
+        self.unacked: dict[int, tuple[Consumer, int]] = {}
+        self.redeliver: dict[int, int] = {}
+        self.consumers: list[Consumer] = []
+        self.cursor_flush_acks = cursor_flush_acks
+        self._persisted_cursor = persisted_cursor
+        self._persist_cursor = persist_cursor
+        self._on_active_change = on_active_change
+        self._acks_since_flush = 0
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._rr = 0
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._remove_listener = wal.add_listener(lambda _end: self._wake.set())
+        self._task = asyncio.create_task(self._run(), name=f"dispatch:{topic}:{name}")
+
+    # ------------------------------------------------------------------ consumers
+
+    @property
+    def cursor(self) -> int | None:
+        """The last acknowledged offset with everything below it acknowledged, or ``None``."""
+        return self.ack_floor - 1 if self.ack_floor > 0 else None
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        """Exclusive/Failover: the consumer receiving messages; Shared: the first consumer."""
+        return self.consumers[0] if self.consumers else None
+
+    def add_consumer(
+        self, consumer_id: int, name: str, subscription_type: SubscriptionType, receiver_queue_size: int
+    ) -> Consumer:
+        """Attach a new consumer.
+
+        Raises:
+            SubscriptionBusyError: Exclusive subscription already has a consumer, or consumers
+                are attached with a different subscription type.
+        """
+        if self.consumers and subscription_type != self.type:
+            raise SubscriptionBusyError(
+                self.name, f"it is {self.type.name} with consumers attached, not {subscription_type.name}"
+            )
+        if self.type == SubscriptionType.EXCLUSIVE and self.consumers:
+            raise SubscriptionBusyError(self.name, "an Exclusive subscription allows one consumer")
+        self.type = subscription_type
+        consumer = Consumer(consumer_id, name, self, receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE)
+        self.consumers.append(consumer)
+        asyncio.get_running_loop().call_later(ATTACH_TIMEOUT_S, self._expire_unattached, consumer)
+        self._wake.set()
+        return consumer
+
+    def _expire_unattached(self, consumer: Consumer) -> None:
+        if not consumer.attached and not consumer.closed:
+            self.remove_consumer(consumer, reason=f"no Receive stream within {ATTACH_TIMEOUT_S:.0f}s")
+
+    def _consumer_attached(self, consumer: Consumer) -> None:
+        self._wake.set()
+
+    def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
+        """Detach ``consumer``; its unacknowledged messages go back for redelivery.
+
+        Messages it was sent get ``redelivery_count + 1``; messages still queued but never sent
+        keep their count. Idempotent.
+        """
+        if consumer.closed:
+            return
+        was_active = self.active_consumer is consumer
+        consumer.closed = True
+        consumer.wake()
+        queued = {d.record.offset for d in consumer.queue}
+        for offset in consumer.outstanding:
+            entry = self.unacked.pop(offset, None)
+            if entry is None:
+                continue
+            count = entry[1]
+            self.redeliver[offset] = count if offset in queued else count + 1
+        consumer.outstanding.clear()
+        consumer.queue.clear()
+        with contextlib.suppress(ValueError):
+            self.consumers.remove(consumer)
+        log.info(
+            "%s/%s: consumer %d left (%s); %d messages to redeliver",
+            self.topic, self.name, consumer.id, reason, len(self.redeliver),
+        )
+        if was_active and self._on_active_change is not None:
+            self._on_active_change(self.active_consumer)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ acks
+
+    def ack(self, offsets: Iterable[int]) -> None:
+        """Mark ``offsets`` acknowledged (by any consumer of the subscription) and advance the
+        ack floor; schedules a cursor write every ``cursor_flush_acks`` acks."""
+        n = 0
+        for offset in offsets:
+            n += 1
+            entry = self.unacked.pop(offset, None)
+            if entry is not None:
+                entry[0].outstanding.discard(offset)
+            self.redeliver.pop(offset, None)
+            if self.ack_floor <= offset < self.read_position:
+                self.acked.add(offset)
+        while self.ack_floor in self.acked:
+            self.acked.discard(self.ack_floor)
+            self.ack_floor += 1
+        self._acks_since_flush += n
+        if self._acks_since_flush >= self.cursor_flush_acks and (self._flush_task is None or self._flush_task.done()):
+            self._flush_task = asyncio.create_task(self.flush_cursor())
+        self._wake.set()
+
+    @property
+    def cursor_dirty(self) -> bool:
+        """Whether the in-memory cursor differs from the stored one."""
+        return self.cursor is not None and self.cursor != self._persisted_cursor
+
+    async def flush_cursor(self) -> None:
+        """Store the cursor if it changed since the last write.
+
+        Raises:
+            MetadataStoreError: etcd refused or could not be reached (retried next flush).
+        """
+        async with self._flush_lock:
+            cursor = self.cursor
+            if cursor is None or cursor == self._persisted_cursor:
+                return
+            self._acks_since_flush = 0
+            await self._persist_cursor(cursor)
+            self._persisted_cursor = cursor
+
+    # ------------------------------------------------------------------ dispatching
+
+    def _eligible(self) -> list[Consumer]:
+        if self.type == SubscriptionType.SHARED:
+            return [c for c in self.consumers if c.attached and not c.closed]
+        active = self.active_consumer
+        return [active] if active is not None and active.attached and not active.closed else []
+
+    def _pick(self, eligible: list[Consumer]) -> Consumer | None:
+        for _ in range(len(eligible)):
+            consumer = eligible[self._rr % len(eligible)]
+            self._rr += 1
+            if consumer.permits > 0:
+                return consumer
+        return None
+
+    def _hand_out(self, consumer: Consumer, record: Record, count: int) -> None:
+        self.unacked[record.offset] = (consumer, count)
+        consumer._push(Delivery(record, count))
+
+    def _dispatch_once(self) -> bool:
+        eligible = self._eligible()
+        if not eligible or sum(max(c.permits, 0) for c in eligible) <= 0:
+            return False
+        moved = 0
+        if self.redeliver:
+            offsets = sorted(self.redeliver)
+            i = 0
+            while i < len(offsets) and moved < _MAX_READ_PER_ROUND:
+                j = i
+                while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1 and j - i < MAX_BATCH_MESSAGES:
+                    j += 1
+                records = self.wal.read(offsets[i], j - i + 1)
+                if not records:  # no longer available locally
+                    for off in offsets[i : j + 1]:
+                        self.redeliver.pop(off, None)
+                for record in records:
+                    consumer = self._pick(eligible)
+                    if consumer is None:
+                        return moved > 0
+                    count = self.redeliver.pop(record.offset, None)
+                    if count is None:
+                        continue
+                    self._hand_out(consumer, record, count)
+                    moved += 1
+                i = j + 1
+        permits = sum(max(c.permits, 0) for c in eligible)
+        if permits > 0 and self.read_position < self.wal.durable_end:
+            records = self.wal.read(self.read_position, min(permits, _MAX_READ_PER_ROUND))
+            if not records and self.read_position < self.wal.first_offset:
+                self.read_position = self.wal.first_offset
+            for record in records:
+                consumer = self._pick(eligible)
+                if consumer is None:
+                    break
+                self._hand_out(consumer, record, 0)
+                self.read_position = record.offset + 1
+                moved += 1
+        return moved > 0
+
+    async def _run(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            try:
+                progressed = self._dispatch_once()
+            except Exception:
+                log.exception("%s/%s: dispatch failed; retrying", self.topic, self.name)
+                await asyncio.sleep(1.0)
+                continue
+            if progressed:
+                await asyncio.sleep(0)
+            else:
+                await self._wake.wait()
+
+    async def close(self) -> None:
+        """Stop dispatching, end every consumer's stream, and store the cursor."""
+        if self._closed:
+            return
+        self._closed = True
+        self._remove_listener()
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer, reason="subscription closed")
+        self._wake.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if self._flush_task is not None:
+            with contextlib.suppress(Exception):
+                await self._flush_task
+        await self.flush_cursor()

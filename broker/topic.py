@@ -1,0 +1,283 @@
+"""One topic served by this broker: its WAL, its producers and its subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+
+from danube_pipeline.errors import (
+    MalformedRequestError,
+    MessageTooLargeError,
+    SchemaMismatchError,
+)
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.store import LocalCache, MetadataStore
+from danube_pipeline.names import TopicName
+from danube_pipeline.schema_registry import RegisteredSchema
+
+from broker.dispatch import Consumer, Subscription, SubscriptionType
+from broker.wal import PendingMessage, WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Producer:
+    """A producer registered on a topic (seed ``000`` §3.3).
+
+    Attributes:
+        id: u64 producer id.
+        name: producer name.
+        access_mode: 0 = shared.
+        topic: the topic it publishes to.
+        schema: the registered writer schema, if the producer declared one.
+        parsed_schema: fastavro's parsed form of ``schema``.
+    """
+
+    id: int
+    name: str
+    access_mode: int
+    topic: Topic
+    schema: RegisteredSchema | None = None
+    parsed_schema: Any = None
+    sent_messages: int = field(default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message of a send request, before validation (wire types stay in services.py)."""
+
+    payload: bytes
+    attributes: dict[str, str]
+    publish_time_us: int
+
+
+class Topic:
+    """A topic this broker serves.
+
+    Args:
+        name: the topic.
+        wal: its opened write-ahead log.
+        store: etcd, for writes (producers, subscriptions, cursors).
+        cache: the broker's LocalCache, for reads (policy, cursors).
+        delivery: ``"Reliable"`` or ``"NonReliable"`` (seed ``000`` §3.2).
+        cursor_flush_acks: see :class:`broker.dispatch.Subscription`.
+    """
+
+    def __init__(
+        self,
+        name: TopicName,
+        wal: WriteAheadLog,
+        *,
+        store: MetadataStore,
+        cache: LocalCache,
+        delivery: str = values.RELIABLE,
+        cursor_flush_acks: int = 1000,
+    ) -> None:
+        self.name = name
+        self.wal = wal
+        self.delivery = delivery
+        self.producers: dict[int, Producer] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        self._store = store
+        self._cache = cache
+        self._cursor_flush_acks = cursor_flush_acks
+        self._subscribe_lock = asyncio.Lock()
+        self.closed = False
+
+    @property
+    def path(self) -> str:
+        """``/ns/topic``."""
+        return self.name.path
+
+    # ------------------------------------------------------------------ producing
+
+    def max_message_size(self) -> int:
+        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited (seed §2.1)."""
+        raw = self._cache.get(keys.namespace_policy(self.name.namespace))
+        if raw is None:
+            return values.NamespacePolicy().max_message_size
+        try:
+            return values.NamespacePolicy.from_json(raw).max_message_size
+        except ValueError:
+            log.warning("%s: unreadable namespace policy %r; using defaults", self.path, raw)
+            return values.NamespacePolicy().max_message_size
+
+    def validate(self, producer: Producer, messages: Sequence[OutgoingMessage]) -> None:
+        """Check a whole batch before anything is written.
+
+        Raises:
+            MalformedRequestError: the batch is empty.
+            MessageTooLargeError: a payload exceeds the namespace's ``max_message_size``.
+            SchemaMismatchError: a payload does not decode with the producer's Avro schema
+                (or leaves bytes over).
+        """
+        if not messages:
+            raise MalformedRequestError("a send carries at least one message")
+        limit = self.max_message_size()
+        if limit > 0:
+            for m in messages:
+                if len(m.payload) > limit:
+                    raise MessageTooLargeError(len(m.payload), limit)
+        if producer.schema is not None:
+            schema = producer.schema
+            for i, m in enumerate(messages):
+                buf = io.BytesIO(m.payload)
+                try:
+                    fastavro.schemaless_reader(buf, producer.parsed_schema, None)
+                except Exception as exc:  # noqa: BLE001 - fastavro raises many types
+                    raise SchemaMismatchError(
+                        schema.subject, schema.schema_id, f"message {i}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                if buf.tell() != len(m.payload):
+                    raise SchemaMismatchError(
+                        schema.subject,
+                        schema.schema_id,
+                        f"message {i}: {len(m.payload) - buf.tell()} bytes left after decoding",
+                    )
+
+    def publish(self, producer: Producer, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
+        """Validate and enqueue ``messages``; offsets are assigned now, in call order.
+
+        Returns:
+            A future of ``(first_offset, last_offset)`` resolving after the WAL sync.
+
+        Raises:
+            MalformedRequestError, MessageTooLargeError, SchemaMismatchError: see
+                :meth:`validate`; nothing is written then.
+        """
+        self.validate(producer, messages)
+        now_us = time.time_ns() // 1000
+        schema_id = producer.schema.schema_id if producer.schema else 0
+        schema_version = producer.schema.version if producer.schema else 0
+        pending = [
+            PendingMessage(
+                payload=m.payload,
+                publish_time_us=m.publish_time_us or now_us,
+                producer_id=producer.id,
+                producer_name=producer.name,
+                schema_id=schema_id,
+                schema_version=schema_version,
+                attributes=m.attributes,
+            )
+            for m in messages
+        ]
+        producer.sent_messages += len(pending)
+        return self.wal.enqueue(pending)
+
+    # ------------------------------------------------------------------ consuming
+
+    async def subscribe(
+        self,
+        *,
+        subscription: str,
+        subscription_type: SubscriptionType,
+        consumer_id: int,
+        consumer_name: str,
+        earliest: bool,
+        receiver_queue_size: int,
+    ) -> Consumer:
+        """Attach a consumer, creating the subscription if needed, and record it in etcd.
+
+        The start position of a new subscription is the stored cursor + 1 if one exists, else
+        the first local offset (EARLIEST) or the next offset (LATEST).
+
+        Raises:
+            SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
+            MetadataStoreError: etcd could not be written.
+        """
+        async with self._subscribe_lock:
+            sub = self.subscriptions.get(subscription)
+            if sub is None:
+                stored = self._cache.get(keys.subscription_cursor(self.name, subscription))
+                cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+                if cursor is not None:
+                    start = cursor + 1
+                elif earliest:
+                    start = self.wal.first_offset
+                else:
+                    start = self.wal.next_offset
+                sub = Subscription(
+                    topic=self.path,
+                    name=subscription,
+                    subscription_type=subscription_type,
+                    wal=self.wal,
+                    start_offset=start,
+                    persisted_cursor=cursor,
+                    persist_cursor=self._cursor_writer(subscription),
+                    cursor_flush_acks=self._cursor_flush_acks,
+                    on_active_change=lambda c, s=subscription: self._active_changed(s, c),
+                )
+                self.subscriptions[subscription] = sub
+                log.info("%s: subscription %s (%s) starts at offset %d", self.path, subscription, subscription_type.name, start)
+            consumer = sub.add_consumer(consumer_id, consumer_name, subscription_type, receiver_queue_size)
+            try:
+                await self._store.put(
+                    keys.topic_subscription(self.name, subscription),
+                    values.SubscriptionMetadata(
+                        consumer_id=sub.active_consumer.id if sub.active_consumer else None,
+                        consumer_name=consumer_name,
+                        subscription_name=subscription,
+                        subscription_type=int(subscription_type),
+                    ),
+                )
+                if sub.cursor_dirty:  # a new subscription remembers where it started
+                    await sub.flush_cursor()
+            except BaseException:
+                sub.remove_consumer(consumer, reason="subscribe failed")
+                raise
+            return consumer
+
+    def _cursor_writer(self, subscription: str):  # type: ignore[no-untyped-def]
+        key = keys.subscription_cursor(self.name, subscription)
+
+        async def write(cursor: int) -> None:
+            await self._store.put(key, cursor)
+
+        return write
+
+    def _active_changed(self, subscription: str, consumer: Consumer | None) -> None:
+        if self.closed or consumer is None:
+            return
+        sub = self.subscriptions.get(subscription)
+        if sub is None:
+            return
+        value = values.SubscriptionMetadata(
+            consumer_id=consumer.id,
+            consumer_name=consumer.name,
+            subscription_name=subscription,
+            subscription_type=int(sub.type),
+        )
+
+        async def write() -> None:
+            try:
+                await self._store.put(keys.topic_subscription(self.name, subscription), value)
+            except Exception as exc:  # noqa: BLE001 - best effort, rewritten on next change
+                log.warning("%s/%s: cannot record the active consumer: %s", self.path, subscription, exc)
+
+        asyncio.get_running_loop().create_task(write())
+
+    async def flush_cursors(self) -> None:
+        """Store every changed subscription cursor (seed ``000`` §3.5); errors are logged."""
+        for sub in list(self.subscriptions.values()):
+            try:
+                await sub.flush_cursor()
+            except Exception as exc:  # noqa: BLE001 - retried at the next flush
+                log.warning("%s/%s: cursor flush failed: %s", self.path, sub.name, exc)
+
+    async def close(self) -> None:
+        """Close every subscription (storing cursors) and the WAL (synced)."""
+        self.closed = True
+        for sub in list(self.subscriptions.values()):
+            try:
+                await sub.close()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("%s/%s: close failed: %s", self.path, sub.name, exc)
+        await self.wal.close()

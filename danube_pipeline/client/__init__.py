@@ -1,0 +1,257 @@
+"""The Danube Pipeline client: a small public facade over a private wire layer.
+
+Usage::
+
+    async with DanubeClient(["127.0.0.1:6650"]) as client:
+        async with client.producer("/default/flights", producer_name="loader") as producer:
+            offset = await producer.send(b"hello", attributes={"k": "v"})
+        async with client.consumer("/default/flights", subscription="s",
+                                   initial_position=InitialPosition.EARLIEST) as consumer:
+            async for message in consumer:
+                await consumer.ack(message)
+
+Layout (nats.py / aiokafka style, ``../shared/STYLE.md``): this module, :mod:`.producer`,
+:mod:`.consumer`, :mod:`.admin` and :mod:`.types` are public; ``_connection`` (channel pool),
+``_metadata`` (broker map and topic owners, seed ``004``), ``_status`` (gRPC status to
+:class:`~danube_pipeline.errors.DanubeError`), ``_accumulator`` (batching) and ``_context``
+(the shared retry loop) are private. Generated protobuf types never leave the client.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from types import TracebackType
+
+from danube_pipeline.client._connection import ConnectionPool
+from danube_pipeline.client._context import Context
+from danube_pipeline.client._metadata import ClusterMetadata
+from danube_pipeline.client.admin import AdminClient
+from danube_pipeline.client.consumer import Consumer, ConsumerClosedError
+from danube_pipeline.client.producer import Producer, ProducerClosedError
+from danube_pipeline.client.types import (
+    AvroSchema,
+    BrokerAddress,
+    BrokerInfo,
+    ClusterInfo,
+    InitialPosition,
+    Message,
+    SegmentInfo,
+    SubscriptionType,
+    TopicInfo,
+)
+from danube_pipeline.names import TopicName
+
+__all__ = [
+    "AdminClient",
+    "AvroSchema",
+    "BrokerAddress",
+    "BrokerInfo",
+    "ClusterInfo",
+    "Consumer",
+    "ConsumerClosedError",
+    "DanubeClient",
+    "InitialPosition",
+    "Message",
+    "Producer",
+    "ProducerClosedError",
+    "SegmentInfo",
+    "SubscriptionType",
+    "TopicInfo",
+]
+
+
+class DanubeClient:
+    """Entry point: owns the channel pool and the cluster metadata. An async context manager.
+
+    Entering the context bootstraps the broker map from the seeds (seed ``004``); leaving it
+    closes every producer (flushing) and consumer it created, then every channel.
+
+    Args:
+        seed_addresses: ``"host:port"`` brokers used only to learn the broker map; after that
+            the client talks to brokers by id (seed ``004``). A single string may hold
+            several addresses separated by commas.
+        request_timeout_ms: deadline of each unary RPC, in milliseconds.
+        metadata_retries: how many more metadata passes (and owner-call attempts) follow a
+            failed first one. A pass tries every known broker once (connected first); a
+            pass over the seeds, made when every known broker failed, counts as one.
+        retry_backoff_ms: sleep between passes and attempts, in milliseconds.
+
+    Raises:
+        ValueError: no seed address, or a non-positive timeout or negative retry option.
+    """
+
+    def __init__(
+        self,
+        seed_addresses: Sequence[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        metadata_retries: int = 3,
+        retry_backoff_ms: int = 200,
+    ) -> None:
+        if isinstance(seed_addresses, str):
+            seed_addresses = seed_addresses.split(",")
+        pool = ConnectionPool()
+        metadata = ClusterMetadata(
+            pool,
+            seed_addresses,
+            request_timeout_ms=request_timeout_ms,
+            metadata_retries=metadata_retries,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self._pool = pool
+        self._metadata = metadata
+        self._ctx = Context(
+            pool=pool,
+            metadata=metadata,
+            request_timeout_s=request_timeout_ms / 1000,
+            retries=metadata_retries,
+            backoff_s=retry_backoff_ms / 1000,
+        )
+        self._admin = AdminClient(self._ctx)
+        self._closed = False
+
+    async def __aenter__(self) -> DanubeClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Bootstrap the broker map from the seeds (seed ``004``, "Initializing metadata").
+
+        Raises:
+            BrokerUnavailableError: no seed answered in ``1 + metadata_retries`` passes.
+        """
+        await self._metadata.refresh()
+
+    def producer(
+        self,
+        topic: str,
+        *,
+        producer_name: str,
+        schema: AvroSchema | None = None,
+        linger_ms: int = 5,
+        max_batch_messages: int = 1000,
+        max_batch_bytes: int = 1 << 20,
+        max_in_flight_batches: int = 8,
+    ) -> Producer:
+        """A producer for ``topic``; open it with ``async with`` (or ``await p.open()``).
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``; created on open if it does not exist.
+            producer_name: ``[A-Za-z0-9_-]{1,128}``.
+            schema: an Avro schema registered on open; the broker checks every payload
+                against it.
+            linger_ms: how long a batch waits for more messages, in milliseconds.
+            max_batch_messages: messages per batch, at most.
+            max_batch_bytes: payload and attribute bytes per batch, at most.
+            max_in_flight_batches: batches sent but not yet acknowledged, at most.
+
+        Returns:
+            An unopened :class:`Producer`.
+
+        Raises:
+            InvalidNameError: ``topic`` or ``producer_name`` is malformed.
+            ValueError: a size or count option is not positive.
+        """
+        return Producer(
+            self._ctx,
+            topic,
+            producer_name=producer_name,
+            schema=schema,
+            linger_ms=linger_ms,
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
+            max_in_flight_batches=max_in_flight_batches,
+        )
+
+    def consumer(
+        self,
+        topic: str,
+        *,
+        subscription: str,
+        subscription_type: SubscriptionType = SubscriptionType.EXCLUSIVE,
+        consumer_name: str | None = None,
+        initial_position: InitialPosition = InitialPosition.LATEST,
+        receiver_queue_size: int = 1000,
+        ack_batch_size: int = 500,
+        ack_flush_ms: int = 100,
+    ) -> Consumer:
+        """A consumer of ``subscription`` on ``topic``; open it with ``async with``.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``; must exist.
+            subscription: the subscription name; its cursor lives on the broker.
+            subscription_type: Exclusive, Shared or Failover.
+            consumer_name: defaults to ``consumer-<random hex>``.
+            initial_position: where a new subscription starts.
+            receiver_queue_size: unacked messages the broker may have outstanding to this
+                consumer.
+            ack_batch_size: acks buffered before they are sent.
+            ack_flush_ms: longest time an ack stays buffered, in milliseconds.
+
+        Returns:
+            An unopened :class:`Consumer`.
+
+        Raises:
+            InvalidNameError: a name is malformed.
+            ValueError: a size or interval option is not positive.
+        """
+        return Consumer(
+            self._ctx,
+            topic,
+            subscription=subscription,
+            subscription_type=subscription_type,
+            consumer_name=consumer_name,
+            initial_position=initial_position,
+            receiver_queue_size=receiver_queue_size,
+            ack_batch_size=ack_batch_size,
+            ack_flush_ms=ack_flush_ms,
+        )
+
+    @property
+    def admin(self) -> AdminClient:
+        """Administrative calls (topics, sealed segments, cluster metadata)."""
+        return self._admin
+
+    async def lookup_topic(self, topic: str) -> BrokerAddress:
+        """The broker that serves ``topic`` (cached; refreshed on demand, seed ``004``).
+
+        Concurrent lookups share one metadata refresh.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: every metadata pass failed.
+        """
+        return await self._metadata.lookup(TopicName.parse(topic).path)
+
+    async def close(self) -> None:
+        """Close every producer (after flushing) and consumer, then every channel.
+
+        Safe to call twice.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        children = list(self._ctx.children)
+        errors: list[BaseException] = []
+        for child in itertools.chain(
+            (c for c in children if isinstance(c, Producer)),
+            (c for c in children if not isinstance(c, Producer)),
+        ):
+            try:
+                await child.close()
+            except Exception as exc:  # keep closing the others
+                errors.append(exc)
+        await self._metadata.close()
+        await self._pool.close()
+        if errors:
+            raise errors[0]

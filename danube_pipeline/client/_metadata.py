@@ -1,0 +1,287 @@
+"""Cluster metadata: which brokers exist and which broker serves each topic (seed ``004``).
+
+This implements the improvements seed ``004`` ("Cluster metadata", "Potential improvements")
+proposes over the implementation it describes:
+
+* **Seeds only bootstrap.** The seed addresses are contacted only to fill the broker map (and
+  again when every known broker has failed); the map is the one set of brokers, indexed by
+  id, and a seed is never stored in it unless a broker registered under that address.
+* **One map.** :attr:`ClusterMetadata.brokers` is ``{broker_id: "host:port"}``, replaced by
+  every successful ``Discovery.ClusterMetadata`` answer. There is no dead-seeds list.
+* **Connected brokers first.** A pass tries brokers with a ready connection before the others.
+* **One refresh in flight.** Every caller that needs fresh metadata joins the single
+  :class:`asyncio.Task` running the refresh; topics asked for while it runs are looked up by
+  it if it has not yet reached its lookups, otherwise by the next one. Never two at once.
+* **A retry has one meaning.** A *pass* tries each candidate broker once, in order, until one
+  answers. A refresh makes at most ``1 + metadata_retries`` passes, sleeping
+  ``retry_backoff_ms`` between them. A pass goes over the known brokers; when the map is
+  empty, or the previous pass found every known broker dead, the pass goes over the seeds
+  instead (re-bootstrap), which therefore costs one retry like any other pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+from collections.abc import Sequence
+
+from danube_pipeline.client._connection import ConnectionPool, Stubs
+from danube_pipeline.client._status import rpc_errors, unavailable
+from danube_pipeline.client.types import BrokerAddress, ClusterInfo, _cluster_info_from_pb
+from danube_pipeline.errors import BrokerUnavailableError, DanubeError
+from danube_pipeline.proto import danube_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_LookupResult = BrokerAddress | DanubeError
+
+
+class _BrokerFailed(Exception):
+    """A candidate broker did not give a usable answer; the pass moves to the next one."""
+
+    def __init__(self, address: str, error: DanubeError) -> None:
+        super().__init__(address, error)
+        self.address = address
+        self.error = error
+
+
+class ClusterMetadata:
+    """The client's view of the cluster (seed ``004``).
+
+    Args:
+        pool: the channel pool shared with producers, consumers and the admin client.
+        seed_addresses: ``"host:port"`` addresses used only to bootstrap :attr:`brokers`.
+        request_timeout_ms: deadline of each discovery RPC, in milliseconds.
+        metadata_retries: passes allowed after the first failed pass of a refresh.
+        retry_backoff_ms: sleep between passes, in milliseconds.
+
+    Raises:
+        ValueError: if ``seed_addresses`` is empty or an option is negative.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        seed_addresses: Sequence[str],
+        *,
+        request_timeout_ms: int,
+        metadata_retries: int,
+        retry_backoff_ms: int,
+    ) -> None:
+        seeds = [a.strip() for a in seed_addresses if a and a.strip()]
+        if not seeds:
+            raise ValueError("at least one seed broker address is required")
+        if request_timeout_ms <= 0 or metadata_retries < 0 or retry_backoff_ms < 0:
+            raise ValueError("request_timeout_ms must be > 0; metadata_retries and retry_backoff_ms >= 0")
+        # Randomized so that clients started together contact different brokers first (seed 004).
+        random.shuffle(seeds)
+        self._seeds: tuple[str, ...] = tuple(dict.fromkeys(seeds))
+        self._pool = pool
+        self._timeout_s = request_timeout_ms / 1000
+        self._retries = metadata_retries
+        self._backoff_s = retry_backoff_ms / 1000
+        self.brokers: dict[int, str] = {}
+        """The one broker map: ``{broker_id: "host:port"}``."""
+        self.cluster: ClusterInfo | None = None
+        """The last ``Discovery.ClusterMetadata`` answer, or ``None`` before bootstrap."""
+        self._topics: dict[str, int] = {}
+        self._wanted: set[str] = set()
+        self._task: asyncio.Task[dict[str, _LookupResult]] | None = None
+        self.refresh_count = 0
+        """Refresh tasks started (concurrent callers share one; for tests)."""
+        self.rpc_counts: collections.Counter[str] = collections.Counter()
+        """Discovery RPCs sent, by method name (for tests)."""
+
+    # ------------------------------------------------------------------ public
+
+    async def lookup(self, topic: str, *, refresh: bool = False) -> BrokerAddress:
+        """The broker serving ``topic``, from the cache or from a refresh.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            refresh: ignore the cached answer (the caller saw ``invalid_metadata``).
+
+        Returns:
+            The owning broker's id and address.
+
+        Raises:
+            TopicNotFoundError: the cluster does not know the topic.
+            BrokerUnavailableError: every pass of the refresh failed (seed ``004``).
+            DanubeError: another definite answer from the broker (e.g. ``InvalidNameError``).
+        """
+        if not refresh:
+            cached = self.cached(topic)
+            if cached is not None:
+                return cached
+        while True:
+            self._wanted.add(topic)
+            results = await self._join_refresh()
+            if topic in results:
+                answer = results[topic]
+                if isinstance(answer, DanubeError):
+                    raise answer
+                return answer
+            # The shared refresh had already sent its lookups; the next one will carry ours.
+
+    def cached(self, topic: str) -> BrokerAddress | None:
+        """The cached owner of ``topic``, or ``None`` if unknown or its broker left the map."""
+        broker_id = self._topics.get(topic)
+        if broker_id is None:
+            return None
+        address = self.brokers.get(broker_id)
+        return None if address is None else BrokerAddress(broker_id, address)
+
+    def invalidate(self, topic: str) -> None:
+        """Forget the cached owner of ``topic``."""
+        self._topics.pop(topic, None)
+
+    async def refresh(self) -> ClusterInfo:
+        """Refresh the broker map, joining a refresh already in flight.
+
+        Returns:
+            The cluster as the refresh saw it.
+
+        Raises:
+            BrokerUnavailableError: every pass failed.
+        """
+        await self._join_refresh()
+        assert self.cluster is not None
+        return self.cluster
+
+    async def any_broker(self) -> BrokerAddress:
+        """A broker for requests that no topic owner serves (e.g. creating a topic).
+
+        Prefers a connected broker, bootstrapping first if the map is empty.
+
+        Raises:
+            BrokerUnavailableError: the map is empty and bootstrapping failed.
+        """
+        if not self.brokers:
+            await self.refresh()
+        return self.ordered_brokers()[0]
+
+    def ordered_brokers(self) -> list[BrokerAddress]:
+        """Known brokers, connected ones first (seed ``004``), then by id."""
+        return sorted(
+            (BrokerAddress(i, a) for i, a in self.brokers.items()),
+            key=lambda b: (self._pool.rank(b.address), b.broker_id),
+        )
+
+    async def close(self) -> None:
+        """Cancel a refresh in flight."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    # ------------------------------------------------------------------ refresh
+
+    async def _join_refresh(self) -> dict[str, _LookupResult]:
+        task = self._task
+        if task is None or task.done():
+            self.refresh_count += 1
+            task = asyncio.get_running_loop().create_task(self._refresh())
+            task.add_done_callback(_retrieve)
+            self._task = task
+        # shield: a caller that gives up must not cancel the refresh the others wait for.
+        return await asyncio.shield(task)
+
+    async def _refresh(self) -> dict[str, _LookupResult]:
+        failures: list[_BrokerFailed] = []
+        from_seeds = not self.brokers
+        passes = 1 + self._retries
+        for attempt in range(passes):
+            if attempt:
+                await asyncio.sleep(self._backoff_s)
+            if not self.brokers:
+                from_seeds = True
+            candidates = list(self._seeds) if from_seeds else [b.address for b in self.ordered_brokers()]
+            results = await self._pass(candidates, failures, bootstrap=from_seeds)
+            if results is not None:
+                return results
+            log.info(
+                "metadata pass %d/%d over %s failed",
+                attempt + 1,
+                passes,
+                "seeds" if from_seeds else "known brokers",
+            )
+            # Every candidate failed: the next pass goes over the seeds if this one went over
+            # the known brokers, and back to the known brokers after a failed seed pass.
+            from_seeds = not from_seeds
+        tried = ",".join(dict.fromkeys(f.address for f in failures))
+        last = failures[-1].error if failures else None
+        raise unavailable(
+            tried or ",".join(self._seeds),
+            f"no broker answered in {passes} metadata passes; last error: {last}",
+        )
+
+    async def _pass(
+        self, candidates: list[str], failures: list[_BrokerFailed], *, bootstrap: bool
+    ) -> dict[str, _LookupResult] | None:
+        for address in candidates:
+            try:
+                return await self._ask(address, bootstrap=bootstrap)
+            except _BrokerFailed as failed:
+                failures.append(failed)
+                if isinstance(failed.error, BrokerUnavailableError):
+                    self._pool.discard(address)
+        return None
+
+    async def _ask(self, address: str, *, bootstrap: bool) -> dict[str, _LookupResult]:
+        stubs = self._pool.stubs(address)
+        try:
+            self.rpc_counts["ClusterMetadata"] += 1
+            with rpc_errors(address):
+                response = await stubs.discovery.ClusterMetadata(
+                    pb.ClusterMetadataRequest(), timeout=self._timeout_s
+                )
+        except DanubeError as exc:
+            raise _BrokerFailed(address, exc) from exc
+        if not response.brokers:
+            raise _BrokerFailed(address, unavailable(address, "ClusterMetadata listed no brokers"))
+        self.brokers = {b.broker_id: b.broker_addr for b in response.brokers}
+        self.cluster = _cluster_info_from_pb(response)
+        if bootstrap:
+            known = set(self.brokers.values())
+            for seed in self._seeds:
+                if seed not in known:
+                    self._pool.discard(seed)
+        topics = sorted(self._wanted)
+        answers = await asyncio.gather(*(self._lookup_one(stubs, t) for t in topics))
+        results: dict[str, _LookupResult] = {}
+        for topic, answer in zip(topics, answers, strict=True):
+            if isinstance(answer, DanubeError) and answer.retriable:
+                raise _BrokerFailed(address, answer)
+            results[topic] = answer
+        self._wanted.difference_update(topics)
+        for topic, answer in results.items():
+            if isinstance(answer, BrokerAddress):
+                self._topics[topic] = answer.broker_id
+            else:
+                self._topics.pop(topic, None)
+        return results
+
+    async def _lookup_one(self, stubs: Stubs, topic: str) -> _LookupResult:
+        self.rpc_counts["TopicLookup"] += 1
+        try:
+            with rpc_errors(stubs.address):
+                response = await stubs.discovery.TopicLookup(
+                    pb.TopicLookupRequest(topic=topic), timeout=self._timeout_s
+                )
+        except DanubeError as exc:
+            return exc
+        self.brokers[response.broker_id] = response.broker_addr
+        return BrokerAddress(response.broker_id, response.broker_addr)
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+__all__ = ["ClusterMetadata"]

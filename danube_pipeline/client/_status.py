@@ -1,0 +1,102 @@
+"""The one place where a gRPC failure becomes a :class:`~danube_pipeline.errors.DanubeError`.
+
+The broker sends the server-side error class name in trailing metadata under
+:data:`~danube_pipeline.errors.ERROR_CLASS_METADATA_KEY`; :func:`from_rpc_error` reads it and
+builds the matching typed exception with :func:`~danube_pipeline.errors.error_from_status`,
+so ``except TopicNotFoundError`` works on the client and the retry logic reads the class's
+``retriable`` / ``invalid_metadata`` flags (``../shared/STYLE.md`` practice 3).
+
+A transport failure (connection refused, broker gone) arrives as ``UNAVAILABLE`` without a
+class name; it becomes a :class:`~danube_pipeline.errors.BrokerUnavailableError` carrying the
+address that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import grpc
+
+from danube_pipeline.errors import (
+    ERROR_CLASS_METADATA_KEY,
+    BrokerUnavailableError,
+    DanubeError,
+    error_from_status,
+)
+
+
+def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
+    metadata = exc.trailing_metadata()
+    if not metadata:
+        return None
+    for key, value in metadata:
+        if key == ERROR_CLASS_METADATA_KEY:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def is_transport_failure(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether ``exc`` is a connection-level failure rather than an answer from a broker.
+
+    Args:
+        exc: the failed call's error.
+
+    Returns:
+        True for ``UNAVAILABLE`` without a Danube error class in trailing metadata.
+    """
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and _error_class(exc) is None
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
+    """Convert a failed call into the typed Danube exception.
+
+    Args:
+        exc: the error raised by a ``grpc.aio`` call.
+        address: ``"host:port"`` of the broker the call went to.
+
+    Returns:
+        An exception instance (not raised). It is a
+        :class:`~danube_pipeline.errors.RemoteError` and, when the broker named a known class
+        (or the transport failed), also an instance of that class.
+    """
+    code = exc.code()
+    details = exc.details() or ""
+    error_class = _error_class(exc)
+    transport = error_class is None and code == grpc.StatusCode.UNAVAILABLE
+    if transport:
+        error_class = BrokerUnavailableError.__name__
+    err = error_from_status(code, details, error_class)
+    if isinstance(err, BrokerUnavailableError):
+        err.address = address
+        err.reason = details
+    return err
+
+
+@contextlib.contextmanager
+def rpc_errors(address: str) -> Iterator[None]:
+    """Re-raise any ``grpc.aio.AioRpcError`` in the block as its Danube exception.
+
+    Args:
+        address: ``"host:port"`` of the broker the calls in the block go to.
+
+    Raises:
+        DanubeError: converted by :func:`from_rpc_error`.
+    """
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc, address) from exc
+
+
+def unavailable(address: str, reason: str) -> BrokerUnavailableError:
+    """A client-side :class:`BrokerUnavailableError` (no RPC failed, e.g. retries ran out).
+
+    Args:
+        address: the broker address, or a comma-separated list of the ones tried.
+        reason: why, for the message.
+
+    Returns:
+        The exception instance, not raised.
+    """
+    return BrokerUnavailableError(address, reason)

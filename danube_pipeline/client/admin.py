@@ -1,0 +1,186 @@
+"""The admin facade: topics, sealed WAL segments and cluster metadata.
+
+Every per-topic call goes to the broker that owns the topic (looked up through the cluster
+metadata, seed ``004``) and is retried there after a refresh when the broker answers with an
+``invalid_metadata`` error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from danube_pipeline.client._connection import Stubs
+from danube_pipeline.client._context import Context
+from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.types import (
+    ClusterInfo,
+    SegmentInfo,
+    TopicInfo,
+    _segment_info_from_pb,
+    _topic_info_from_pb,
+)
+from danube_pipeline.errors import CorruptRecordError, DanubeError
+from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.proto import danube_pb2 as pb
+
+
+class AdminClient:
+    """Administrative calls. Obtain it as :attr:`DanubeClient.admin`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def create_topic(self, topic: str, *, reliable: bool = True) -> bool:
+        """Create a topic; the cluster assigns its owner.
+
+        Sent to any broker (connected ones first): a topic that does not exist has no owner.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            reliable: WAL-backed delivery (``RELIABLE``) rather than ``NON_RELIABLE``.
+
+        Returns:
+            True if created, False if it already existed.
+
+        Raises:
+            InvalidNameError: the name is malformed (checked before sending).
+            BrokerUnavailableError: no broker answered.
+            DanubeError: another refusal from the broker.
+        """
+        return await self._ctx.create_topic(TopicName.parse(topic).path, reliable=reliable)
+
+    async def list_topics(self, namespace: str = "") -> list[TopicInfo]:
+        """Topics of one namespace, or of all namespaces.
+
+        Asks every known broker (each reports the topics it serves) and merges the answers;
+        when two brokers list the same topic, the entry with the higher ``next_offset`` wins.
+
+        Args:
+            namespace: e.g. ``"default"``; empty for every namespace.
+
+        Returns:
+            Topics sorted by name.
+
+        Raises:
+            InvalidNameError: ``namespace`` is malformed.
+            BrokerUnavailableError: a broker did not answer, or none is known.
+            DanubeError: another refusal from a broker.
+        """
+        if namespace:
+            validate_part("namespace", namespace)
+        if not self._ctx.metadata.brokers:
+            await self._ctx.metadata.refresh()
+        merged: dict[str, TopicInfo] = {}
+        for broker in self._ctx.metadata.ordered_brokers():
+            stubs = self._ctx.pool.stubs(broker.address)
+            with rpc_errors(broker.address):
+                response = await stubs.admin.ListTopics(
+                    pb.ListTopicsRequest(namespace=namespace), timeout=self._ctx.request_timeout_s
+                )
+            for t in response.topics:
+                info = _topic_info_from_pb(t)
+                seen = merged.get(info.topic)
+                if seen is None or (info.next_offset, info.wal_syncs) > (seen.next_offset, seen.wal_syncs):
+                    merged[info.topic] = info
+        return [merged[name] for name in sorted(merged)]
+
+    async def list_sealed_segments(self, topic: str) -> list[SegmentInfo]:
+        """Sealed (immutable) WAL segments of a topic, ascending by ``start_offset``.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> list[SegmentInfo]:
+            response = await stubs.admin.ListSealedSegments(
+                pb.ListSealedSegmentsRequest(topic=path), timeout=self._ctx.request_timeout_s
+            )
+            return [_segment_info_from_pb(s) for s in response.segments]
+
+        return await self._ctx.call_owner(path, call)
+
+    async def seal_active_segment(self, topic: str) -> SegmentInfo | None:
+        """Seal the topic's active WAL segment now.
+
+        Returns:
+            The newly sealed segment, or ``None`` if the active segment was empty.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> SegmentInfo | None:
+            response = await stubs.admin.SealActiveSegment(
+                pb.SealActiveSegmentRequest(topic=path), timeout=self._ctx.request_timeout_s
+            )
+            return _segment_info_from_pb(response.segment) if response.sealed else None
+
+        return await self._ctx.call_owner(path, call)
+
+    async def read_segment(self, topic: str, start_offset: int) -> AsyncIterator[bytes]:
+        """Stream the bytes of one sealed segment, in chunks of at most 1 MiB.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            start_offset: the segment's first offset.
+
+        Yields:
+            Consecutive chunks of the segment file (header included).
+
+        Raises:
+            SegmentNotFoundError: no sealed segment starts at ``start_offset``.
+            CorruptRecordError: the chunks' byte positions are not contiguous.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached.
+        """
+        path = TopicName.parse(topic).path
+        owner = await self._ctx.metadata.lookup(path)
+        stubs = self._ctx.pool.stubs(owner.address)
+        call = stubs.admin.ReadSegment(
+            pb.ReadSegmentRequest(topic=path, start_offset=start_offset),
+            timeout=None,
+        )
+        where = f"segment {start_offset} of {path}"
+        expected = 0
+        try:
+            with rpc_errors(owner.address):
+                async for chunk in call:
+                    if chunk.position != expected:
+                        raise CorruptRecordError(
+                            where, chunk.position, f"chunk at byte {chunk.position}, expected byte {expected}"
+                        )
+                    expected += len(chunk.data)
+                    yield bytes(chunk.data)
+        except DanubeError as exc:
+            if exc.invalid_metadata:
+                self._ctx.metadata.invalidate(path)
+            raise
+        finally:
+            call.cancel()
+
+    async def read_segment_bytes(self, topic: str, start_offset: int) -> bytes:
+        """The whole sealed segment as bytes (see :meth:`read_segment`).
+
+        Raises:
+            SegmentNotFoundError: no sealed segment starts at ``start_offset``.
+            CorruptRecordError: the chunks' byte positions are not contiguous.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached.
+        """
+        return b"".join([chunk async for chunk in self.read_segment(topic, start_offset)])
+
+    async def cluster_metadata(self) -> ClusterInfo:
+        """Refresh and return the cluster's brokers and leader (seed ``004``).
+
+        Joins a metadata refresh already in flight instead of starting a second one.
+
+        Raises:
+            BrokerUnavailableError: every metadata pass failed.
+        """
+        return await self._ctx.metadata.refresh()

@@ -1,0 +1,347 @@
+"""The consumer facade: ``Subscribe``, then the ``Receive`` server stream into a local queue.
+
+A background task reads ``MessageBatch`` answers into an :class:`asyncio.Queue`;
+:meth:`Consumer.receive` and ``async for`` take from it. Acks are buffered and sent in one
+``Ack`` call every ``ack_batch_size`` acks, every ``ack_flush_ms``, and on close.
+
+When the stream fails with a retriable or ``invalid_metadata`` error, the consumer looks the
+topic up again (seed ``004``), subscribes again and reopens the stream; messages still in the
+local queue are dropped because the broker redelivers every unacked message (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+
+from danube_pipeline.client._connection import Stubs
+from danube_pipeline.client._context import Context
+from danube_pipeline.client._status import rpc_errors, unavailable
+from danube_pipeline.client.types import InitialPosition, Message, SubscriptionType, _message_from_pb
+from danube_pipeline.errors import (
+    BrokerUnavailableError,
+    ConsumerNotFoundError,
+    DanubeError,
+)
+from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.proto import danube_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerClosedError(RuntimeError):
+    """``receive`` or ``ack`` was called on a consumer that is not open."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    error: BaseException
+
+
+_CLOSED = object()
+
+
+def _reconnectable(exc: DanubeError) -> bool:
+    # ConsumerNotFoundError: the broker forgot our consumer (restart); subscribing again fixes it.
+    return exc.retriable or exc.invalid_metadata or isinstance(exc, ConsumerNotFoundError)
+
+
+class Consumer:
+    """Receives messages of one subscription. An async context manager and async iterator.
+
+    Create with :meth:`DanubeClient.consumer <danube_pipeline.client.DanubeClient.consumer>`.
+
+    Attributes:
+        topic: ``"/{namespace}/{topic}"``.
+        subscription: the subscription name.
+        consumer_name: this consumer's name.
+        consumer_id: the broker-assigned id (changes after a re-subscribe); 0 before open.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: str,
+        *,
+        subscription: str,
+        subscription_type: SubscriptionType = SubscriptionType.EXCLUSIVE,
+        consumer_name: str | None = None,
+        initial_position: InitialPosition = InitialPosition.LATEST,
+        receiver_queue_size: int = 1000,
+        ack_batch_size: int = 500,
+        ack_flush_ms: int = 100,
+    ) -> None:
+        if receiver_queue_size <= 0 or ack_batch_size <= 0 or ack_flush_ms <= 0:
+            raise ValueError("receiver_queue_size, ack_batch_size and ack_flush_ms must be > 0")
+        self._ctx = ctx
+        self.topic = TopicName.parse(topic).path
+        self.subscription = validate_part("subscription", subscription)
+        self.consumer_name = validate_part(
+            "consumer", consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
+        )
+        self._subscription_type = SubscriptionType(subscription_type)
+        self._initial_position = InitialPosition(initial_position)
+        self._receiver_queue_size = receiver_queue_size
+        self._ack_batch_size = ack_batch_size
+        self._ack_flush_s = ack_flush_ms / 1000
+        self.consumer_id = 0
+        self._stubs: Stubs | None = None
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._acks: list[int] = []
+        self._ack_lock = asyncio.Lock()
+        self._ack_error: DanubeError | None = None
+        self._state = "new"
+        self._receiver: asyncio.Task[None] | None = None
+        self._acker: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Consumer:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> Consumer:
+        """Subscribe and start receiving.
+
+        Returns:
+            This consumer.
+
+        Raises:
+            TopicNotFoundError: the topic does not exist (consumers do not create topics).
+            SubscriptionBusyError: an Exclusive subscription already has a consumer.
+            BrokerUnavailableError: no broker answered within the retry budget (seed ``004``).
+            DanubeError: another refusal from the broker.
+        """
+        if self._state != "new":
+            raise ConsumerClosedError(f"consumer {self.consumer_name!r} was already opened")
+        await self._subscribe(refresh=False)
+        self._state = "open"
+        self._ctx.children.add(self)
+        loop = asyncio.get_running_loop()
+        self._receiver = loop.create_task(self._receive_loop())
+        self._acker = loop.create_task(self._ack_loop())
+        return self
+
+    async def close(self) -> None:
+        """Flush buffered acks, stop receiving and ``CloseConsumer``. Safe to call twice.
+
+        Raises:
+            DanubeError: the broker refused buffered acks with a non-retriable error (acks
+                lost to a retriable error are redelivered later instead).
+        """
+        if self._state in ("closed", "new"):
+            self._state = "closed"
+            return
+        self._state = "closed"
+        self._ctx.children.discard(self)
+        for task in (self._receiver, self._acker):
+            if task is not None:
+                task.cancel()
+        for task in (self._receiver, self._acker):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        try:
+            await self._flush_acks()
+        except DanubeError as exc:
+            log.warning("consumer %s: acks not flushed on close: %s", self.consumer_name, exc)
+        await self._close_on_broker()
+        self._queue.put_nowait(_CLOSED)
+        error, self._ack_error = self._ack_error, None
+        if error is not None:
+            raise error
+
+    async def _close_on_broker(self) -> None:
+        stubs = self._stubs
+        if stubs is None or not self.consumer_id:
+            return
+        try:
+            with rpc_errors(stubs.address):
+                await stubs.consumer.CloseConsumer(
+                    pb.CloseConsumerRequest(consumer_id=self.consumer_id),
+                    timeout=self._ctx.request_timeout_s,
+                )
+        except DanubeError as exc:
+            log.info("CloseConsumer %d on %s failed: %s", self.consumer_id, stubs.address, exc)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def receive(self, *, timeout_ms: int | None = None) -> Message:
+        """The next message.
+
+        Args:
+            timeout_ms: how long to wait, in milliseconds; ``None`` waits forever.
+
+        Returns:
+            The next :class:`Message`, in offset order for an Exclusive subscription.
+
+        Raises:
+            TimeoutError: no message arrived within ``timeout_ms``.
+            ConsumerClosedError: the consumer is not open.
+            BrokerUnavailableError: the stream failed and re-subscribing ran out of retries.
+            DanubeError: the stream failed with a non-retriable error.
+        """
+        if self._state == "new":
+            raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
+        if timeout_ms is None:
+            item = await self._queue.get()
+        else:
+            item = await asyncio.wait_for(self._queue.get(), timeout_ms / 1000)
+        if isinstance(item, Message):
+            return item
+        self._queue.put_nowait(item)  # terminal: every later call sees it too
+        if isinstance(item, _Failure):
+            raise item.error
+        raise ConsumerClosedError(f"consumer {self.consumer_name!r} is closed")
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ConsumerClosedError:
+            raise StopAsyncIteration from None
+
+    async def _subscribe(self, *, refresh: bool) -> None:
+        request = pb.SubscribeRequest(
+            topic=self.topic,
+            subscription=self.subscription,
+            subscription_type=pb.SubscriptionType.Value(self._subscription_type.name),
+            consumer_name=self.consumer_name,
+            initial_position=pb.InitialPosition.Value(self._initial_position.name),
+            receiver_queue_size=self._receiver_queue_size,
+        )
+
+        async def subscribe(stubs: Stubs) -> tuple[Stubs, pb.SubscribeResponse]:
+            return stubs, await stubs.consumer.Subscribe(request, timeout=self._ctx.request_timeout_s)
+
+        self._stubs, response = await self._ctx.call_owner(self.topic, subscribe, refresh=refresh)
+        self.consumer_id = response.consumer_id
+
+    async def _receive_loop(self) -> None:
+        while True:
+            stubs = self._stubs
+            assert stubs is not None
+            call = stubs.consumer.Receive(pb.ReceiveRequest(consumer_id=self.consumer_id))
+            try:
+                with rpc_errors(stubs.address):
+                    async for batch in call:
+                        for m in batch.messages:
+                            self._queue.put_nowait(_message_from_pb(self.topic, m))
+                error: DanubeError = unavailable(stubs.address, "Receive stream ended by the broker")
+            except DanubeError as exc:
+                error = exc
+            finally:
+                call.cancel()
+            if not _reconnectable(error):
+                self._queue.put_nowait(_Failure(error))
+                return
+            log.info("consumer %s: stream failed (%s); subscribing again", self.consumer_name, error)
+            if isinstance(error, BrokerUnavailableError):
+                self._ctx.pool.discard(stubs.address)
+                self._ctx.metadata.invalidate(self.topic)
+            self._drop_queued()
+            try:
+                await self._resubscribe(refresh=error.invalid_metadata)
+            except DanubeError as exc:
+                self._queue.put_nowait(_Failure(exc))
+                return
+
+    async def _resubscribe(self, *, refresh: bool) -> None:
+        old = self._stubs
+        if old is not None and self.consumer_id:
+            # Free an Exclusive subscription held by our old consumer if that broker still has it.
+            with contextlib.suppress(DanubeError), rpc_errors(old.address):
+                await old.consumer.CloseConsumer(
+                    pb.CloseConsumerRequest(consumer_id=self.consumer_id),
+                    timeout=self._ctx.request_timeout_s,
+                )
+        await asyncio.sleep(self._ctx.backoff_s)
+        await self._subscribe(refresh=refresh)
+        with contextlib.suppress(DanubeError):
+            await self._flush_acks()
+
+    def _drop_queued(self) -> None:
+        kept: list[object] = []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not isinstance(item, Message):
+                kept.append(item)
+        for item in kept:
+            self._queue.put_nowait(item)
+
+    # ------------------------------------------------------------------ acks
+
+    async def ack(self, message: Message | int) -> None:
+        """Acknowledge a message (buffered).
+
+        The offset is sent with others every ``ack_batch_size`` acks, every ``ack_flush_ms``
+        and on :meth:`close`. An acknowledged message is not delivered to the subscription
+        again.
+
+        Args:
+            message: the :class:`Message`, or its offset.
+
+        Raises:
+            ConsumerClosedError: the consumer is not open.
+            DanubeError: an earlier flush was refused with a non-retriable error.
+        """
+        if self._state != "open":
+            raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
+        error, self._ack_error = self._ack_error, None
+        if error is not None:
+            raise error
+        self._acks.append(message.offset if isinstance(message, Message) else int(message))
+        if len(self._acks) >= self._ack_batch_size:
+            await self._flush_acks_quietly()
+
+    async def _flush_acks(self) -> None:
+        async with self._ack_lock:
+            offsets, self._acks = self._acks, []
+            if not offsets:
+                return
+            stubs = self._stubs
+            assert stubs is not None
+            try:
+                with rpc_errors(stubs.address):
+                    await stubs.consumer.Ack(
+                        pb.AckRequest(consumer_id=self.consumer_id, offsets=offsets),
+                        timeout=self._ctx.request_timeout_s,
+                    )
+            except DanubeError as exc:
+                if _reconnectable(exc):
+                    self._acks[:0] = offsets  # sent again after the re-subscribe
+                raise
+
+    async def _flush_acks_quietly(self) -> None:
+        try:
+            await self._flush_acks()
+        except DanubeError as exc:
+            if _reconnectable(exc):
+                log.info("consumer %s: ack flush deferred: %s", self.consumer_name, exc)
+            else:
+                self._ack_error = exc
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._ack_flush_s)
+            await self._flush_acks_quietly()
+
+    def __repr__(self) -> str:
+        return (
+            f"Consumer(topic={self.topic!r}, subscription={self.subscription!r}, "
+            f"consumer_id={self.consumer_id}, state={self._state!r})"
+        )

@@ -1,0 +1,428 @@
+"""The producer facade: batches messages and pipelines them over one ``SendStream``.
+
+Messages go into the :class:`~danube_pipeline.client._accumulator.Accumulator`; each closed
+batch becomes one ``SendBatchRequest`` with a client-chosen ``sequence_id``. The broker appends
+batches in the order it reads them and answers in the same order, so the answer at the head of
+the stream belongs to the oldest unanswered batch, whose message ``i`` gets the offset
+``first_offset + i``. At most ``max_in_flight_batches`` batches are unanswered at once.
+
+When the stream fails:
+
+* with an error whose ``invalid_metadata`` or ``retriable`` flag is set (``UNAVAILABLE``,
+  ``NotServedHereError``, ``ProducerNotFoundError``), the producer looks the topic up again
+  (seed ``004``), re-creates itself on the (possibly new) owner and resends every unanswered
+  batch in order: delivery is at least once;
+* with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
+  of the batch the broker was answering fail; the producer opens a new stream and the later
+  batches are sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+
+import grpc
+
+from danube_pipeline.client._accumulator import Accumulator, Batch
+from danube_pipeline.client._connection import Stubs
+from danube_pipeline.client._context import Context
+from danube_pipeline.client._status import from_rpc_error, rpc_errors, unavailable
+from danube_pipeline.client.types import AvroSchema
+from danube_pipeline.errors import (
+    BrokerUnavailableError,
+    DanubeError,
+    MalformedRequestError,
+    OffsetRangeError,
+)
+from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.proto import danube_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class ProducerClosedError(RuntimeError):
+    """A message was given to a producer that is not open."""
+
+
+class Producer:
+    """Publishes messages to one topic. Use as an async context manager.
+
+    Create with :meth:`DanubeClient.producer <danube_pipeline.client.DanubeClient.producer>`.
+    Entering the context looks the topic up, registers the Avro schema if one was given
+    (``SchemaRegistry.RegisterSchema``) and calls ``CreateProducer`` (which creates the topic
+    if needed); leaving it flushes and calls ``CloseProducer``.
+
+    Attributes:
+        topic: ``"/{namespace}/{topic}"``.
+        producer_name: the producer's name.
+        producer_id: the broker-assigned id (changes if the producer is re-created after a
+            broker failure); 0 before open.
+        schema_id: the registered schema's global id; 0 without a schema.
+        schema_version: the schema's version within its subject; 0 without a schema.
+        max_message_size: largest payload accepted, in bytes (namespace policy).
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: str,
+        *,
+        producer_name: str,
+        schema: AvroSchema | None = None,
+        linger_ms: int = 5,
+        max_batch_messages: int = 1000,
+        max_batch_bytes: int = 1 << 20,
+        max_in_flight_batches: int = 8,
+    ) -> None:
+        if max_in_flight_batches <= 0:
+            raise ValueError("max_in_flight_batches must be > 0")
+        self._ctx = ctx
+        self.topic = TopicName.parse(topic).path
+        self.producer_name = validate_part("producer", producer_name)
+        self._schema = schema
+        self._max_in_flight = max_in_flight_batches
+        self._accumulator = Accumulator(
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
+            linger_ms=linger_ms,
+            on_ready=self._batch_ready,
+        )
+        self.producer_id = 0
+        self.schema_id = 0
+        self.schema_version = 0
+        self.max_message_size = 0
+        self._state = "new"
+        self._pending: collections.deque[Batch] = collections.deque()
+        self._inflight: collections.deque[Batch] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._stream: grpc.aio.StreamStreamCall | None = None
+        self._stream_gen = 0
+        self._owner_address: str | None = None
+        self._needs_lookup = False
+        self._needs_producer = False
+        self._sequence = itertools.count(1)
+        self._runner: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Producer:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> Producer:
+        """Look up the topic, register the schema if any, and create the producer.
+
+        Returns:
+            This producer.
+
+        Raises:
+            InvalidSchemaError: the Avro schema does not parse (from the broker).
+            TopicNotFoundError: the topic could not be created or resolved.
+            BrokerUnavailableError: no broker answered within the retry budget (seed ``004``).
+            DanubeError: another refusal from the broker.
+        """
+        if self._state != "new":
+            raise ProducerClosedError(f"producer {self.producer_name!r} was already opened")
+        await self._connect(refresh=False, create=True)
+        self._state = "open"
+        self._ctx.children.add(self)
+        self._runner = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def close(self) -> None:
+        """Flush every queued message, then close the stream and ``CloseProducer``.
+
+        Safe to call twice. Messages that could not be delivered have their futures failed.
+        """
+        if self._state in ("closed", "new"):
+            self._state = "closed"
+            return
+        self._state = "closing"
+        try:
+            await self.flush()
+        finally:
+            self._state = "closed"
+            self._ctx.children.discard(self)
+            closed = ProducerClosedError(f"producer {self.producer_name!r} closed")
+            self._accumulator.abort(closed)
+            for batch in itertools.chain(self._inflight, self._pending):
+                batch.fail(closed)
+            self._inflight.clear()
+            self._pending.clear()
+            for task in (self._runner, self._reader):
+                if task is not None:
+                    task.cancel()
+            for task in (self._runner, self._reader):
+                if task is not None:
+                    try:
+                        await task
+                    except (asyncio.CancelledError, Exception):
+                        pass
+            if self._stream is not None:
+                self._stream.cancel()
+                self._stream = None
+            await self._close_on_broker()
+
+    async def _close_on_broker(self) -> None:
+        if not self.producer_id or self._owner_address is None:
+            return
+        stubs = self._ctx.pool.stubs(self._owner_address)
+        try:
+            with rpc_errors(stubs.address):
+                await stubs.producer.CloseProducer(
+                    pb.CloseProducerRequest(producer_id=self.producer_id),
+                    timeout=self._ctx.request_timeout_s,
+                )
+        except DanubeError as exc:
+            log.info("CloseProducer %d on %s failed: %s", self.producer_id, stubs.address, exc)
+
+    # ------------------------------------------------------------------ sending
+
+    def send_nowait(
+        self, payload: bytes, *, attributes: Mapping[str, str] | None = None
+    ) -> asyncio.Future[int]:
+        """Queue one message into the current batch without waiting.
+
+        Args:
+            payload: the message bytes, at most :attr:`max_message_size` bytes.
+            attributes: user key/value pairs (strings).
+
+        Returns:
+            A future resolved with the message's offset when the broker acknowledges the
+            batch (after its WAL ``fdatasync``), or failed with the broker's error.
+
+        Raises:
+            MessageTooLargeError: ``len(payload)`` exceeds :attr:`max_message_size`; checked
+                before queueing, nothing is sent.
+            ProducerClosedError: the producer is not open.
+        """
+        if self._state != "open":
+            raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
+        return self._accumulator.append(bytes(payload), attributes or {})
+
+    async def send(self, payload: bytes, *, attributes: Mapping[str, str] | None = None) -> int:
+        """Send one message and wait for its acknowledgement.
+
+        Args:
+            payload: the message bytes, at most :attr:`max_message_size` bytes.
+            attributes: user key/value pairs (strings).
+
+        Returns:
+            The message's offset in the topic.
+
+        Raises:
+            MessageTooLargeError: the payload is too large (checked before sending).
+            SchemaMismatchError: the broker could not decode the payload with the schema.
+            BrokerUnavailableError: no broker took the message within the retry budget.
+            ProducerClosedError: the producer is not open, or closed before the ack.
+            DanubeError: another refusal from the broker.
+        """
+        return await self.send_nowait(payload, attributes=attributes)
+
+    async def flush(self) -> None:
+        """Close the current batch and wait until every queued message is answered.
+
+        Does not raise for failed messages: their futures carry the errors.
+        """
+        self._accumulator.close_batch()
+        futures = [f for b in itertools.chain(self._inflight, self._pending) for f in b.futures]
+        futures = [f for f in futures if not f.done()]
+        if futures:
+            await asyncio.wait(futures)
+
+    def _batch_ready(self, batch: Batch) -> None:
+        self._pending.append(batch)
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ connection
+
+    async def _connect(self, *, refresh: bool, create: bool) -> None:
+        """(Re-)create the producer on the topic's owner if needed and open a stream."""
+        if not create and self._owner_address is not None:
+            self._open_stream(self._ctx.pool.stubs(self._owner_address))
+            return
+
+        async def create_producer(stubs: Stubs) -> tuple[Stubs, pb.CreateProducerResponse]:
+            timeout = self._ctx.request_timeout_s
+            if self._schema is not None and not self.schema_id:
+                registered = await stubs.schema.RegisterSchema(
+                    pb.RegisterSchemaRequest(
+                        subject=self._schema.subject,
+                        schema_type=pb.AVRO,
+                        raw_schema=self._schema.raw_schema,
+                        created_by=self.producer_name,
+                    ),
+                    timeout=timeout,
+                )
+                self.schema_id = registered.schema_id
+                self.schema_version = registered.version
+            schema_ref = None
+            if self._schema is not None:
+                schema_ref = pb.SchemaReference(
+                    schema_id=self.schema_id,
+                    schema_version=self.schema_version,
+                    subject=self._schema.subject,
+                )
+            response = await stubs.producer.CreateProducer(
+                pb.CreateProducerRequest(
+                    topic=self.topic,
+                    producer_name=self.producer_name,
+                    access_mode=0,
+                    schema=schema_ref,
+                    delivery=pb.RELIABLE,
+                ),
+                timeout=timeout,
+            )
+            return stubs, response
+
+        stubs, response = await self._ctx.call_owner(
+            self.topic, create_producer, refresh=refresh, create_missing=True
+        )
+        self.producer_id = response.producer_id
+        self.max_message_size = response.max_message_size
+        self._accumulator.max_message_size_bytes = response.max_message_size
+        self._needs_lookup = False
+        self._needs_producer = False
+        self._open_stream(stubs)
+
+    def _open_stream(self, stubs: Stubs) -> None:
+        call = stubs.producer.SendStream()
+        self._stream_gen += 1
+        self._stream = call
+        self._owner_address = stubs.address
+        # Unanswered batches go first on the new stream, in their original order.
+        pass
+        self._inflight.clear()
+        self._reader = asyncio.get_running_loop().create_task(
+            self._read(call, self._stream_gen, stubs.address)
+        )
+        self._wakeup.set()
+
+    def _stream_failed(self, gen: int, exc: DanubeError) -> None:
+        """React to the end of stream ``gen`` (ignored if a newer stream already replaced it)."""
+        if gen != self._stream_gen or self._stream is None:
+            return
+        call, self._stream = self._stream, None
+        call.cancel()
+        if exc.retriable or exc.invalid_metadata:
+            log.info("producer %s: stream failed (%s); reconnecting", self.producer_name, exc)
+            self._needs_lookup = self._needs_lookup or exc.invalid_metadata
+            self._needs_producer = True
+            if isinstance(exc, BrokerUnavailableError) and self._owner_address is not None:
+                self._ctx.pool.discard(self._owner_address)
+                self._ctx.metadata.invalidate(self.topic)
+            if self._inflight:
+                head = self._inflight[0]
+                head.attempts += 1
+                if head.attempts > self._ctx.retries:
+                    self._inflight.popleft().fail(exc)
+        elif self._inflight:
+            # The broker answers in order: the error belongs to the oldest unanswered batch.
+            self._inflight.popleft().fail(exc)
+        self._wakeup.set()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall, gen: int, address: str) -> None:
+        try:
+            while True:
+                response = await call.read()
+                if gen != self._stream_gen:
+                    return
+                if response is grpc.aio.EOF:
+                    self._stream_failed(gen, unavailable(address, "SendStream ended by the broker"))
+                    return
+                if not self._inflight:
+                    self._stream_failed(gen, MalformedRequestError("SendStream answer without a batch"))
+                    return
+                batch = self._inflight[0]
+                if response.sequence_id and response.sequence_id != batch.sequence_id:
+                    self._stream_failed(
+                        gen,
+                        unavailable(
+                            address,
+                            f"answer for sequence {response.sequence_id}, expected {batch.sequence_id}",
+                        ),
+                    )
+                    return
+                self._inflight.popleft()
+                count = len(batch.messages)
+                if response.last_offset - response.first_offset + 1 != count:
+                    batch.fail(
+                        OffsetRangeError(
+                            response.first_offset + count - 1, response.last_offset, "SendStream answer"
+                        )
+                    )
+                else:
+                    batch.resolve(response.first_offset)
+                self._wakeup.set()
+        except grpc.aio.AioRpcError as exc:
+            self._stream_failed(gen, from_rpc_error(exc, address))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+
+    async def _run(self) -> None:
+        """The sender: keeps a stream open while there is work and writes ready batches."""
+        while True:
+            self._wakeup.clear()
+            if self._stream is None and (self._pending or self._inflight):
+                try:
+                    await self._connect(refresh=self._needs_lookup, create=self._needs_producer)
+                except DanubeError as exc:
+                    log.warning("producer %s: cannot reconnect: %s", self.producer_name, exc)
+                    for batch in itertools.chain(self._inflight, self._pending):
+                        batch.fail(exc)
+                    self._inflight.clear()
+                    self._pending.clear()
+                    self._needs_lookup = True
+                    self._needs_producer = True
+                    continue
+            while (
+                self._stream is not None
+                and self._pending
+                and len(self._inflight) < self._max_in_flight
+            ):
+                await self._write(self._stream, self._pending.popleft())
+            await self._wakeup.wait()
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, batch: Batch) -> None:
+        if not batch.sequence_id:
+            batch.sequence_id = next(self._sequence)
+        gen = self._stream_gen
+        address = self._owner_address or ""
+        self._inflight.append(batch)
+        request = pb.SendBatchRequest(
+            producer_id=self.producer_id, messages=batch.messages, sequence_id=batch.sequence_id
+        )
+        try:
+            await call.write(request)
+        except grpc.aio.AioRpcError as exc:
+            self._stream_failed(gen, from_rpc_error(exc, address))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            self._stream_failed(gen, unavailable(address, f"SendStream write failed: {exc}"))
+
+    def __repr__(self) -> str:
+        return (
+            f"Producer(topic={self.topic!r}, producer_name={self.producer_name!r}, "
+            f"producer_id={self.producer_id}, state={self._state!r})"
+        )

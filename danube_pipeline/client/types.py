@@ -1,0 +1,208 @@
+"""User-facing value types of the Danube client.
+
+Generated protobuf types stay inside the client's private modules; everything a caller sees is
+one of the enums and frozen dataclasses below (``../shared/STYLE.md`` practice 5). The
+``_from_pb`` helpers are the only place where wire messages become these types.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from danube_pipeline.proto import danube_pb2 as pb
+
+
+class SubscriptionType(enum.IntEnum):
+    """How a subscription shares messages among its consumers (seed ``000`` §3.4).
+
+    Attributes:
+        EXCLUSIVE: one consumer at a time; a second ``Subscribe`` is refused.
+        SHARED: messages are spread over every consumer of the subscription.
+        FAILOVER: one active consumer, the others stand by.
+    """
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+
+
+class InitialPosition(enum.IntEnum):
+    """Where a new subscription starts reading.
+
+    Attributes:
+        LATEST: only messages published after the subscription is created.
+        EARLIEST: from the oldest retained offset.
+    """
+
+    LATEST = 0
+    EARLIEST = 1
+
+
+class BrokerAddress(NamedTuple):
+    """A broker known by id (seed ``004``: brokers are indexed by id once known).
+
+    Attributes:
+        broker_id: the u64 broker id registered in ``/cluster/register/{id}``.
+        address: ``"host:port"`` without a scheme.
+    """
+
+    broker_id: int
+    address: str
+
+
+@dataclass(frozen=True)
+class AvroSchema:
+    """An Avro schema a producer registers before it publishes (seed ``000`` §4).
+
+    Attributes:
+        subject: the schema-registry subject, e.g. ``"flights-value"``.
+        raw_schema: the Avro schema as JSON text.
+    """
+
+    subject: str
+    raw_schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message delivered to a consumer.
+
+    Attributes:
+        topic: ``"/{namespace}/{topic}"``.
+        offset: position in the topic, contiguous from 0.
+        payload: the message bytes.
+        attributes: user key/value pairs set by the producer.
+        publish_time_us: microseconds since the Unix epoch.
+        producer_id: the id of the producer that published it.
+        producer_name: that producer's name.
+        schema_id: global schema id; 0 = no schema.
+        schema_version: version within the schema's subject; 0 = no schema.
+        redelivery_count: how many times the broker delivered it before without an ack.
+    """
+
+    topic: str
+    offset: int
+    payload: bytes
+    attributes: Mapping[str, str]
+    publish_time_us: int
+    producer_id: int
+    producer_name: str
+    schema_id: int
+    schema_version: int
+    redelivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as listed by a broker.
+
+    Attributes:
+        topic: ``"/{namespace}/{topic}"``.
+        next_offset: the offset the next appended message will get.
+        sealed_segments: number of sealed WAL segments.
+        wal_syncs: ``fdatasync`` calls made for the topic since the broker started.
+    """
+
+    topic: str
+    next_offset: int
+    sealed_segments: int
+    wal_syncs: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A sealed (immutable) WAL segment.
+
+    Attributes:
+        start_offset: first offset in the segment.
+        end_offset: last offset in the segment, inclusive.
+        size_bytes: file size in bytes, header included.
+        record_count: number of records.
+        created_at_ms: creation time, milliseconds since the Unix epoch.
+        sealed_at_ms: sealing time, milliseconds since the Unix epoch.
+    """
+
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+    record_count: int
+    created_at_ms: int
+    sealed_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """A registered broker (``/cluster/register/{id}``).
+
+    Attributes:
+        broker_id: the broker's u64 id.
+        address: ``"host:port"`` without a scheme.
+        mode: the ``mode`` of ``/cluster/brokers/{id}/state``.
+    """
+
+    broker_id: int
+    address: str
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """The cluster as the last metadata refresh saw it (seed ``004``).
+
+    Attributes:
+        cluster_name: the cluster's name.
+        brokers: every registered broker, ascending by id.
+        leader_broker_id: the leader's id; 0 = no leader recorded.
+    """
+
+    cluster_name: str
+    brokers: tuple[BrokerInfo, ...] = field(default_factory=tuple)
+    leader_broker_id: int = 0
+
+
+def _message_from_pb(topic: str, m: pb.StreamMessage) -> Message:
+    return Message(
+        topic=topic,
+        offset=m.offset,
+        payload=bytes(m.payload),
+        attributes=dict(m.attributes),
+        publish_time_us=m.publish_time_us,
+        producer_id=m.producer_id,
+        producer_name=m.producer_name,
+        schema_id=m.schema_id,
+        schema_version=m.schema_version,
+        redelivery_count=m.redelivery_count,
+    )
+
+
+def _topic_info_from_pb(t: pb.TopicInfo) -> TopicInfo:
+    return TopicInfo(
+        topic=t.topic,
+        next_offset=t.next_offset,
+        sealed_segments=t.sealed_segments,
+        wal_syncs=t.wal_syncs,
+    )
+
+
+def _segment_info_from_pb(s: pb.SegmentInfo) -> SegmentInfo:
+    return SegmentInfo(
+        start_offset=s.start_offset,
+        end_offset=s.end_offset,
+        size_bytes=s.size_bytes,
+        record_count=s.record_count,
+        created_at_ms=s.created_at_ms,
+        sealed_at_ms=s.sealed_at_ms,
+    )
+
+
+def _cluster_info_from_pb(r: pb.ClusterMetadataResponse) -> ClusterInfo:
+    brokers = tuple(
+        sorted(
+            (BrokerInfo(broker_id=b.broker_id, address=b.broker_addr, mode=b.mode) for b in r.brokers),
+            key=lambda b: b.broker_id,
+        )
+    )
+    return ClusterInfo(cluster_name=r.cluster_name, brokers=brokers, leader_broker_id=r.leader_broker_id)

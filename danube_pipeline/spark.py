@@ -1,0 +1,262 @@
+"""Spark on the shared Iceberg catalog: jar lookup, session configuration and compaction.
+
+Spark's Iceberg ``JdbcCatalog`` reads and commits to the same SQL catalog database as
+pyiceberg's ``SqlCatalog`` (``../shared/STACK.md``, "One Iceberg catalog shared by pyiceberg
+and Spark"). pyiceberg cannot compact; :func:`compact_table` runs Iceberg's
+``rewrite_data_files`` procedure.
+
+Jars: the Iceberg Spark runtime comes from the ``snowpark-connect-deps-iceberg`` 1.0.1 wheel
+(``jars/iceberg-spark-runtime-3.5_2.12-1.9.2.jar``) unless ``DANUBE_ICEBERG_SPARK_JAR`` names
+another; the SQLite JDBC driver from Debian's ``libxerial-sqlite-jdbc-java`` unless
+``DANUBE_SQLITE_JDBC_JAR`` names another.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from danube_pipeline import settings
+from danube_pipeline.errors import DanubeError
+from danube_pipeline.names import TopicName
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "CompactionResult",
+    "SparkSetupError",
+    "build_spark_session",
+    "compact_table",
+    "iceberg_spark_runtime_jar",
+    "jdbc_uri",
+    "spark_conf",
+    "sqlite_jdbc_jar",
+]
+
+ICEBERG_JAR_ENV = "DANUBE_ICEBERG_SPARK_JAR"
+SQLITE_JAR_ENV = "DANUBE_SQLITE_JDBC_JAR"
+ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
+ICEBERG_JAR_GLOB = "iceberg-spark-runtime-3.5_2.12-*.jar"
+DEFAULT_SQLITE_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
+
+
+class SparkSetupError(DanubeError):
+    """A jar Spark needs is missing; the message says how to get it."""
+
+    def __init__(self, what: str, remedy: str) -> None:
+        self.what = what
+        self.remedy = remedy
+        super().__init__(f"{what}: {remedy}")
+
+
+def iceberg_spark_runtime_jar() -> Path:
+    """The Iceberg Spark runtime jar (Spark 3.5, Scala 2.12).
+
+    ``$DANUBE_ICEBERG_SPARK_JAR`` if set, else the jar inside the installed
+    ``snowpark-connect-deps-iceberg`` package.
+
+    Raises:
+        SparkSetupError: the env var names a missing file, or the package is not installed.
+    """
+    override = os.environ.get(ICEBERG_JAR_ENV)
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise SparkSetupError(f"{ICEBERG_JAR_ENV}={override}", "no such file")
+        return path
+    spec = importlib.util.find_spec(ICEBERG_JAR_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SparkSetupError(
+            "Iceberg Spark runtime jar not found",
+            "install `snowpark-connect-deps-iceberg==1.0.1` (it ships "
+            "jars/iceberg-spark-runtime-3.5_2.12-1.9.2.jar) or set "
+            f"{ICEBERG_JAR_ENV} to an iceberg-spark-runtime-3.5_2.12 jar",
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted((Path(location) / "jars").glob(ICEBERG_JAR_GLOB))
+        if found:
+            return found[-1]
+    raise SparkSetupError(
+        "Iceberg Spark runtime jar not found",
+        f"the installed `snowpark-connect-deps-iceberg` has no jars/{ICEBERG_JAR_GLOB}; "
+        f"install version 1.0.1 or set {ICEBERG_JAR_ENV}",
+    )
+
+
+def sqlite_jdbc_jar() -> Path:
+    """The SQLite JDBC driver jar.
+
+    ``$DANUBE_SQLITE_JDBC_JAR`` if set, else ``/usr/share/java/sqlite-jdbc.jar``.
+
+    Raises:
+        SparkSetupError: the jar does not exist.
+    """
+    override = os.environ.get(SQLITE_JAR_ENV)
+    path = Path(override) if override else DEFAULT_SQLITE_JAR
+    if not path.is_file():
+        raise SparkSetupError(
+            f"SQLite JDBC driver not found at {path}",
+            f"run `apt-get install libxerial-sqlite-jdbc-java` or set {SQLITE_JAR_ENV}",
+        )
+    return path
+
+
+def jdbc_uri(catalog_uri: str) -> str:
+    """Turn pyiceberg's SQLAlchemy URI into a JDBC one.
+
+    ``sqlite:////abs/catalog.db`` → ``jdbc:sqlite:/abs/catalog.db``;
+    ``postgresql+psycopg2://u:p@h:5432/db`` → ``jdbc:postgresql://h:5432/db`` (credentials
+    belong in ``jdbc.user``/``jdbc.password``); a ``jdbc:`` URI is returned unchanged.
+    """
+    if catalog_uri.startswith("jdbc:"):
+        return catalog_uri
+    if catalog_uri.startswith("sqlite:///"):
+        return "jdbc:sqlite:" + catalog_uri[len("sqlite:///") :]
+    m = re.match(r"^postgres(?:ql)?(?:\+\w+)?://(?:[^@/]*@)?(.*)$", catalog_uri)
+    if m:
+        return f"jdbc:postgresql://{m.group(1)}"
+    raise ValueError(f"cannot convert catalog URI {catalog_uri!r} to JDBC")
+
+
+def spark_conf(
+    *,
+    catalog_name: str | None = None,
+    catalog_uri: str | None = None,
+    warehouse: str | None = None,
+    master: str = "local[2]",
+    shuffle_partitions: int = 4,
+    extra_jars: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """Spark settings for a session on the shared Iceberg catalog.
+
+    Args:
+        catalog_name: Spark catalog name (``spark.sql.catalog.<name>``); defaults to
+            ``settings.catalog_name()``, the same name pyiceberg uses.
+        catalog_uri: pyiceberg's SQLAlchemy URI, converted with :func:`jdbc_uri`.
+        warehouse: the warehouse URL pyiceberg uses.
+        master: Spark master URL.
+        shuffle_partitions: ``spark.sql.shuffle.partitions`` (small: local data).
+        extra_jars: more jars for ``spark.jars`` (e.g. ``iceberg-aws-bundle`` for S3).
+
+    Raises:
+        SparkSetupError: a jar is missing.
+    """
+    name = catalog_name or settings.catalog_name()
+    uri = catalog_uri or settings.catalog_uri()
+    wh = warehouse or settings.warehouse_url()
+    jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar()), *extra_jars]
+    prefix = f"spark.sql.catalog.{name}"
+    conf = {
+        "spark.master": master,
+        "spark.app.name": "danube-pipeline",
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "jdbc",
+        f"{prefix}.uri": jdbc_uri(uri),
+        f"{prefix}.warehouse": wh,
+        # pyiceberg commits between Spark statements: always read the catalog's current metadata.
+        f"{prefix}.cache-enabled": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": str(shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if uri.startswith("postgres"):
+        m = re.match(r"^postgres(?:ql)?(?:\+\w+)?://([^:@/]*)(?::([^@/]*))?@", uri)
+        if m:
+            conf[f"{prefix}.jdbc.user"] = m.group(1)
+            if m.group(2):
+                conf[f"{prefix}.jdbc.password"] = m.group(2)
+    return conf
+
+
+def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: object) -> SparkSession:
+    """Get or create a Spark session with ``conf`` (default :func:`spark_conf` of ``kwargs``).
+
+    Jars are fixed when the JVM starts: a second call in one process with different jars
+    gets the first session's jars.
+    """
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf) if conf is not None else spark_conf(**kwargs)  # type: ignore[arg-type]
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """What :func:`compact_table` did (counts from ``rewrite_data_files`` and ``.files``).
+
+    Attributes:
+        data_files_before: live data files before.
+        data_files_after: live data files after.
+        rewritten_data_files: input files replaced.
+        added_data_files: output files written.
+        rewritten_bytes: bytes of the replaced files.
+        snapshot_id: the table's current snapshot afterwards (``None`` for an empty table).
+    """
+
+    data_files_before: int
+    data_files_after: int
+    rewritten_data_files: int
+    added_data_files: int
+    rewritten_bytes: int
+    snapshot_id: int | None
+
+
+def _q(part: str) -> str:
+    return f"`{part}`"
+
+
+def compact_table(
+    spark: SparkSession,
+    topic: TopicName,
+    *,
+    catalog_name: str | None = None,
+    min_input_files: int = 2,
+) -> CompactionResult:
+    """Rewrite the topic table's small data files into fewer, larger ones.
+
+    Runs ``CALL {catalog}.system.rewrite_data_files(table => 'ns.topic',
+    options => map('min-input-files', '2'))``. The rewrite commits a ``replace`` snapshot that
+    carries no ``danube.*`` summary properties, so :func:`danube_pipeline.iceberg.committed_end_offset`
+    looks past it.
+
+    Raises:
+        pyspark.errors.AnalysisException: the table does not exist.
+    """
+    name = catalog_name or settings.catalog_name()
+    full = f"{_q(name)}.{_q(topic.namespace)}.{_q(topic.topic)}"
+    before = int(spark.sql(f"SELECT count(*) AS n FROM {full}.files").collect()[0]["n"])
+    row = spark.sql(
+        f"CALL {_q(name)}.system.rewrite_data_files("
+        f"table => '{topic.namespace}.{topic.topic}', "
+        f"options => map('min-input-files', '{int(min_input_files)}'))"
+    ).collect()[0]
+    result = row.asDict()
+    after = int(spark.sql(f"SELECT count(*) AS n FROM {full}.files").collect()[0]["n"])
+    snaps = spark.sql(
+        f"SELECT snapshot_id FROM {full}.history WHERE is_current_ancestor "
+        "ORDER BY made_current_at DESC LIMIT 1"
+    ).collect()
+    return CompactionResult(
+        data_files_before=before,
+        data_files_after=after,
+        rewritten_data_files=int(result.get("rewritten_data_files_count") or 0),
+        added_data_files=int(result.get("added_data_files_count") or 0),
+        rewritten_bytes=int(result.get("rewritten_bytes_count") or 0),
+        snapshot_id=int(snaps[0]["snapshot_id"]) if snaps else None,
+    )

@@ -1,0 +1,363 @@
+"""The Danube client against real brokers (and a few in-process unit checks).
+
+Integration tests use the ``start_broker`` fixture of ``conftest.py``: a real ``python -m
+broker`` process on a free port with its own data directory, against a real etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from typing import Any
+
+import fastavro
+import grpc
+import pytest
+
+from danube_pipeline.client import (
+    AvroSchema,
+    DanubeClient,
+    InitialPosition,
+    Message,
+)
+from danube_pipeline.client._accumulator import Accumulator, Batch
+from danube_pipeline.client._status import from_rpc_error
+from danube_pipeline.errors import (
+    ERROR_CLASS_METADATA_KEY,
+    BrokerUnavailableError,
+    MessageTooLargeError,
+    RemoteError,
+    SchemaMismatchError,
+    TopicNotFoundError,
+)
+from danube_pipeline.localcluster import free_port
+from danube_pipeline.records import decode_segment
+
+TOPIC = "/default/client_test"
+
+FLIGHT_SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Flight",
+        "fields": [
+            {"name": "carrier", "type": "string"},
+            {"name": "flight", "type": "int"},
+            {"name": "dep_delay", "type": ["null", "double"], "default": None},
+        ],
+    }
+)
+
+
+def avro_bytes(record: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(json.loads(FLIGHT_SCHEMA)), record)
+    return buf.getvalue()
+
+
+async def produce(client: DanubeClient, topic: str, count: int, *, name: str = "p") -> list[int]:
+    async with client.producer(topic, producer_name=name) as producer:
+        futures = [
+            producer.send_nowait(f"m-{i}".encode(), attributes={"i": str(i)}) for i in range(count)
+        ]
+        await producer.flush()
+        return [f.result() for f in futures]
+
+
+# ------------------------------------------------------------------ unit
+
+
+@pytest.mark.unit
+def test_status_maps_trailing_error_class_to_typed_error() -> None:
+    exc = grpc.aio.AioRpcError(
+        grpc.StatusCode.NOT_FOUND,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata((ERROR_CLASS_METADATA_KEY, "TopicNotFoundError")),
+        details="topic '/a/b' not found",
+    )
+    err = from_rpc_error(exc, "127.0.0.1:1")
+    assert isinstance(err, TopicNotFoundError)
+    assert not err.retriable and not err.invalid_metadata
+
+    down = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="connect failed"
+    )
+    err = from_rpc_error(down, "127.0.0.1:2")
+    assert isinstance(err, BrokerUnavailableError)
+    assert err.retriable and err.invalid_metadata
+    assert err.address == "127.0.0.1:2"
+
+
+@pytest.mark.unit
+@pytest.mark.asyncio
+async def test_accumulator_closes_batches_by_count_bytes_and_linger() -> None:
+    ready: list[Batch] = []
+    acc = Accumulator(max_batch_messages=3, max_batch_bytes=10, linger_ms=20, on_ready=ready.append)
+    acc.max_message_size_bytes = 8
+    for _ in range(3):
+        acc.append(b"a", {})
+    assert [len(b.messages) for b in ready] == [3]  # closed by count
+    acc.append(b"12345", {})
+    acc.append(b"123456", {})  # would pass 10 bytes: the first batch closes
+    assert [len(b.messages) for b in ready] == [3, 1]
+    with pytest.raises(MessageTooLargeError):
+        acc.append(b"123456789", {})
+    await asyncio.sleep(0.05)  # linger closes the open batch
+    assert [len(b.messages) for b in ready] == [3, 1, 1]
+
+
+# ------------------------------------------------------------------ integration
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_send_nowait_and_flush_give_offsets_in_order(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        async with client.producer(TOPIC, producer_name="p", max_batch_messages=16) as producer:
+            futures = [producer.send_nowait(f"m-{i}".encode()) for i in range(100)]
+            await producer.flush()
+            assert all(f.done() for f in futures)
+            assert [f.result() for f in futures] == list(range(100))
+            assert await producer.send(b"one more") == 100
+        topics = await client.admin.list_topics("default")
+        assert [(t.topic, t.next_offset) for t in topics] == [(TOPIC, 101)]
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_consume_with_ack_gives_content_and_attributes(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        offsets = await produce(client, TOPIC, 30)
+        assert offsets == list(range(30))
+        received: list[Message] = []
+        async with client.consumer(
+            TOPIC, subscription="sub", initial_position=InitialPosition.EARLIEST
+        ) as consumer:
+            async for message in consumer:
+                received.append(message)
+                await consumer.ack(message)
+                if len(received) == 30:
+                    break
+            with pytest.raises(TimeoutError):
+                await consumer.receive(timeout_ms=300)
+    assert [m.offset for m in received] == list(range(30))
+    assert [m.payload for m in received] == [f"m-{i}".encode() for i in range(30)]
+    assert [dict(m.attributes) for m in received] == [{"i": str(i)} for i in range(30)]
+    assert {m.producer_name for m in received} == {"p"}
+    assert all(m.topic == TOPIC and m.publish_time_us > 0 for m in received)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_new_consumer_resumes_after_acked_cursor(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        await produce(client, TOPIC, 10)
+        async with client.consumer(
+            TOPIC, subscription="resume", initial_position=InitialPosition.EARLIEST, ack_flush_ms=10_000
+        ) as first:
+            for expected in range(5):
+                message = await first.receive(timeout_ms=5_000)
+                assert message.offset == expected
+                await first.ack(message)
+        # close() flushed the five buffered acks; the rest were delivered but never acked.
+        async with client.consumer(
+            TOPIC, subscription="resume", initial_position=InitialPosition.EARLIEST
+        ) as second:
+            seen = []
+            while True:
+                try:
+                    message = await second.receive(timeout_ms=1_000)
+                except TimeoutError:
+                    break
+                seen.append(message.offset)
+                await second.ack(message)
+    assert sorted(seen) == [5, 6, 7, 8, 9]
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_message_too_large_is_refused_client_side_and_producer_continues(
+    start_broker: Any,
+) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        async with client.producer(TOPIC, producer_name="big") as producer:
+            assert producer.max_message_size == 10 * 1024 * 1024  # namespace policy default
+            assert await producer.send(b"small") == 0
+            too_big = b"x" * (producer.max_message_size + 1)
+            with pytest.raises(MessageTooLargeError) as info:
+                producer.send_nowait(too_big)  # raised at once, not through the future
+            assert not isinstance(info.value, RemoteError)
+            assert info.value.size_bytes == producer.max_message_size + 1
+            with pytest.raises(MessageTooLargeError):
+                await producer.send(too_big)
+            assert await producer.send(b"after") == 1
+            exactly = b"y" * producer.max_message_size
+            assert await producer.send(exactly) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_avro_schema_ids_travel_with_messages_and_bad_payload_is_refused(
+    start_broker: Any,
+) -> None:
+    broker = start_broker()
+    schema = AvroSchema(subject="flights-value", raw_schema=FLIGHT_SCHEMA)
+    records = [{"carrier": "UA", "flight": 1545, "dep_delay": 2.0}, {"carrier": "AA", "flight": 1141, "dep_delay": None}]
+    async with DanubeClient([broker.address]) as client:
+        async with client.producer(TOPIC, producer_name="avro", schema=schema) as producer:
+            assert producer.schema_id > 0 and producer.schema_version == 1
+            assert await producer.send(avro_bytes(records[0])) == 0
+            with pytest.raises(SchemaMismatchError):
+                await producer.send(b"\xff\xff\xff not avro")
+            # Only the bad batch failed: the producer keeps working.
+            assert await producer.send(avro_bytes(records[1])) == 1
+            schema_id, version = producer.schema_id, producer.schema_version
+        # Registering the same schema again is idempotent.
+        async with client.producer(TOPIC, producer_name="avro2", schema=schema) as again:
+            assert (again.schema_id, again.schema_version) == (schema_id, version)
+        async with client.consumer(
+            TOPIC, subscription="avro", initial_position=InitialPosition.EARLIEST
+        ) as consumer:
+            got = [await consumer.receive(timeout_ms=5_000) for _ in range(2)]
+    parsed = fastavro.parse_schema(json.loads(FLIGHT_SCHEMA))
+    assert [fastavro.schemaless_reader(io.BytesIO(m.payload), parsed, None) for m in got] == records
+    assert {(m.schema_id, m.schema_version) for m in got} == {(schema_id, version)}
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_dead_seed_plus_live_seed_bootstraps(start_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = start_broker()
+    dead = f"127.0.0.1:{free_port()}"
+    # Keep the given order so the dead seed is really tried first.
+    monkeypatch.setattr("danube_pipeline.client._metadata.random.shuffle", lambda seq: None)
+    async with DanubeClient([dead, broker.address], retry_backoff_ms=10) as client:
+        metadata = client._metadata
+        assert metadata.brokers == {broker.broker_id: broker.address}
+        assert metadata.refresh_count == 1  # one refresh, one pass: dead seed, then live seed
+        assert metadata.rpc_counts["ClusterMetadata"] == 2
+        assert dead not in client._pool.addresses()  # seeds are discarded after bootstrap
+        info = await client.admin.cluster_metadata()
+        assert [(b.broker_id, b.address) for b in info.brokers] == [(broker.broker_id, broker.address)]
+
+
+@pytest.mark.unit
+@pytest.mark.asyncio
+async def test_only_dead_seeds_fail_after_the_retry_passes() -> None:
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    client = DanubeClient(dead, metadata_retries=2, retry_backoff_ms=10, request_timeout_ms=2_000)
+    try:
+        with pytest.raises(BrokerUnavailableError):
+            await client.connect()
+        # 1 + metadata_retries passes, each over both seeds; one refresh.
+        assert client._metadata.refresh_count == 1
+        assert client._metadata.rpc_counts["ClusterMetadata"] == 3 * 2
+        assert client._metadata.brokers == {}
+    finally:
+        await client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_concurrent_lookups_share_one_refresh(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        assert await client.admin.create_topic(TOPIC) is True
+        assert await client.admin.create_topic(TOPIC) is False
+        metadata = client._metadata
+        refreshes = metadata.refresh_count
+        lookups = metadata.rpc_counts["TopicLookup"]
+        answers = await asyncio.gather(*(client.lookup_topic(TOPIC) for _ in range(25)))
+        assert set(answers) == {(broker.broker_id, broker.address)}
+        assert metadata.refresh_count == refreshes + 1
+        assert metadata.rpc_counts["TopicLookup"] == lookups + 1
+        # Cached afterwards: no refresh at all.
+        await client.lookup_topic(TOPIC)
+        assert metadata.refresh_count == refreshes + 1
+        with pytest.raises(TopicNotFoundError):
+            await client.lookup_topic("/default/does_not_exist")
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_broker: Any) -> None:
+    broker = start_broker()
+    address = broker.address
+    sent: list[bytes] = []
+    async with DanubeClient([address], metadata_retries=8, retry_backoff_ms=400) as client:
+        async with client.producer(TOPIC, producer_name="survivor", linger_ms=1) as producer:
+            assert [await producer.send(f"a{i}".encode()) for i in range(5)] == list(range(5))
+            sent += [f"a{i}".encode() for i in range(5)]
+            first_id = producer.producer_id
+
+            def restart() -> None:
+                broker.stop()
+                broker.port = int(address.rsplit(":", 1)[1])
+                broker.start()
+
+            # The broker goes down and comes back while messages keep being queued.
+            restarting = asyncio.get_running_loop().run_in_executor(None, restart)
+            futures = []
+            while not restarting.done():
+                payload = f"b{len(futures)}".encode()
+                futures.append(producer.send_nowait(payload))
+                sent.append(payload)
+                await asyncio.sleep(0.01)
+            await restarting
+            assert broker.address == address
+            await producer.flush()
+            offsets = [f.result() for f in futures]  # none failed: all were resent in order
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+            assert offsets[0] >= 5
+            assert producer.producer_id != first_id  # re-created on the restarted broker
+            last = await producer.send(b"z")
+            sent.append(b"z")
+            assert last > offsets[-1]
+        async with client.consumer(
+            TOPIC, subscription="after", initial_position=InitialPosition.EARLIEST
+        ) as consumer:
+            got = [await consumer.receive(timeout_ms=5_000) for _ in range(last + 1)]
+    assert [m.offset for m in got] == list(range(last + 1))
+    # At least once: every payload arrived, in order of first appearance.
+    payloads = list(dict.fromkeys(m.payload for m in got))
+    assert payloads == sent
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_broker_moving_to_an_unknown_address_gives_broker_unavailable(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address], metadata_retries=2, retry_backoff_ms=50) as client:
+        async with client.producer(TOPIC, producer_name="orphan") as producer:
+            assert await producer.send(b"x") == 0
+            broker.stop()
+            broker.start()  # port 0: a new port the client has no way to learn
+            future = producer.send_nowait(b"y")
+            with pytest.raises(BrokerUnavailableError):
+                await asyncio.wait_for(future, 30)
+            with pytest.raises(BrokerUnavailableError):
+                await client.lookup_topic("/default/other")
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_admin_seals_lists_and_reads_segments(start_broker: Any) -> None:
+    broker = start_broker()
+    async with DanubeClient([broker.address]) as client:
+        await produce(client, TOPIC, 12)
+        admin = client.admin
+        assert await admin.list_sealed_segments(TOPIC) == []
+        sealed = await admin.seal_active_segment(TOPIC)
+        assert sealed is not None
+        assert (sealed.start_offset, sealed.end_offset, sealed.record_count) == (0, 11, 12)
+        assert await admin.seal_active_segment(TOPIC) is None  # active segment now empty
+        assert await admin.list_sealed_segments(TOPIC) == [sealed]
+        data = await admin.read_segment_bytes(TOPIC, 0)
+        assert len(data) == sealed.size_bytes
+        segment = decode_segment(data)
+        assert [r.payload for r in segment.records] == [f"m-{i}".encode() for i in range(12)]
+

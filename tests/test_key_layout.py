@@ -1,0 +1,125 @@
+"""After a produce/consume round, etcd holds exactly the seed ``000`` layout.
+
+Every key must match one of the seed's key kinds (no stray keys), and every JSON value has the
+seed's field names in the seed's order, with the values this round implies. Field lists are
+copied from seed ``000`` (§1.2, §1.3, §1.6, §2.1, §3.3, §3.4, §4.2-§4.4).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
+from danube_pipeline.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
+from danube_pipeline.metadata.store import MetadataStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+SEED_KEY_PATTERNS = [
+    r"/cluster/[A-Za-z0-9_-]+",  # §1.1
+    r"/cluster/register/\d+",  # §1.2
+    r"/cluster/brokers/\d+/state",  # §1.3
+    r"/cluster/brokers/\d+/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §1.4
+    r"/cluster/unassigned/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §1.5
+    r"/cluster/load/\d+",  # §1.6
+    r"/cluster/leader",  # §1.7
+    r"/namespaces/[A-Za-z0-9_-]+/policy",  # §2.1
+    r"/namespaces/([A-Za-z0-9_-]+)/topics/\1/[A-Za-z0-9_-]+",  # §2.2
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §3.1
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/delivery",  # §3.2
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producers/\d+",  # §3.3
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+",  # §3.4
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+/cursor",  # §3.5
+    r"/schemas/_global/next_schema_id",  # §4.1
+    r"/schemas/[A-Za-z0-9_.-]+/metadata",  # §4.2
+    r"/schemas/[A-Za-z0-9_.-]+/versions/\d+",  # §4.3
+    r"/schemas/_index/by_id/\d+",  # §4.4
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/objects/(\d{20}|cur)",  # §5.1, §5.2
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/state",  # §5.3
+]
+
+N = 50
+
+
+async def test_keys_and_values_match_seed_000(etcd_endpoints, start_broker):
+    broker = start_broker()
+    flights = list(iter_flights(N))
+    async with DanubeClient([broker.address]) as client:
+        schema = AvroSchema(subject="flights", raw_schema=FLIGHT_AVRO_SCHEMA_JSON)
+        async with client.producer("/default/flights", producer_name="layout-producer", schema=schema) as producer:
+            offsets = [await producer.send(encode_flight(f)) for f in flights]
+            producer_id = producer.producer_id
+        async with client.consumer(
+            "/default/flights",
+            subscription="layout-sub",
+            subscription_type=SubscriptionType.SHARED,
+            consumer_name="layout-consumer",
+            initial_position=InitialPosition.EARLIEST,
+        ) as consumer:
+            for _ in range(N):
+                await consumer.ack(await consumer.receive(timeout_ms=10_000))
+    assert offsets == list(range(N))
+
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        kvs, _ = await store.get_prefix("/")
+    kv = {x.key: x.value for x in kvs}
+
+    stray = [k for k in kv if not any(re.fullmatch(p, k) for p in SEED_KEY_PATTERNS)]
+    assert stray == [], f"keys outside the seed 000 layout: {stray}"
+
+    b = broker.broker_id
+    # §1.1 cluster marker, §1.2 registration, §1.3 state, §1.4 assignment, §1.6 load, §1.7 leader
+    assert kv["/cluster/danube"] is None
+    reg = kv[f"/cluster/register/{b}"]
+    assert list(reg) == ["admin_addr", "advertised_addr", "broker_addr", "prom_exporter"]
+    assert reg["advertised_addr"] == broker.address
+    assert reg["broker_addr"] == f"http://{broker.address}"
+    assert kv[f"/cluster/brokers/{b}/state"] == {"mode": "active", "reason": "boot"}
+    assert kv[f"/cluster/brokers/{b}/default/flights"] is None
+    load = kv[f"/cluster/load/{b}"]
+    assert list(load) == ["resources_usage", "topic_list", "topics_len"]
+    assert [r["resource"] for r in load["resources_usage"]] == ["CPU", "Memory"]
+    assert load["topic_list"] == ["/default/flights"] and load["topics_len"] == 1
+    assert kv["/cluster/leader"] == b
+    # §2.1 policy with the seed's defaults, §2.2 topic registry
+    assert kv["/namespaces/default/policy"] == {
+        "max_consumers_per_subscription": 0,
+        "max_consumers_per_topic": 0,
+        "max_message_size": 10485760,
+        "max_producers_per_topic": 0,
+        "max_publish_rate": 0,
+        "max_subscription_dispatch_rate": 0,
+        "max_subscriptions_per_topic": 0,
+    }
+    assert list(kv["/namespaces/default/policy"]) == sorted(kv["/namespaces/default/policy"])
+    assert kv["/namespaces/default/topics/default/flights"] is None
+    # §3.1-§3.5
+    assert kv["/topics/default/flights"] == 0
+    assert kv["/topics/default/flights/delivery"] == "Reliable"
+    prod = kv[f"/topics/default/flights/producers/{producer_id}"]
+    assert list(prod) == ["access_mode", "producer_id", "producer_name", "status", "topic_name"]
+    assert prod["producer_id"] == producer_id and prod["producer_name"] == "layout-producer"
+    assert prod["access_mode"] == 0 and prod["topic_name"] == "/default/flights"
+    assert prod["status"] is False  # closed
+    sub = kv["/topics/default/flights/subscriptions/layout-sub"]
+    assert list(sub) == ["consumer_id", "consumer_name", "subscription_name", "subscription_type"]
+    assert sub["consumer_name"] == "layout-consumer"
+    assert sub["subscription_name"] == "layout-sub" and sub["subscription_type"] == 1
+    assert kv["/topics/default/flights/subscriptions/layout-sub/cursor"] == N - 1
+    # §4.1-§4.4
+    assert kv["/schemas/_global/next_schema_id"] == 2
+    meta = kv["/schemas/flights/metadata"]
+    assert list(meta) == [
+        "compatibility_mode", "created_at", "created_by", "id", "latest_version",
+        "subject", "topics_using", "updated_at", "versions",
+    ]
+    assert meta["id"] == 1 and meta["latest_version"] == 1 and meta["subject"] == "flights"
+    version = kv["/schemas/flights/versions/1"]
+    assert list(version) == ["created_at", "created_by", "version", "fingerprint", "is_deprecated", "schema_def", "tags"]
+    assert version["fingerprint"].startswith("sha256:") and len(version["fingerprint"]) == 7 + 64
+    assert list(version["schema_def"]) == ["Avro"]
+    assert version["schema_def"]["Avro"]["fingerprint"] == version["fingerprint"]
+    assert version["schema_def"]["Avro"]["raw_schema"] == FLIGHT_AVRO_SCHEMA_JSON
+    assert kv["/schemas/_index/by_id/1"] == {"schema_id": 1, "subject": "flights"}

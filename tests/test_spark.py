@@ -1,0 +1,146 @@
+"""Spark compaction on the catalog pyiceberg writes to (``../shared/STACK.md``), for real.
+
+One local Spark session per test session (slow to start), on a SQLite catalog and a
+``file://`` warehouse in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.assets import compacted_table
+from assets.resources import IcebergCatalogResource, SparkResource
+from danube_pipeline import iceberg
+from danube_pipeline.names import TopicName
+from danube_pipeline.records import Record
+from danube_pipeline.spark import build_spark_session, compact_table, jdbc_uri, spark_conf
+
+pytestmark = pytest.mark.spark
+
+CATALOG = "danube"
+SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Reading",
+    "fields": [
+        {"name": "sensor", "type": "string"},
+        {"name": "value", "type": ["null", "double"]},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    ],
+}
+
+
+def _records(start: int, end: int) -> list[Record]:
+    parsed = fastavro.parse_schema(SCHEMA)
+    out = []
+    for i in range(start, end + 1):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(
+            buf, parsed, {"sensor": f"s{i % 3}", "value": None if i % 4 == 0 else i / 2, "at": 1_700_000_000_000_000 + i}
+        )
+        out.append(Record(i, 1_700_000_000_000_000 + i, 7, "p", 1, 1, buf.getvalue(), {"k": str(i)}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def spark_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("spark-iceberg")
+    env = {
+        "name": CATALOG,
+        "uri": f"sqlite:///{root / 'catalog.db'}",
+        "warehouse": (root / "warehouse").as_uri(),
+    }
+    catalog = iceberg.load_catalog(**env)
+    conf = spark_conf(catalog_name=env["name"], catalog_uri=env["uri"], warehouse=env["warehouse"])
+    spark = build_spark_session(conf)
+    try:
+        yield {**env, "catalog": catalog, "spark": spark, "root": root}
+    finally:
+        spark.stop()
+
+
+def test_jdbc_uri() -> None:
+    assert jdbc_uri("sqlite:////tmp/x/catalog.db") == "jdbc:sqlite:/tmp/x/catalog.db"
+    assert jdbc_uri("postgresql+psycopg2://u:p@db:5432/iceberg") == "jdbc:postgresql://db:5432/iceberg"
+
+
+def test_spark_conf_points_at_the_shared_catalog(tmp_path: Path) -> None:
+    conf = spark_conf(catalog_name="c1", catalog_uri=f"sqlite:///{tmp_path}/c.db", warehouse="file:///w")
+    assert conf["spark.sql.catalog.c1"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.catalog.c1.type"] == "jdbc"
+    assert conf["spark.sql.catalog.c1.uri"] == f"jdbc:sqlite:{tmp_path}/c.db"
+    assert conf["spark.sql.catalog.c1.warehouse"] == "file:///w"
+    assert "iceberg-spark-runtime-3.5_2.12" in conf["spark.jars"]
+    assert "sqlite-jdbc" in conf["spark.jars"]
+    assert conf["spark.ui.enabled"] == "false"
+
+
+def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) -> None:
+    topic = TopicName("default", "readings")
+    catalog = spark_catalog["catalog"]
+    table = iceberg.ensure_table(catalog, topic, SCHEMA)
+    for start in (0, 100, 200):
+        iceberg.append_records(table, _records(start, start + 99), SCHEMA, f"data-{start}-{start + 99}.dnb1")
+    assert iceberg.data_file_count(table) == 3
+    before_rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["_offset"])
+
+    result = compact_table(spark_catalog["spark"], topic, catalog_name=CATALOG)
+    assert result.data_files_before == 3
+    assert result.data_files_after < 3
+    assert result.rewritten_data_files == 3
+
+    reloaded = catalog.load_table(("default", "readings"))
+    snapshot = reloaded.current_snapshot()
+    assert snapshot is not None and snapshot.snapshot_id == result.snapshot_id
+    assert snapshot.summary is not None and snapshot.summary[iceberg.SUMMARY_END_OFFSET] is None
+    assert iceberg.data_file_count(reloaded) == result.data_files_after
+    after_rows = sorted(reloaded.scan().to_arrow().to_pylist(), key=lambda r: r["_offset"])
+    assert after_rows == before_rows
+
+    # exactly-once survives compaction: the committed offset is found past the replace snapshot
+    assert iceberg.committed_end_offset(reloaded) == 299
+    again = iceberg.append_records(reloaded, _records(200, 299), SCHEMA, "data-200-299.dnb1")
+    assert again.rows_appended == 0
+    more = iceberg.append_records(reloaded, _records(300, 349), SCHEMA, "data-300-349.dnb1")
+    assert more.rows_appended == 50
+
+    count = spark_catalog["spark"].sql(f"SELECT count(*) AS n, max(_offset) AS hi FROM {CATALOG}.default.readings").collect()[0]
+    assert (count["n"], count["hi"]) == (350, 349)
+
+
+def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
+    topic = TopicName("default", "asset_readings")
+    table = iceberg.ensure_table(spark_catalog["catalog"], topic, SCHEMA)
+    for start in (0, 10):
+        iceberg.append_records(table, _records(start, start + 9), SCHEMA, f"data-{start}-{start + 9}.dnb1")
+
+    resources = {
+        "iceberg_catalog": IcebergCatalogResource(
+            name=CATALOG, uri=spark_catalog["uri"], warehouse=spark_catalog["warehouse"]
+        ),
+        "spark": SparkResource(
+            catalog_name=CATALOG,
+            catalog_uri=spark_catalog["uri"],
+            warehouse=spark_catalog["warehouse"],
+            stop_after_use=False,  # the session belongs to the fixture
+        ),
+    }
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("topics", [topic.partition_key])
+        result = materialize(
+            [compacted_table], partition_key=topic.partition_key, resources=resources, instance=instance
+        )
+    assert result.success
+    [mat] = result.asset_materializations_for_node("compacted_table")
+    meta = {k: v.value for k, v in mat.metadata.items()}
+    assert meta["data_files_before"] == 2
+    assert meta["data_files_after"] == 1
+    assert meta["rewritten_data_files"] == 2
+    assert meta["committed_end_offset"] == 19
+    assert iceberg.rows(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20
