@@ -19,6 +19,6 @@ def compaction_schedule(context: ScheduleEvaluationContext) -> Iterator[RunReque
     if not partitions:
         yield SkipReason("no topic partitions yet")
         return
-    tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
     for key in partitions:
-        yield RunRequest(run_key=f"{key}:{tick}", partition_key=key)
+        # schedule run keys are scoped to one tick: one compaction per topic per hour
+        yield RunRequest(run_key=key, partition_key=key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -395,8 +396,11 @@ class BrokerServer:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._open_topic(name))
             self._loading[path] = task
-            task.add_done_callback(lambda _t, p=path: self._loading.pop(p, None))
+            task.add_done_callback(functools.partial(self._loading_done, path))
         return await asyncio.shield(task)
+
+    def _loading_done(self, path: str, _task: asyncio.Task[Topic]) -> None:
+        self._loading.pop(path, None)
 
     async def _open_topic(self, name: TopicName) -> Topic:
         cfg = self.config

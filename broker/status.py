@@ -22,6 +22,7 @@ from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY, DanubeError
 
 log = logging.getLogger(__name__)
 
+
 async def abort_with(context: aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
     """Abort the RPC with the status matching ``exc``.
 
@@ -36,6 +37,7 @@ async def abort_with(context: aio.ServicerContext[Any, Any], exc: BaseException)
         )
     log.error("unexpected error in RPC", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
 def _passthrough(exc: BaseException) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,7 +214,7 @@ class Topic:
                     persisted_cursor=cursor,
                     persist_cursor=self._cursor_writer(subscription),
                     cursor_flush_acks=self._cursor_flush_acks,
-                    on_active_change=lambda c, s=subscription: self._active_changed(s, c),
+                    on_active_change=functools.partial(self._active_changed, subscription),
                 )
                 self.subscriptions[subscription] = sub
                 log.info("%s: subscription %s (%s) starts at offset %d", self.path, subscription, subscription_type.name, start)
@@ -235,7 +236,7 @@ class Topic:
                 raise
             return consumer
 
-    def _cursor_writer(self, subscription: str):  # type: ignore[no-untyped-def]
+    def _cursor_writer(self, subscription: str) -> Callable[[int], Awaitable[None]]:
         key = keys.subscription_cursor(self.name, subscription)
 
         async def write(cursor: int) -> None:

@@ -557,7 +557,10 @@ class WriteAheadLog:
                     and active.length >= self.segment_max_bytes
                     and active.end >= active.start
                 ):
-                    await self._seal_locked()
+                    try:
+                        await self._seal_locked()
+                    except OSError:  # keep appending to the active segment; retried next write
+                        log.exception("WAL %s: sealing by size failed", self.directory)
 
     def _take_batch(self) -> list[_Pending]:
         """Everything queued, but no more than fits the active segment (at least one append),

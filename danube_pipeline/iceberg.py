@@ -4,7 +4,7 @@ A topic ``/{ns}/{topic}`` maps to the Iceberg table ``(ns, topic)`` (Iceberg nam
 namespace) in the shared SQL catalog that pyiceberg and Spark's ``JdbcCatalog`` both use
 (``../shared/STACK.md``). Each table has the message metadata columns::
 
-    _offset long (required) | _publish_time timestamptz (µs) | _producer_id long
+    _offset long (required) | _publish_time timestamptz (µs) | _producer_id long (u64 bits)
     | _producer_name string | _schema_id long | _schema_version int | _attributes map<string,string>
 
 followed by one typed column per field of the topic's Avro record schema, or a single
@@ -319,7 +319,7 @@ def _metadata_fields() -> list[NestedField]:
     return [
         NestedField(1, "_offset", LongType(), required=True, doc="Danube offset in the topic"),
         NestedField(2, "_publish_time", TimestamptzType(), required=False, doc="publish time (µs, UTC)"),
-        NestedField(3, "_producer_id", LongType(), required=False),
+        NestedField(3, "_producer_id", LongType(), required=False, doc="u64 producer id, stored as the int64 with the same bits"),
         NestedField(4, "_producer_name", StringType(), required=False),
         NestedField(5, "_schema_id", LongType(), required=False, doc="0 = no schema"),
         NestedField(6, "_schema_version", IntegerType(), required=False),
@@ -381,6 +381,15 @@ def _as_dict(avro_schema: Mapping[str, Any] | str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- records → Arrow
 
 
+_U64_SIGN = 1 << 63
+
+
+def _as_signed64(value: int) -> int:
+    """A u64 (Danube producer ids are random u64s, seed ``000`` §3.3) as the int64 with the
+    same 64 bits, since Iceberg's ``long`` is signed. ``value & (2**64 - 1)`` reverses it."""
+    return value - (1 << 64) if value >= _U64_SIGN else value
+
+
 class _ParsedSchemas:
     """fastavro-parsed schemas, parsed once each."""
 
@@ -434,7 +443,7 @@ def arrow_table_for_records(
     data: dict[str, list[Any]] = {
         "_offset": [r.offset for r in records],
         "_publish_time": [r.publish_time_us for r in records],
-        "_producer_id": [r.producer_id for r in records],
+        "_producer_id": [_as_signed64(r.producer_id) for r in records],
         "_producer_name": [r.producer_name for r in records],
         "_schema_id": [r.schema_id for r in records],
         "_schema_version": [r.schema_version for r in records],
@@ -480,11 +489,11 @@ def arrow_table_for_records(
 
     arrays = []
     for f in arrow_schema:
-        col = data.get(f.name)
-        if col is None:
+        values_for_field = data.get(f.name)
+        if values_for_field is None:
             arrays.append(pa.nulls(n, type=f.type))
         else:
-            arrays.append(pa.array(col, type=f.type))
+            arrays.append(pa.array(values_for_field, type=f.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
 
 

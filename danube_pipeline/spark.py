@@ -163,6 +163,11 @@ def spark_conf(
         f"{prefix}.warehouse": wh,
         # pyiceberg commits between Spark statements: always read the catalog's current metadata.
         f"{prefix}.cache-enabled": "false",
+        # pyiceberg's SqlCatalog creates the catalog tables. Iceberg's own check for them leaves
+        # a sqlite-jdbc metadata cursor open on a pooled connection, which pins that connection
+        # to an old read snapshot (Spark then misses later pyiceberg commits) and, without WAL,
+        # blocks pyiceberg's commits with "database is locked".
+        f"{prefix}.jdbc.init-catalog-tables": "false",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.default.parallelism": str(shuffle_partitions),
         "spark.ui.enabled": "false",

@@ -156,6 +156,14 @@ def test_arrow_table_decodes_payloads() -> None:
     assert not table.schema.field("_offset").nullable
 
 
+def test_u64_producer_id_keeps_its_bits() -> None:
+    big = 10285063371164059634  # a producer id from seed 000
+    record = Record(0, 0, big, "p", 0, 0, b"x", {})
+    table = iceberg.arrow_table_for_records([record], None)
+    stored = table.column("_producer_id")[0].as_py()
+    assert stored < 0 and stored & (2**64 - 1) == big
+
+
 def test_arrow_table_rejects_undecodable_payload() -> None:
     bad = Record(0, 0, 1, "p", 1, 1, b"\xff", {})
     with pytest.raises(SchemaMismatchError):

@@ -305,7 +305,7 @@ class Producer:
         self._stream = call
         self._owner_address = stubs.address
         # Unanswered batches go first on the new stream, in their original order.
-        pass
+        self._pending.extendleft(reversed(self._inflight))
         self._inflight.clear()
         self._reader = asyncio.get_running_loop().create_task(
             self._read(call, self._stream_gen, stubs.address)
