@@ -207,6 +207,8 @@ async def _count_descriptors(etcd_endpoints: list[str], summary: DemoSummary) ->
 def _dagster_materialize(select: str, env: dict[str, str], dagster_home: Path) -> None:
     from dagster import DagsterInstance
 
+    # dagster_home/dagster.yaml reads its storage paths from $DAGSTER_HOME.
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
     with DagsterInstance.from_config(str(dagster_home)) as instance:
         if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
             instance.add_dynamic_partitions("topics", [TOPIC.partition_key])

@@ -216,6 +216,20 @@ class OffsetRangeError(DanubeError):
         super().__init__(f"{where}: expected offset {expected_offset}, found {actual_offset}")
 
 
+class ProducerClosedError(DanubeError, RuntimeError):
+    """A message was given to a client-side producer that is not open (or already closed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class ConsumerClosedError(DanubeError, RuntimeError):
+    """A receive or ack was asked of a client-side consumer that is not open."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
 _BY_NAME: dict[str, type[DanubeError]] = {
     cls.__name__: cls
     for cls in (

@@ -295,21 +295,22 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_bro
             first_id = producer.producer_id
 
             def restart() -> None:
-                broker.stop()
+                broker.kill()  # no graceful drain: batches are in flight when it dies
                 broker.port = int(address.rsplit(":", 1)[1])
                 broker.start()
 
             # The broker goes down and comes back while messages keep being queued.
             restarting = asyncio.get_running_loop().run_in_executor(None, restart)
-            futures = []
+            futures: list[asyncio.Future[int]] = []
             while not restarting.done():
-                payload = f"b{len(futures)}".encode()
-                futures.append(producer.send_nowait(payload))
-                sent.append(payload)
-                await asyncio.sleep(0.01)
+                for _ in range(20):
+                    payload = f"b{len(futures)}".encode()
+                    futures.append(producer.send_nowait(payload))
+                    sent.append(payload)
+                await asyncio.sleep(0.005)
             await restarting
             assert broker.address == address
-            await producer.flush()
+            await asyncio.wait_for(producer.flush(), 30)
             offsets = [f.result() for f in futures]  # none failed: all were resent in order
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
             assert offsets[0] >= 5
@@ -325,6 +326,39 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_bro
     # At least once: every payload arrived, in order of first appearance.
     payloads = list(dict.fromkeys(m.payload for m in got))
     assert payloads == sent
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_consumer_resubscribes_when_broker_restarts(start_broker: Any) -> None:
+    broker = start_broker()
+    address = broker.address
+    async with DanubeClient([address], metadata_retries=40, retry_backoff_ms=250) as client:
+        await produce(client, TOPIC, 5, name="before")
+        async with client.consumer(
+            TOPIC, subscription="durable", initial_position=InitialPosition.EARLIEST, ack_flush_ms=10
+        ) as consumer:
+            first_id = consumer.consumer_id
+            for expected in range(5):
+                message = await consumer.receive(timeout_ms=5_000)
+                assert message.offset == expected
+                await consumer.ack(message)
+            await asyncio.sleep(0.2)  # the ack flush timer sends the acks
+
+            def restart() -> None:
+                broker.stop()
+                broker.port = int(address.rsplit(":", 1)[1])
+                broker.start()
+
+            await asyncio.get_running_loop().run_in_executor(None, restart)
+            await produce(client, TOPIC, 5, name="after")
+            seen: set[int] = set()
+            while seen != {5, 6, 7, 8, 9}:
+                message = await consumer.receive(timeout_ms=15_000)
+                assert message.offset >= 5, "an acked message was delivered again"
+                seen.add(message.offset)
+                await consumer.ack(message)
+            assert consumer.consumer_id != first_id  # subscribed again on the restarted broker
 
 
 @pytest.mark.integration

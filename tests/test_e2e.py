@@ -7,11 +7,12 @@ The figures asserted are computed independently from the source CSV.
 
 from __future__ import annotations
 
+import shutil
 from collections import defaultdict
 
 import pytest
 
-from danube_pipeline.demo import run_demo
+from danube_pipeline.demo import REPO_ROOT, run_demo
 from danube_pipeline.flights import iter_flights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -19,10 +20,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 LIMIT = 30_000
 
 
-def test_demo_on_a_slice_of_flights(tmp_path):
+def test_demo_on_a_slice_of_flights(tmp_path, monkeypatch):
+    # the project's own instance config, in a throwaway Dagster home
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
     summary = run_demo(
         home=tmp_path / "home",
-        dagster_home=tmp_path / "dagster_home",
+        dagster_home=dagster_home,
         limit=LIMIT,
         segment_max_bytes=256 * 1024,
         progress=False,
@@ -50,7 +56,7 @@ def test_demo_on_a_slice_of_flights(tmp_path):
 
     from dagster import DagsterInstance, DagsterRunStatus
 
-    with DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
         runs = instance.get_runs()
         assert len(runs) >= 2
         assert all(r.status == DagsterRunStatus.SUCCESS for r in runs)

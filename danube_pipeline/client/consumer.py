@@ -23,6 +23,7 @@ from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import rpc_errors, unavailable
 from danube_pipeline.client.types import InitialPosition, Message, SubscriptionType, _message_from_pb
 from danube_pipeline.errors import (
+    ConsumerClosedError,
     BrokerUnavailableError,
     ConsumerNotFoundError,
     DanubeError,
@@ -31,10 +32,6 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-class ConsumerClosedError(RuntimeError):
-    """``receive`` or ``ack`` was called on a consumer that is not open."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import from_rpc_error, rpc_errors, unavailable
 from danube_pipeline.client.types import AvroSchema
 from danube_pipeline.errors import (
+    ProducerClosedError,
     BrokerUnavailableError,
     DanubeError,
     MalformedRequestError,
@@ -43,10 +44,6 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-class ProducerClosedError(RuntimeError):
-    """A message was given to a producer that is not open."""
 
 
 class Producer:
