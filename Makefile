@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml scripts/install-system-deps.sh
 demo: setup
 	$(BIN)/danube-pipeline demo
 
-test: setup
+test: setup typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
@@ -33,7 +33,7 @@ bench: setup
 	$(BIN)/python benchmarks/ingest.py
 
 typecheck: setup
-	$(BIN)/python -m mypy danube_pipeline broker assets
+	$(BIN)/python -m mypy danube_pipeline broker assets benchmarks
 
 proto: setup
 	cd danube_pipeline/proto && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. danube.proto

@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from danube_pipeline.client import DanubeClient
@@ -41,10 +42,13 @@ async def _run(address: str, messages: int, size: int, window: int, linger_ms: i
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
             pending: list[asyncio.Future[int]] = []
+            def record_latency(t0: float) -> Callable[[asyncio.Future[int]], None]:
+                return lambda _fut: latencies_us.append((loop.time() - t0) * 1e6)
+
             for _ in range(messages):
                 t0 = loop.time()
                 fut = producer.send_nowait(payload)
-                fut.add_done_callback(lambda _f, t0=t0: latencies_us.append((loop.time() - t0) * 1e6))
+                fut.add_done_callback(record_latency(t0))
                 pending.append(fut)
                 if len(pending) >= window:
                     await asyncio.gather(*pending)

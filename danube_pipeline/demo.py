@@ -232,7 +232,7 @@ def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
     table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
     files = table.inspect.files()
     snapshot = table.current_snapshot()
-    rows = int(snapshot.summary["total-records"]) if snapshot and snapshot.summary else 0
+    rows = int(snapshot.summary["total-records"] or 0) if snapshot and snapshot.summary else 0
     return len(table.snapshots()), files.num_rows, rows
 
 

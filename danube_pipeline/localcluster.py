@@ -101,7 +101,56 @@ def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         proc.wait(timeout=10)
 
 
-class EtcdServer:
+class _ChildProcess:
+    """Lifecycle shared by the launchers: a child process, its appended log file, and
+    stop (SIGTERM, then SIGKILL after a grace period) / kill (SIGKILL) / context manager."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self, *, timeout_s: float) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        """Whether the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM the process, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
+        if self._proc is not None:
+            _terminate(self._proc, timeout_s)
+            self._proc = None
+        self._close_log()
+
+    def kill(self) -> None:
+        """SIGKILL the process and wait for it to exit (a crash: no graceful shutdown)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        self._proc = None
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        self.start()  # type: ignore[call-arg]
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EtcdServer(_ChildProcess):
     """One single-member etcd server on loopback, with its own data directory.
 
     Example::
@@ -135,8 +184,7 @@ class EtcdServer:
         self.peer_port = peer_port or free_port(host)
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.name = name
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        super().__init__()
 
     @property
     def endpoint(self) -> str:
@@ -152,11 +200,6 @@ class EtcdServer:
     def client_url(self) -> str:
         """``http://host:port`` (for ``etcdctl --endpoints``)."""
         return f"http://{self.endpoint}"
-
-    @property
-    def running(self) -> bool:
-        """Whether the etcd process is alive."""
-        return self._proc is not None and self._proc.poll() is None
 
     @property
     def pid(self) -> int:
@@ -230,40 +273,9 @@ class EtcdServer:
             + _log_tail(self.log_path)
         )
 
-    def stop(self, *, timeout_s: float = 10.0) -> None:
-        """SIGTERM etcd, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
-        if self._proc is not None:
-            _terminate(self._proc, timeout_s)
-            self._proc = None
-        self._close_log()
-
-    def kill(self) -> None:
-        """SIGKILL etcd and wait for it to exit (crash simulation)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-        self._proc = None
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
-class BrokerProcess:
+class BrokerProcess(_ChildProcess):
     """One broker (``python -m broker``) as a child process.
 
     The broker CLI contract: ``--etcd-endpoints h:p,h:p --listen host:port --data-dir DIR
@@ -311,8 +323,7 @@ class BrokerProcess:
         self.ready_file = self.data_dir / "broker.ready.json"
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        super().__init__()
         self._ready: dict[str, Any] | None = None
 
     def command(self) -> list[str]:
@@ -384,26 +395,6 @@ class BrokerProcess:
             return None
         return data
 
-    def stop(self, *, timeout_s: float = 10.0) -> None:
-        """SIGTERM the broker, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
-        if self._proc is not None:
-            _terminate(self._proc, timeout_s)
-            self._proc = None
-        self._close_log()
-
-    def kill(self) -> None:
-        """SIGKILL the broker and wait for it to exit (no graceful shutdown)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-        self._proc = None
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
     def _ready_value(self, field: str) -> Any:
         if self._ready is None:
             raise RuntimeError("the broker has not reported ready; call start() first")
@@ -438,19 +429,3 @@ class BrokerProcess:
             return self._proc.pid
         return int(self._ready_value("pid"))
 
-    @property
-    def running(self) -> bool:
-        """Whether the broker process is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
