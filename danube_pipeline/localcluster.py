@@ -10,6 +10,7 @@ Both are synchronous context managers; ``stop`` is idempotent.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -88,6 +89,22 @@ def _log_tail(path: Path, lines: int = 50) -> str:
             return "".join(deque(fh, maxlen=lines))
     except OSError:
         return "<no log>"
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn``: ask Linux to SIGTERM the child when the thread that started it exits.
+
+    A launcher killed without its clean-up (a SIGKILLed test run, a crashed demo) then leaves
+    no etcd or broker behind. Start launchers from a long-lived thread (the main thread):
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits.
+    No-op where ``prctl`` is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -254,6 +271,7 @@ class EtcdServer(_ChildProcess):
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -364,6 +382,7 @@ class BrokerProcess(_ChildProcess):
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
