@@ -32,6 +32,7 @@ from danube_pipeline.errors import (
     TopicNotFoundError,
 )
 from danube_pipeline.localcluster import free_port
+from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.records import decode_segment
 
 TOPIC = "/default/client_test"
@@ -395,3 +396,91 @@ async def test_admin_seals_lists_and_reads_segments(start_broker: Any) -> None:
         segment = decode_segment(data)
         assert [r.payload for r in segment.records] == [f"m-{i}".encode() for i in range(12)]
 
+
+
+class _SlowAckConsumerStub:
+    """A FAKE consumer service: the failure tested (close() landing while an Ack RPC is in
+    flight) is a timing window of about a millisecond against a real broker and cannot be
+    hit reliably there, so this stub makes every Ack take 50 ms."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    async def Subscribe(self, req, timeout=None):  # noqa: N802 - gRPC method name
+        return pb.SubscribeResponse(consumer_id=7, broker_id=1)
+
+    def Receive(self, req):  # noqa: N802
+        class _Call:
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                await asyncio.sleep(3600)
+
+            def cancel(self) -> None:
+                pass
+
+        return _Call()
+
+    async def Ack(self, req, timeout=None):  # noqa: N802
+        await asyncio.sleep(0.05)
+        self.received.extend(req.offsets)
+        return pb.AckResponse()
+
+    async def CloseConsumer(self, req, timeout=None):  # noqa: N802
+        return pb.CloseConsumerResponse()
+
+
+@pytest.mark.unit
+@pytest.mark.asyncio
+async def test_close_during_an_inflight_ack_flush_loses_no_ack():
+    from types import SimpleNamespace
+
+    from danube_pipeline.client.consumer import Consumer
+
+    service = _SlowAckConsumerStub()
+    stubs = SimpleNamespace(address="fake:1", consumer=service)
+
+    class _Ctx:
+        children: set = set()
+        request_timeout_s = 1.0
+        backoff_s = 0.01
+
+        async def call_owner(self, topic, fn, refresh=False, create_missing=False):
+            return await fn(stubs)
+
+    consumer = Consumer(_Ctx(), "/default/t", subscription="s", ack_flush_ms=20, ack_batch_size=500)
+    await consumer.open()
+    for offset in range(10):
+        await consumer.ack(offset)
+    await asyncio.sleep(0.03)  # the background flush's Ack(0..9) is now in flight
+    await consumer.close()
+    assert sorted(set(service.received)) == list(range(10))
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_topic_with_a_dead_owner_does_not_break_other_lookups(etcd_endpoints: Any, start_broker: Any) -> None:
+    """A topic assigned to a broker that is gone (not registered) answers its own caller with a
+    retriable error; every other topic's lookup, on the healthy broker, still succeeds."""
+    from danube_pipeline.metadata import keys
+    from danube_pipeline.metadata.store import MetadataStore
+    from danube_pipeline.names import TopicName
+
+    broker = start_broker()
+    dead_topic = TopicName.parse("/default/orphaned")
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        await store.put_many([
+            (keys.topic_root(dead_topic), 0),
+            (keys.topic_assignment(123456789, dead_topic), None),  # broker 123456789 is not registered
+        ])
+    async with DanubeClient([broker.address], metadata_retries=1, retry_backoff_ms=10) as client:
+        await client.admin.create_topic("/default/healthy")
+        with pytest.raises(BrokerUnavailableError):
+            await client.lookup_topic("/default/orphaned")
+        for _ in range(3):
+            owner = await client.lookup_topic("/default/healthy")
+            assert owner.broker_id == broker.broker_id
+            client._metadata.invalidate("/default/healthy")  # force a refresh each time
+        assert client._metadata._wanted == set()
+        assert broker.address in client._pool.addresses()  # the healthy broker's channel stays

@@ -27,8 +27,15 @@ import logging
 import random
 from collections.abc import Sequence
 
+import grpc
+
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors, unavailable
+from danube_pipeline.client._status import (
+    from_rpc_error,
+    is_transport_failure,
+    rpc_errors,
+    unavailable,
+)
 from danube_pipeline.client.types import BrokerAddress, ClusterInfo, _cluster_info_from_pb
 from danube_pipeline.errors import BrokerUnavailableError, DanubeError
 from danube_pipeline.proto import danube_pb2 as pb
@@ -192,6 +199,15 @@ class ClusterMetadata:
         return await asyncio.shield(task)
 
     async def _refresh(self) -> dict[str, _LookupResult]:
+        try:
+            return await self._refresh_passes()
+        except BaseException:
+            # Every caller waiting on this refresh receives the error; none of their topics may
+            # linger in the wanted set and ride along in (and fail) later refreshes.
+            self._wanted.clear()
+            raise
+
+    async def _refresh_passes(self) -> dict[str, _LookupResult]:
         failures: list[_BrokerFailed] = []
         from_seeds = not self.brokers
         passes = 1 + self._retries
@@ -254,9 +270,14 @@ class ClusterMetadata:
         topics = sorted(self._wanted)
         answers = await asyncio.gather(*(self._lookup_one(stubs, t) for t in topics))
         results: dict[str, _LookupResult] = {}
-        for topic, answer in zip(topics, answers, strict=True):
-            if isinstance(answer, DanubeError) and answer.retriable:
+        for topic, (answer, transport_failed) in zip(topics, answers, strict=True):
+            if transport_failed:
+                # this broker stopped answering mid-pass: try the next one
+                assert isinstance(answer, DanubeError)
                 raise _BrokerFailed(address, answer)
+            # Any answer the broker gave, even a retriable error about this one topic (its
+            # owner is gone), is this topic's result: other topics in the pass are unaffected,
+            # and only this topic's caller decides whether to retry.
             results[topic] = answer
         self._wanted.difference_update(topics)
         for topic, answer in results.items():
@@ -266,17 +287,21 @@ class ClusterMetadata:
                 self._topics.pop(topic, None)
         return results
 
-    async def _lookup_one(self, stubs: Stubs, topic: str) -> _LookupResult:
+    async def _lookup_one(self, stubs: Stubs, topic: str) -> tuple[_LookupResult, bool]:
+        """One ``TopicLookup``: ``(answer, transport_failed)``.
+
+        ``transport_failed`` is true when the broker asked did not answer at all (connection
+        level), as opposed to answering with an error about the topic.
+        """
         self.rpc_counts["TopicLookup"] += 1
         try:
-            with rpc_errors(stubs.address):
-                response = await stubs.discovery.TopicLookup(
-                    pb.TopicLookupRequest(topic=topic), timeout=self._timeout_s
-                )
-        except DanubeError as exc:
-            return exc
+            response = await stubs.discovery.TopicLookup(
+                pb.TopicLookupRequest(topic=topic), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            return from_rpc_error(exc, stubs.address), is_transport_failure(exc)
         self.brokers[response.broker_id] = response.broker_addr
-        return BrokerAddress(response.broker_id, response.broker_addr)
+        return BrokerAddress(response.broker_id, response.broker_addr), False
 
 
 def _retrieve(task: asyncio.Task[object]) -> None:

@@ -322,6 +322,11 @@ class Consumer:
                 if _reconnectable(exc):
                     self._acks[:0] = offsets  # sent again after the re-subscribe
                 raise
+            except asyncio.CancelledError:
+                # close() (or a re-subscribe) cancelled the flush mid-RPC: keep the offsets so the
+                # next flush sends them. The broker treats a repeated ack as a no-op.
+                self._acks[:0] = offsets
+                raise
 
     async def _flush_acks_quietly(self) -> None:
         try:
