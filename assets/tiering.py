@@ -240,7 +240,9 @@ def _schema_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
 async def _schemas_for(
     records: Sequence[Record], registry: SchemaLookup
 ) -> tuple[dict[str, Any] | None, dict[tuple[int, int], dict[str, Any]]]:
-    """The table (latest) Avro schema and each ``(schema_id, version)``'s writer schema."""
+    """The table's Avro schema (the latest version widened with fields older writers still
+    carry, :func:`~danube_pipeline.iceberg.widen_avro_schema`) and each
+    ``(schema_id, version)``'s writer schema."""
     pairs = sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0})
     if not pairs:
         return None, {}
@@ -250,7 +252,9 @@ async def _schemas_for(
         writers[(schema_id, version)] = _schema_dict(registered.raw_schema)
     newest_id = pairs[-1][0]
     latest = await registry.get_by_id(newest_id)
-    return _schema_dict(latest.raw_schema), writers
+    # Fields a later version removed still hold data in records written before the removal.
+    table_schema = iceberg.widen_avro_schema(_schema_dict(latest.raw_schema), writers.values())
+    return table_schema, writers
 
 
 async def commit_objects_to_table(

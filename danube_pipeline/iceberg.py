@@ -31,7 +31,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -498,6 +498,39 @@ def arrow_table_for_records(
 
 
 # --------------------------------------------------------------------------- tables
+
+
+def widen_avro_schema(latest: Mapping[str, Any], writers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The table's Avro record schema for a batch written under several schema versions.
+
+    The latest version's fields come first; every field that an older writer schema has and
+    the latest lacks (a field removed later) is appended, made nullable with default null, so
+    records written before the removal keep their values and newer records hold null there.
+    Non-record schemas are returned unchanged.
+
+    Args:
+        latest: the subject's latest Avro schema (parsed JSON).
+        writers: the Avro schemas the batch's records were written with.
+
+    Returns:
+        A new schema dict; the inputs are not modified.
+    """
+    if latest.get("type") not in ("record", "error"):
+        return dict(latest)
+    fields = [dict(f) for f in latest.get("fields", [])]
+    have = {f["name"] for f in fields}
+    for writer in writers:
+        if writer.get("type") not in ("record", "error"):
+            continue
+        for f in writer.get("fields", []):
+            if f["name"] in have:
+                continue
+            field_type = f["type"]
+            if not (isinstance(field_type, list) and "null" in field_type):
+                field_type = ["null", *(field_type if isinstance(field_type, list) else [field_type])]
+            fields.append({**f, "type": field_type, "default": None})
+            have.add(f["name"])
+    return {**latest, "fields": fields}
 
 
 def ensure_table(

@@ -226,3 +226,46 @@ def test_assets_do_not_import_the_broker() -> None:
 
 
 _ = compacted_table  # imported so a broken module fails collection here too
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_field_removed_by_a_later_schema_keeps_its_old_values(etcd_endpoints: Any, tmp_path: Path) -> None:
+    """Tiering that runs after a field was removed (v2) still writes the v1 records' values."""
+    import io
+    import json
+
+    import fastavro
+
+    from assets.tiering import _schemas_for
+    from danube_pipeline.records import Record
+    from danube_pipeline.schema_registry import SchemaRegistry
+
+    v1 = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}, {"name": "b", "type": "string"}]}
+    v2 = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
+
+    def record(offset: int, version: int, schema: dict[str, Any], value: dict[str, Any]) -> Record:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), value)
+        return Record(offset, 1, 1, "p", schema_id, version, buf.getvalue(), {})
+
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        registry = SchemaRegistry(store)
+        first = await registry.register_avro("evolving", json.dumps(v1))
+        second = await registry.register_avro("evolving", json.dumps(v2))
+        schema_id = first.schema_id
+        assert (second.schema_id, second.version) == (schema_id, 2)
+        # one object tiered late: two v1 records, then one v2 record
+        records = [record(0, 1, v1, {"a": 0, "b": "x0"}), record(1, 1, v1, {"a": 1, "b": "x1"}), record(2, 2, v2, {"a": 2})]
+        table_schema, writers = await _schemas_for(records, registry)
+
+    catalog = iceberg.load_catalog(name="t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=(tmp_path / "wh").as_uri())
+    topic = TopicName("default", "evolving")
+    table = iceberg.ensure_table(catalog, topic, table_schema)
+    iceberg.append_records(table, records, table_schema, "data-0-2.dnb1", writer_schemas=writers, first_offset=0)
+    rows = sorted(table.scan().to_arrow().select(["_offset", "a", "b"]).to_pylist(), key=lambda r: r["_offset"])
+    assert rows == [
+        {"_offset": 0, "a": 0, "b": "x0"},
+        {"_offset": 1, "a": 1, "b": "x1"},
+        {"_offset": 2, "a": 2, "b": None},
+    ]
