@@ -153,6 +153,9 @@ class Subscription:
         self.name = name
         self.type = subscription_type
         self.wal = wal
+        # Offsets below the WAL's first offset are not held locally (e.g. a stored cursor
+        # older than the WAL start after a topic move): start at the first one held.
+        start_offset = max(start_offset, wal.first_offset)
         self.read_position = start_offset
         self.ack_floor = start_offset
         self.acked: set[int] = set()
@@ -304,7 +307,32 @@ class Subscription:
         self.unacked[record.offset] = (consumer, count)
         consumer._push(Delivery(record, count))
 
+    def _skip_below(self, offset: int) -> None:
+        """Offsets below ``offset`` can never be delivered: move the read position and the ack
+        floor up to it and forget every delivery state below it."""
+        if self.read_position < offset:
+            self.read_position = offset
+        if self.ack_floor >= offset:
+            return
+        log.warning(
+            "%s/%s: offsets %d..%d are no longer available; the cursor skips them",
+            self.topic, self.name, self.ack_floor, offset - 1,
+        )
+        self.ack_floor = offset
+        self.acked = {o for o in self.acked if o >= offset}
+        for o in [o for o in self.unacked if o < offset]:
+            consumer, _ = self.unacked.pop(o)
+            consumer.outstanding.discard(o)
+        for o in [o for o in self.redeliver if o < offset]:
+            del self.redeliver[o]
+        while self.ack_floor in self.acked:
+            self.acked.discard(self.ack_floor)
+            self.ack_floor += 1
+
     def _dispatch_once(self) -> bool:
+        first = self.wal.first_offset
+        if self.ack_floor < first or self.read_position < first:
+            self._skip_below(first)
         eligible = self._eligible()
         if not eligible or sum(max(c.permits, 0) for c in eligible) <= 0:
             return False
@@ -333,8 +361,8 @@ class Subscription:
         permits = sum(max(c.permits, 0) for c in eligible)
         if permits > 0 and self.read_position < self.wal.durable_end:
             records = self.wal.read(self.read_position, min(permits, _MAX_READ_PER_ROUND))
-            if not records and self.read_position < self.wal.first_offset:
-                self.read_position = self.wal.first_offset
+            if records and records[0].offset > self.read_position:  # a gap in the WAL
+                self._skip_below(records[0].offset)
             for record in records:
                 consumer = self._pick(eligible)
                 if consumer is None:

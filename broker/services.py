@@ -153,14 +153,22 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
         pending: asyncio.Queue[tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None] = asyncio.Queue()
 
         async def reader() -> None:
+            last: asyncio.Future[tuple[int, int]] | None = None
             try:
                 async for request in request_iterator:
+                    if last is not None and last.done() and not last.cancelled() and last.exception() is not None:
+                        # An earlier write failed (and with it everything queued behind it):
+                        # publishing later requests would persist them after a gap, so a
+                        # client resending from the failed one would duplicate and reorder.
+                        await pending.put((request.sequence_id, last.exception() or RuntimeError("write failed")))
+                        return
                     try:
                         producer, topic = self._served_producer(request.producer_id)
                         fut = topic.publish(producer, _outgoing(request.messages))
                     except Exception as exc:  # noqa: BLE001 - answered in order, then the stream ends
                         await pending.put((request.sequence_id, exc))
                         return
+                    last = fut
                     await pending.put((request.sequence_id, fut))
             finally:
                 await pending.put(None)

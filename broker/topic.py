@@ -200,7 +200,9 @@ class Topic:
                 stored = self._cache.get(keys.subscription_cursor(self.name, subscription))
                 cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
                 if cursor is not None:
-                    start = cursor + 1
+                    # A cursor older than the WAL start (e.g. after a topic move) resumes at
+                    # the first offset held locally.
+                    start = max(cursor + 1, self.wal.first_offset)
                 elif earliest:
                     start = self.wal.first_offset
                 else:

@@ -29,9 +29,10 @@ import os
 import re
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.records import (
@@ -57,6 +58,7 @@ DEFAULT_INDEX_INTERVAL_BYTES = 32 * 1024
 """Distance between entries of a segment's sparse offset → byte-position index."""
 _READ_CHUNK_BYTES = 1024 * 1024
 _MAX_OPEN_SEALED_FDS = 64
+_T = TypeVar("_T")
 
 
 def active_name(start_offset: int) -> str:
@@ -230,6 +232,23 @@ def _encode_batch(
     return b"".join(parts), positions
 
 
+async def _run_to_completion(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` in its own task and wait for its end even if the caller is cancelled
+    meanwhile; the caller's cancellation is re-raised only once ``coro`` has finished."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("operation finished during cancellation with an error: %s", task.exception())
+        raise asyncio.CancelledError
+    return task.result()
+
+
 class WriteAheadLog:
     """Durable, append-only log of one topic, made of ``dnb1`` segment files.
 
@@ -264,6 +283,7 @@ class WriteAheadLog:
         self._timer_task: asyncio.Task[None] | None = None
         self._closed = False
         self._failed: BaseException | None = None
+        self._roll_pending = False  # the active segment was sealed but no new one exists yet
         self._listeners: list[Callable[[int], None]] = []
         self._open_sealed_fds: list[_Segment] = []  # LRU of sealed segments holding an fd
 
@@ -293,8 +313,13 @@ class WriteAheadLog:
                 §5.3: ``last_committed_offset + 1`` after a topic move).
             index_interval_bytes: spacing of the sparse read index.
 
+        Sealed files whose offsets another sealed file holds entirely, and an active segment
+        whose records are all in sealed files, are set aside (renamed ``*.stale``, logged).
+
         Raises:
-            CorruptRecordError: a sealed segment's name or header is unusable.
+            CorruptRecordError: a sealed segment's name or header is unusable, the newest one
+                holds fewer records than its name says, or the active segment overlaps the
+                sealed ones with records beyond them (the same offsets would exist twice).
             OSError: the directory or files cannot be read or written.
         """
         wal = cls(
@@ -314,7 +339,10 @@ class WriteAheadLog:
             return
         self._closed = True
         if self._timer_task is not None:
-            self._timer_task.cancel()
+            # Never cancel the age timer in the middle of a seal: wait for the I/O lock (held
+            # for the whole seal) and cancel it while it sleeps or waits for the lock.
+            async with self._io_lock:
+                self._timer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer_task
         self._wakeup.set()
@@ -364,13 +392,18 @@ class WriteAheadLog:
                 sealed.append(seg)
             elif m := _ACTIVE_RE.match(entry.name):
                 actives.append((int(m.group(1)), Path(entry.path)))
-        sealed.sort(key=lambda s: s.start)
+        sealed = self._drop_covered(sealed)
         for prev, cur in zip(sealed, sealed[1:]):
             if cur.start != prev.end + 1:
                 log.warning("WAL %s: gap or overlap between %s and %s", self.directory, prev.path.name, cur.path.name)
+        if sealed:
+            # The newest sealed file is the one a seal racing a write could have left longer
+            # than its name says: check its real last offset before trusting the name.
+            self._verify_sealed_end(sealed[-1])
         self._sealed = sealed
         self._sealed_starts = [s.start for s in sealed]
-        expected_start = sealed[-1].end + 1 if sealed else initial_offset
+        sealed_end = max(s.end for s in sealed) if sealed else None
+        expected_start = sealed_end + 1 if sealed_end is not None else initial_offset
         actives.sort()
         for start, path in actives[:-1]:
             log.warning("WAL %s: ignoring stale active segment %s", self.directory, path.name)
@@ -382,6 +415,75 @@ class WriteAheadLog:
             self._active = self._create_active(expected_start)
         _fsync_dir(self.directory)
         self._next_offset = self._active.end + 1
+        if sealed_end is not None and self._next_offset <= sealed_end:  # never reuse a sealed offset
+            raise CorruptRecordError(
+                str(self._active.path), 0,
+                f"next offset {self._next_offset} is not past the sealed segments' end {sealed_end}",
+            )
+
+    def _set_aside(self, path: Path, reason: str) -> None:
+        stale = path.with_name(path.name + ".stale")
+        log.warning("WAL %s: setting %s aside as %s: %s", self.directory, path.name, stale.name, reason)
+        path.rename(stale)
+
+    def _drop_covered(self, sealed: list[_Segment]) -> list[_Segment]:
+        """Sort by ``(start, end)`` and set aside every sealed file whose whole range another
+        sealed file holds (left by a copy, a restore or an interrupted seal)."""
+        sealed.sort(key=lambda s: (s.start, s.end))
+        kept: list[_Segment] = []
+        for seg in sealed:
+            if kept and kept[-1].start == seg.start:  # same start, seg.end is larger
+                self._set_aside(kept.pop().path, f"its offsets are all in {seg.path.name}")
+            if kept and kept[-1].end >= seg.end:
+                self._set_aside(seg.path, f"its offsets are all in {kept[-1].path.name}")
+                continue
+            kept.append(seg)
+        return kept
+
+    def _verify_sealed_end(self, seg: _Segment) -> None:
+        """Check that ``seg``'s last record is the end offset in its name.
+
+        A file holding more records than its name says (records appended after the rename)
+        is renamed to its true end, so those offsets are never handed out again. A torn or
+        corrupt tail after the named end offset was never acknowledged and is cut off.
+
+        Raises:
+            CorruptRecordError: the file holds fewer records than its name says.
+        """
+        data = seg.path.read_bytes()
+        scan = scan_records(data, expected_first_offset=seg.start, keep_positions=True)
+        last = seg.start + scan.record_count - 1
+        if last < seg.end:
+            raise CorruptRecordError(
+                str(seg.path), scan.valid_length,
+                scan.error or f"holds offsets only up to {last}, its name says {seg.end}",
+            )
+        if scan.error is not None:
+            log.warning(
+                "WAL %s: truncating sealed segment %s from %d to %d bytes (records up to %d): %s",
+                self.directory, seg.path.name, len(data), scan.valid_length, last, scan.error,
+            )
+            fd = os.open(seg.path, os.O_RDWR)
+            try:
+                os.ftruncate(fd, scan.valid_length)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if last > seg.end:
+            new_path = self.directory / sealed_name(seg.start, last)
+            log.error(
+                "WAL %s: sealed segment %s holds records up to offset %d, past its name's end %d; "
+                "renaming it to %s so those offsets are not handed out again",
+                self.directory, seg.path.name, last, seg.end, new_path.name,
+            )
+            os.rename(seg.path, new_path)
+            seg.path = new_path
+            seg.end = last
+        seg.length = scan.valid_length
+        index = _SegmentIndex(self.index_interval_bytes)
+        for offset, pos in scan.positions:
+            index.add(offset, pos)
+        seg.index = index
 
     def _recover_active(self, start: int, path: Path, expected_start: int, *, empty_wal: bool) -> _Segment:
         data = path.read_bytes()
@@ -401,6 +503,17 @@ class WriteAheadLog:
             path.unlink()
             return self._create_active(expected_start)
         scan = scan_records(data, expected_first_offset=start, keep_positions=True)
+        if not empty_wal and start < expected_start and scan.record_count:
+            last = start + scan.record_count - 1
+            if last < expected_start:  # every record is already in a sealed segment
+                self._set_aside(path, f"offsets {start}..{last} are all in sealed segments")
+                return self._create_active(expected_start)
+            raise CorruptRecordError(
+                str(path), 0,
+                f"active segment starts at {start}, inside the sealed segments (which end at "
+                f"{expected_start - 1}), and holds records up to {last}: the same offsets exist twice; "
+                "refusing to open the WAL (move one of the files away by hand)",
+            )
         if scan.error is not None:
             log.warning(
                 "WAL %s: truncating %s from %d to %d bytes (%d good records): %s",
@@ -548,6 +661,12 @@ class WriteAheadLog:
                 self._wakeup.clear()
                 continue
             async with self._io_lock:
+                if self._roll_pending:
+                    try:
+                        await _run_to_completion(self._finish_roll())
+                    except OSError as exc:
+                        self._fail_queued(exc)
+                        continue
                 batch = self._take_batch()
                 await self._write_batch(batch)
                 active = self._active
@@ -632,6 +751,16 @@ class WriteAheadLog:
             if not item.future.done():
                 item.future.set_exception(error)
 
+    def _fail_queued(self, exc: OSError) -> None:
+        """No active segment to write to: fail everything queued (nothing was written)."""
+        log.error("WAL %s: no active segment, failing %d queued appends: %s", self.directory, len(self._queue), exc)
+        failed, self._queue = self._queue, []
+        assert self._active is not None
+        self._next_offset = self._active.end + 1
+        for item in failed:
+            if not item.future.done():
+                item.future.set_exception(exc)
+
     # ------------------------------------------------------------------ sealing
 
     async def seal_active(self) -> SealedSegment | None:
@@ -650,29 +779,78 @@ class WriteAheadLog:
             return await self._seal_locked()
 
     async def _seal_locked(self) -> SealedSegment | None:
+        """Seal the active segment; the caller holds the I/O lock.
+
+        Cancellation-safe: once started, the seal (sync, rename, new active segment, state
+        update) runs to its end even if the caller is cancelled, and the caller's
+        cancellation is delivered only afterwards, so the I/O lock is never released while
+        the files and the in-memory state disagree.
+        """
+        if self._roll_pending:
+            await _run_to_completion(self._finish_roll())
+            return None
         active = self._active
         if active is None or active.end < active.start or active.fd is None:
             return None
+        return await _run_to_completion(self._seal_steps(active))
+
+    async def _seal_steps(self, active: _Segment) -> SealedSegment:
+        assert active.fd is not None
         fd = active.fd
         new_path = self.directory / sealed_name(active.start, active.end)
         old_path = active.path
 
-        def work() -> None:
+        def work() -> OSError | None:
             os.fdatasync(fd)
             os.rename(old_path, new_path)
-            _fsync_dir(self.directory)
+            try:
+                _fsync_dir(self.directory)
+            except OSError as exc:  # the rename happened: the state must follow it
+                return exc
+            return None
 
-        await asyncio.to_thread(work)
+        dir_error = await asyncio.to_thread(work)
+        # From here on the file is sealed on disk: never append to it again.
         self.sync_count += 1
+        if dir_error is not None:
+            log.warning(
+                "WAL %s: directory sync after sealing %s failed (retried with the next segment): %s",
+                self.directory, new_path.name, dir_error,
+            )
+        create_error: OSError | None = None
+        new_active: _Segment | None = None
+        try:
+            # Creating the new active segment syncs the directory again (covering the rename).
+            new_active = await asyncio.to_thread(self._create_active, active.end + 1)
+        except OSError as exc:
+            create_error = exc
+        # Publish the new state in one step (no await in between).
         active.path = new_path
         active.sealed_at_ms = _now_ms()
         self._sealed.append(active)
         self._sealed_starts.append(active.start)
-        self._remember_sealed_fd(active)
-        self._active = await asyncio.to_thread(self._create_active, active.end + 1)
         self._active_first_append_s = None
+        if new_active is not None:
+            self._active = new_active
+            self._remember_sealed_fd(active)
+        else:
+            # ``_active`` stays the sealed segment (for reads and durable_end) until a new
+            # active segment exists; the writer creates it before its next write.
+            self._roll_pending = True
         log.info("WAL %s: sealed %s (%d bytes)", self.directory, new_path.name, active.length)
+        if create_error is not None:
+            log.error("WAL %s: cannot create the next active segment: %s", self.directory, create_error)
+            raise create_error
         return active.info()
+
+    async def _finish_roll(self) -> None:
+        """Create the active segment that a seal could not create; the caller holds the lock."""
+        sealed = self._active
+        assert sealed is not None and self._roll_pending
+        new_active = await asyncio.to_thread(self._create_active, sealed.end + 1)
+        self._active = new_active
+        self._roll_pending = False
+        self._remember_sealed_fd(sealed)
 
     async def _age_timer(self) -> None:
         interval = min(1.0, max(0.01, self.segment_max_age_s / 4))
@@ -683,6 +861,8 @@ class WriteAheadLog:
                 continue
             try:
                 async with self._io_lock:
+                    if self._closed:
+                        return
                     first = self._active_first_append_s
                     if first is not None and time.time() - first >= self.segment_max_age_s:
                         await self._seal_locked()
@@ -727,10 +907,23 @@ class WriteAheadLog:
     def _build_index(self, seg: _Segment, fd: int) -> _SegmentIndex:
         data = os.pread(fd, seg.length, 0)
         scan = scan_records(data, expected_first_offset=seg.start, keep_positions=True)
-        if scan.error is not None:
-            raise CorruptRecordError(str(seg.path), scan.valid_length, scan.error)
+        last = seg.start + scan.record_count - 1
+        if last < seg.end:
+            raise CorruptRecordError(
+                str(seg.path), scan.valid_length,
+                scan.error or f"holds offsets up to {last}, its name says {seg.end}",
+            )
+        if last > seg.end or scan.error is not None:
+            log.error(
+                "WAL %s: sealed segment %s holds data past its end offset %d (records up to %d%s); "
+                "reads stop at %d",
+                self.directory, seg.path.name, seg.end, last,
+                f", then: {scan.error}" if scan.error else "", seg.end,
+            )
         index = _SegmentIndex(self.index_interval_bytes)
         for offset, pos in scan.positions:
+            if offset > seg.end:
+                break
             index.add(offset, pos)
         seg.index = index
         return index
@@ -811,6 +1004,8 @@ class WriteAheadLog:
                 if len(buf) < total:
                     raise CorruptRecordError(str(seg.path), pos, "short read of a durable record")
             rec_offset = struct.unpack_from("<Q", buf, rel + RECORD_FRAME_SIZE)[0]
+            if rec_offset > seg.end:  # never read past the segment's known end
+                break
             if rec_offset >= offset:
                 body = memoryview(buf)[rel + RECORD_FRAME_SIZE : rel + total]
                 if crc32c(body) != crc:

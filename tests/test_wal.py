@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from broker.wal import PendingMessage, WriteAheadLog, active_name
+import broker.wal as walmod
+from broker.wal import PendingMessage, WriteAheadLog, active_name, sealed_name
+from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.records import SEGMENT_HEADER_SIZE, decode_segment, encode_record, scan_records
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -279,3 +283,304 @@ async def test_wait_for_offset_wakes_on_append(tmp_path: Path) -> None:
         assert await wal.wait_for_offset(5, timeout_s=0.05) is False
     finally:
         await wal.close()
+
+
+# ---------------------------------------------------------------- sealing races and faults
+
+
+def file_offsets(path: Path) -> list[int]:
+    """Offsets of every good record in a segment file, read straight from disk."""
+    scan = scan_records(path.read_bytes(), keep_positions=True)
+    return [offset for offset, _ in scan.positions]
+
+
+def dir_names(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while the age timer is inside a seal must let the seal finish: acked records
+    written meanwhile go to the NEW active segment, never into the sealed file.
+
+    FAKE fault injection: ``_fsync_dir`` is replaced by a slow version (it sleeps in the
+    seal's worker thread, after the rename) to hold the seal open at the moment close() is
+    called; a real directory fsync is too fast to hit this window deterministically.
+    """
+    wal = await open_wal(tmp_path, segment_max_age_s=0.2)
+    assert await wal.append([msg(i) for i in range(5)]) == (0, 4)
+    real_fsync_dir = walmod._fsync_dir
+    in_seal = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_fsync_dir(d: Path) -> None:
+        loop.call_soon_threadsafe(in_seal.set)
+        time.sleep(0.5)
+        real_fsync_dir(d)
+
+    monkeypatch.setattr(walmod, "_fsync_dir", slow_fsync_dir)
+    await asyncio.wait_for(in_seal.wait(), 5)  # the age timer is mid-seal
+    monkeypatch.setattr(walmod, "_fsync_dir", real_fsync_dir)
+    fut = wal.enqueue([msg(i) for i in range(5, 8)])
+    await wal.close()
+    assert fut.done() and fut.result() == (5, 7)
+    await asyncio.sleep(0.6)  # nothing may still be running in the background
+    assert dir_names(tmp_path) == [sealed_name(0, 4), active_name(5)]
+    assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
+    assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.next_offset == 8
+        assert payloads(wal.read(5, 10)) == [msg(i).payload for i in range(5, 8)]
+    finally:
+        await wal.close()
+
+
+async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelling seal_active() while its worker thread runs must not leave the WAL pointing
+    at the renamed file: the seal completes and later appends go to the new active segment.
+
+    FAKE fault injection: a slow ``_fsync_dir`` (sleeping after the rename) holds the seal in
+    its worker thread so that the cancellation lands there deterministically.
+    """
+    wal = await open_wal(tmp_path)
+    try:
+        await wal.append([msg(i) for i in range(5)])
+        real_fsync_dir = walmod._fsync_dir
+        in_seal = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def slow_fsync_dir(d: Path) -> None:
+            loop.call_soon_threadsafe(in_seal.set)
+            time.sleep(0.3)
+            real_fsync_dir(d)
+
+        monkeypatch.setattr(walmod, "_fsync_dir", slow_fsync_dir)
+        task = asyncio.create_task(wal.seal_active())
+        await asyncio.wait_for(in_seal.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        monkeypatch.setattr(walmod, "_fsync_dir", real_fsync_dir)
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
+        assert wal.active_path == tmp_path / active_name(5)
+        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
+        assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
+        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+    finally:
+        await wal.close()
+
+
+async def test_seal_with_failed_directory_fsync_follows_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename succeeded but the directory fsync after it raised: the WAL must know the
+    file is sealed (and renamed) and must not append to it.
+
+    FAKE fault injection: ``_fsync_dir`` raises EIO once; a failing directory fsync cannot be
+    produced for real on a test file system.
+    """
+    wal = await open_wal(tmp_path)
+    try:
+        await wal.append([msg(i) for i in range(5)])
+        real_fsync_dir = walmod._fsync_dir
+        calls = {"n": 0}
+
+        def failing_once(d: Path) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(5, "Input/output error")
+            real_fsync_dir(d)
+
+        monkeypatch.setattr(walmod, "_fsync_dir", failing_once)
+        seg = await wal.seal_active()
+        assert calls["n"] >= 2  # the failure was hit, then the directory was synced again
+        assert seg is not None and seg.path == tmp_path / sealed_name(0, 4)
+        assert wal.active_path == tmp_path / active_name(5)
+        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
+        assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
+    finally:
+        await wal.close()
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.next_offset == 8
+    finally:
+        await wal.close()
+
+
+async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename succeeded but creating the next active segment failed: appends must fail
+    (not land in the sealed file) until a new active segment can be created.
+
+    FAKE fault injection: ``WriteAheadLog._create_active`` raises ENOSPC while patched; a full
+    disk cannot be produced for real in a test.
+    """
+    wal = await open_wal(tmp_path)
+    try:
+        await wal.append([msg(i) for i in range(5)])
+        real_create = WriteAheadLog._create_active
+
+        def no_space(self: WriteAheadLog, start: int) -> object:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(WriteAheadLog, "_create_active", no_space)
+        with pytest.raises(OSError):
+            await wal.seal_active()
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
+        with pytest.raises(OSError):
+            await wal.append([msg(5)])
+        assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
+        assert wal.next_offset == 5 and wal.durable_end == 5
+        assert [r.offset for r in wal.read(0, 100)] == [0, 1, 2, 3, 4]
+        monkeypatch.setattr(WriteAheadLog, "_create_active", real_create)
+        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
+        assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
+        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+    finally:
+        await wal.close()
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.next_offset == 8
+        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+    finally:
+        await wal.close()
+
+
+# ---------------------------------------------------------------- recovery of inconsistent files
+
+
+async def make_sealed(dirpath: Path, first: int, count: int, tag: str = "m") -> Path:
+    """A real sealed file holding ``first .. first+count-1`` (payloads ``{tag}{offset}``)."""
+    wal = await open_wal(dirpath, initial_offset=first)
+    await wal.append([PendingMessage(payload=f"{tag}{first + i}".encode(), publish_time_us=1) for i in range(count)])
+    seg = await wal.seal_active()
+    await wal.close()
+    assert seg is not None
+    return seg.path
+
+
+async def test_recovery_sealed_file_longer_than_its_name(tmp_path: Path) -> None:
+    """A sealed file named 0-4 holding 0..7 (records appended after the seal by an older
+    broker): recovery renames it to its true end and never hands out 5..7 again."""
+    src = await make_sealed(tmp_path / "src", 0, 8)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(src, w / sealed_name(0, 4))
+    wal = await open_wal(w)
+    try:
+        assert wal.next_offset == 8
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 7)]
+        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+    finally:
+        await wal.close()
+    assert dir_names(w) == [sealed_name(0, 7), active_name(8)]
+
+
+async def test_recovery_sealed_file_shorter_than_its_name_refuses(tmp_path: Path) -> None:
+    src = await make_sealed(tmp_path / "src", 0, 3)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(src, w / sealed_name(0, 4))
+    with pytest.raises(CorruptRecordError):
+        await open_wal(w)
+
+
+async def test_reads_stop_at_a_sealed_segments_end(tmp_path: Path) -> None:
+    """An older sealed file holding records past the end in its name: reads use only the
+    records up to its named end and take the later offsets from the following segment."""
+    a = await make_sealed(tmp_path / "a", 0, 8, tag="a")
+    b = await make_sealed(tmp_path / "b", 5, 5, tag="b")
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(a, w / sealed_name(0, 4))
+    shutil.copy(b, w / sealed_name(5, 9))
+    wal = await open_wal(w)
+    try:
+        assert wal.next_offset == 10
+        got = wal.read(0, 100)
+        assert [r.offset for r in got] == list(range(10))
+        assert payloads(got) == [f"a{i}".encode() for i in range(5)] + [f"b{i}".encode() for i in range(5, 10)]
+        assert payloads(wal.read(3, 4)) == [b"a3", b"a4", b"b5", b"b6"]
+    finally:
+        await wal.close()
+
+
+async def test_recovery_active_log_already_sealed_is_set_aside(tmp_path: Path) -> None:
+    """A sealed 0-9 plus a .log at 0 holding 0..4 (left by a copy, a restore or an interrupted
+    seal): the .log is set aside, offsets continue at 10."""
+    sealed = await make_sealed(tmp_path / "a", 0, 10)
+    small = await make_sealed(tmp_path / "b", 0, 5)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(sealed, w / sealed_name(0, 9))
+    shutil.copy(small, w / active_name(0))
+    wal = await open_wal(w)
+    try:
+        assert wal.next_offset == 10
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 9)]
+        assert await wal.append([msg(10)]) == (10, 10)
+    finally:
+        await wal.close()
+    assert dir_names(w) == sorted([active_name(0) + ".stale", sealed_name(0, 9), active_name(10)])
+
+
+@pytest.mark.parametrize("reverse_listing", [False, True])
+async def test_recovery_same_start_overlap_survives_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reverse_listing: bool
+) -> None:
+    """A sealed 0-9 and a .log at 0 with the same records; after one more seal the next
+    restart must still continue at 15 whatever order the directory is listed in."""
+    sealed = await make_sealed(tmp_path / "a", 0, 10)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(sealed, w / sealed_name(0, 9))
+    shutil.copy(sealed, w / active_name(0))
+    wal = await open_wal(w)
+    assert wal.next_offset == 10
+    assert await wal.append([msg(i) for i in range(10, 15)]) == (10, 14)
+    await wal.seal_active()
+    await wal.close()
+    if reverse_listing:
+        real = os.scandir
+        monkeypatch.setattr(walmod.os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name, reverse=True))
+    wal = await open_wal(w)
+    try:
+        assert wal.next_offset == 15
+        assert [r.offset for r in wal.read(0, 100)] == list(range(15))
+    finally:
+        await wal.close()
+
+
+async def test_recovery_sets_aside_a_covered_sealed_segment(tmp_path: Path) -> None:
+    """Sealed 0-4 and 0-9 (the same start): 0-4 is set aside, whatever the listing order."""
+    big = await make_sealed(tmp_path / "a", 0, 10)
+    small = await make_sealed(tmp_path / "b", 0, 5)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(big, w / sealed_name(0, 9))
+    shutil.copy(small, w / sealed_name(0, 4))
+    wal = await open_wal(w)
+    try:
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 9)]
+        assert wal.next_offset == 10
+        assert [r.offset for r in wal.read(0, 100)] == list(range(10))
+    finally:
+        await wal.close()
+    assert sealed_name(0, 4) + ".stale" in dir_names(w)
+
+
+async def test_recovery_refuses_active_log_overlapping_sealed_with_more_records(tmp_path: Path) -> None:
+    """A sealed 0-9 and a .log at 0 holding 0..11: offsets 0..9 exist twice and 10..11 only in
+    the .log; neither file can simply be dropped, so opening fails loudly."""
+    sealed = await make_sealed(tmp_path / "a", 0, 10)
+    longer = await make_sealed(tmp_path / "b", 0, 12)
+    w = tmp_path / "w"
+    w.mkdir()
+    shutil.copy(sealed, w / sealed_name(0, 9))
+    shutil.copy(longer, w / active_name(0))
+    with pytest.raises(CorruptRecordError, match="refusing to open"):
+        await open_wal(w)
