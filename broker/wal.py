@@ -773,8 +773,10 @@ class WriteAheadLog:
             OSError: sync, rename or directory sync failed.
         """
         target = self._next_offset
-        if target > self.durable_end:
-            await self.wait_for_offset(target - 1)
+        # Wait until every append enqueued before this call is either durable or failed: a
+        # failed write hands its offsets back (``_next_offset`` drops), which ends the wait too.
+        while not self._closed and self.durable_end < min(target, self._next_offset):
+            await self.wait_for_offset(min(target, self._next_offset) - 1, timeout_s=0.05)
         async with self._io_lock:
             return await self._seal_locked()
 

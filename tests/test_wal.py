@@ -584,3 +584,30 @@ async def test_recovery_refuses_active_log_overlapping_sealed_with_more_records(
     shutil.copy(longer, w / active_name(0))
     with pytest.raises(CorruptRecordError, match="refusing to open"):
         await open_wal(w)
+
+
+async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKE fault injection: ``os.fdatasync`` fails once with ENOSPC (a full disk cannot be
+    arranged on demand). The failed append's offsets are handed back; a seal asked for right
+    after it must neither hang nor seal anything that was not written."""
+    wal = await open_wal(tmp_path)
+    try:
+        assert await wal.append([msg(0), msg(1)]) == (0, 1)
+        real = os.fdatasync
+        calls = {"n": 0}
+
+        def failing_once(fd: int) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(28, "No space left on device")
+            real(fd)
+
+        monkeypatch.setattr(walmod.os, "fdatasync", failing_once)
+        doomed = wal.enqueue([msg(2)])
+        sealed = await asyncio.wait_for(wal.seal_active(), timeout=5)
+        with pytest.raises(OSError):
+            await doomed
+        assert sealed is not None and (sealed.start_offset, sealed.end_offset) == (0, 1)
+        assert await wal.append([msg(3)]) == (2, 2)  # offset 2 handed out again, never acked before
+    finally:
+        await wal.close()
