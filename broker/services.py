@@ -116,16 +116,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
             schema=schema,
             parsed_schema=parsed,
         )
-        await broker.store.put(
-            keys.topic_producer(name, producer_id),
-            values.ProducerMetadata(
-                access_mode=request.access_mode,
-                producer_id=producer_id,
-                producer_name=producer_name,
-                status=True,
-                topic_name=name.path,
-            ),
-        )
+        await broker.store.put(keys.topic_producer(name, producer_id), producer.metadata(status=True))
         broker.producers[producer_id] = producer
         topic.producers[producer_id] = producer
         log.info("producer %d (%s) on %s", producer_id, producer_name, name)
@@ -197,16 +188,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
         producer = broker.producer(request.producer_id)
         broker.producers.pop(producer.id, None)
         producer.topic.producers.pop(producer.id, None)
-        await broker.store.put(
-            keys.topic_producer(producer.topic.name, producer.id),
-            values.ProducerMetadata(
-                access_mode=producer.access_mode,
-                producer_id=producer.id,
-                producer_name=producer.name,
-                status=False,
-                topic_name=producer.topic.path,
-            ),
-        )
+        await broker.store.put(keys.topic_producer(producer.topic.name, producer.id), producer.metadata(status=False))
         return pb.CloseProducerResponse()
 
 

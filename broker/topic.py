@@ -50,6 +50,17 @@ class Producer:
     parsed_schema: Any = None
     sent_messages: int = field(default=0)
 
+    def metadata(self, *, status: bool) -> values.ProducerMetadata:
+        """The value of ``/topics/{ns}/{topic}/producers/{id}`` (seed ``000`` §3.3);
+        ``status`` is true while the producer is open."""
+        return values.ProducerMetadata(
+            access_mode=self.access_mode,
+            producer_id=self.id,
+            producer_name=self.name,
+            status=status,
+            topic_name=self.topic.path,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
