@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 
 import grpc
@@ -332,8 +333,23 @@ class Producer:
             self._inflight.popleft().fail(exc)
         self._wakeup.set()
 
-    async def _read(self, call: grpc.aio.StreamStreamCall, gen: int, address: str) -> None:
+    @contextlib.contextmanager
+    def _stream_failures(self, gen: int, address: str) -> Iterator[None]:
+        """The one place deciding what a failed ``SendStream`` read or write means: the stream
+        of generation ``gen`` failed (:meth:`_stream_failed`). Cancellation of the task itself
+        (close) propagates; a cancelled call is a failed stream."""
         try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            self._stream_failed(gen, from_rpc_error(exc, address))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+
+    async def _read(self, call: grpc.aio.StreamStreamCall, gen: int, address: str) -> None:
+        with self._stream_failures(gen, address):
             while True:
                 response = await call.read()
                 if gen != self._stream_gen:
@@ -365,13 +381,6 @@ class Producer:
                 else:
                     batch.resolve(response.first_offset)
                 self._wakeup.set()
-        except grpc.aio.AioRpcError as exc:
-            self._stream_failed(gen, from_rpc_error(exc, address))
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
 
     async def _run(self) -> None:
         """The sender: keeps a stream open while there is work and writes ready batches."""
@@ -407,14 +416,8 @@ class Producer:
             producer_id=self.producer_id, messages=batch.messages, sequence_id=batch.sequence_id
         )
         try:
-            await call.write(request)
-        except grpc.aio.AioRpcError as exc:
-            self._stream_failed(gen, from_rpc_error(exc, address))
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+            with self._stream_failures(gen, address):
+                await call.write(request)
         except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
             self._stream_failed(gen, unavailable(address, f"SendStream write failed: {exc}"))
 
