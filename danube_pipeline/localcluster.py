@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -122,12 +122,61 @@ class _ChildProcess:
     """Lifecycle shared by the launchers: a child process, its appended log file, and
     stop (SIGTERM, then SIGKILL after a grace period) / kill (SIGKILL) / context manager."""
 
+    log_path: Path
+    """Where the child's output is appended; set by each subclass."""
+
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, *, timeout_s: float) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def _spawn_and_wait(
+        self,
+        command: list[str],
+        *,
+        what: str,
+        ready: Callable[[], bool],
+        timeout_s: float,
+        on_timeout: Callable[[], None],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start ``command`` with its output appended to ``self.log_path``, then poll every
+        50 ms until ``ready()`` is true.
+
+        Raises:
+            RuntimeError: the process exited first, or ``timeout_s`` passed (``on_timeout`` is
+                called first); the message names ``what`` and carries the log tail.
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                self._close_log()
+                raise RuntimeError(
+                    f"{what} exited with code {code} before it was ready; log {self.log_path}:\n"
+                    + _log_tail(self.log_path)
+                )
+            time.sleep(0.05)
+        on_timeout()
+        raise RuntimeError(
+            f"{what} not ready within {timeout_s}s; log {self.log_path}:\n" + _log_tail(self.log_path)
+        )
 
     @property
     def running(self) -> bool:
@@ -263,34 +312,13 @@ class EtcdServer(_ChildProcess):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
+        self._spawn_and_wait(
             self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+            what=f"etcd at {self.client_url}",
+            ready=self._healthy,
+            timeout_s=timeout_s,
+            on_timeout=self.stop,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._close_log()
-                raise RuntimeError(
-                    f"etcd exited with code {code} during start; log {self.log_path}:\n"
-                    + _log_tail(self.log_path)
-                )
-            if self._healthy():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(
-            f"etcd not healthy at {self.client_url} within {timeout_s}s; log {self.log_path}:\n"
-            + _log_tail(self.log_path)
-        )
-
 
 
 class BrokerProcess(_ChildProcess):
@@ -370,39 +398,20 @@ class BrokerProcess(_ChildProcess):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         self._ready = None
-        self._log = self.log_path.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self._proc = subprocess.Popen(
+
+        def ready() -> bool:
+            self._ready = self._read_ready()
+            return self._ready is not None
+
+        self._spawn_and_wait(
             self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            ready = self._read_ready()
-            if ready is not None:
-                self._ready = ready
-                return
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._proc = None
-                self._close_log()
-                raise RuntimeError(
-                    f"broker exited with code {code} before it was ready; log {self.log_path}:\n"
-                    + _log_tail(self.log_path)
-                )
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(
-            f"broker not ready within {timeout_s}s; log {self.log_path}:\n"
-            + _log_tail(self.log_path)
+            what="broker",
+            ready=ready,
+            timeout_s=timeout_s,
+            on_timeout=self.kill,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
 
     def _read_ready(self) -> dict[str, Any] | None:
