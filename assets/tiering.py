@@ -23,6 +23,7 @@ from pyiceberg.catalog import Catalog
 from danube_pipeline import iceberg
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError, TopicNotFoundError
 from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
@@ -53,21 +54,6 @@ class SchemaLookup(Protocol):
 
 
 # --------------------------------------------------------------------------- descriptors
-
-
-async def read_descriptors(store: MetadataStore, topic: TopicName) -> tuple[list[ObjectDescriptor], str | None]:
-    """Every object descriptor of ``topic`` in offset order, and ``objects/cur``'s ``start``."""
-    kvs, _ = await store.get_prefix(keys.objects_prefix(topic))
-    cur_key = keys.objects_cur(topic)
-    descriptors: list[ObjectDescriptor] = []
-    cur: str | None = None
-    for kv in kvs:
-        if kv.key == cur_key:
-            cur = ObjectsCursor.from_json(kv.value).start
-        else:
-            descriptors.append(ObjectDescriptor.from_json(kv.value))
-    descriptors.sort(key=lambda d: d.start_offset)
-    return descriptors, cur
 
 
 def untiered_segments(sealed: Sequence[SegmentInfo], descriptors: Sequence[ObjectDescriptor]) -> list[SegmentInfo]:

@@ -34,7 +34,7 @@ from danube_pipeline import flights
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.localcluster import BrokerProcess, EtcdServer
-from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
@@ -187,11 +187,8 @@ async def _seal_and_count(broker_addr: str, summary: DemoSummary) -> None:
 
 
 async def _count_descriptors(etcd_endpoints: list[str], summary: DemoSummary) -> None:
-    from danube_pipeline.metadata.values import ObjectDescriptor
-
     async with await MetadataStore.connect(etcd_endpoints) as store:
-        kvs, _ = await store.get_prefix(keys.objects_prefix(TOPIC))
-    descriptors = [ObjectDescriptor.from_json(kv.value) for kv in kvs if not kv.key.endswith("/cur")]
+        descriptors, _ = await read_descriptors(store, TOPIC)
     expected = 0
     for d in descriptors:
         if not d.completed or d.start_offset != expected:
