@@ -642,9 +642,13 @@ class WriteAheadLog:
                 return False
         return self.durable_end > offset
 
-    def _signal_advanced(self) -> None:
+    def _wake_waiters(self) -> None:
+        """Wake every ``await self._advanced.wait()``: a write round ended (written or failed)."""
         event, self._advanced = self._advanced, asyncio.Event()
         event.set()
+
+    def _signal_advanced(self) -> None:
+        self._wake_waiters()
         end = self.durable_end
         for cb in list(self._listeners):
             try:
@@ -750,6 +754,7 @@ class WriteAheadLog:
         for item in failed:
             if not item.future.done():
                 item.future.set_exception(error)
+        self._wake_waiters()  # offsets were handed back: waiters such as seal_active re-check
 
     def _fail_queued(self, exc: OSError) -> None:
         """No active segment to write to: fail everything queued (nothing was written)."""
@@ -760,6 +765,7 @@ class WriteAheadLog:
         for item in failed:
             if not item.future.done():
                 item.future.set_exception(exc)
+        self._wake_waiters()
 
     # ------------------------------------------------------------------ sealing
 
@@ -775,8 +781,11 @@ class WriteAheadLog:
         target = self._next_offset
         # Wait until every append enqueued before this call is either durable or failed: a
         # failed write hands its offsets back (``_next_offset`` drops), which ends the wait too.
-        while not self._closed and self.durable_end < min(target, self._next_offset):
-            await self.wait_for_offset(min(target, self._next_offset) - 1, timeout_s=0.05)
+        while True:
+            event = self._advanced
+            if self._closed or self.durable_end >= min(target, self._next_offset):
+                break
+            await event.wait()
         async with self._io_lock:
             return await self._seal_locked()
 
