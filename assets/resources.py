@@ -105,7 +105,7 @@ class ObjectStoreResource(ConfigurableResource):  # type: ignore[misc]
 
 
 class IcebergCatalogResource(ConfigurableResource):  # type: ignore[misc]
-    """The Iceberg SQL catalog shared by pyiceberg and Spark (``../shared/STACK.md``)."""
+    """The Iceberg SQL catalog shared by pyiceberg and Spark (see :mod:`danube_pipeline.spark`)."""
 
     name: str | None = Field(default=None, description="Catalog name; default $DANUBE_CATALOG_NAME or danube.")
     uri: str | None = Field(

@@ -3,8 +3,10 @@
 import asyncio
 
 from dagster import (
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -17,6 +19,13 @@ from assets.resources import BrokerResource, EtcdResource
 from assets.tiering import list_topic_roots, segments_needing_tiering
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
+
+#: Tags of every run the sealed-segment sensor requests.
+TOPIC_TAG = "danube/topic"
+SEALED_END_TAG = "danube/sealed_end"
+#: Runs the sensor requests for one (topic, last sealed end offset) after the first fails.
+MAX_TIERING_RETRIES = 5
+_FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 
 @sensor(
@@ -46,7 +55,9 @@ def topic_partitions_sensor(context: SensorEvaluationContext, etcd: EtcdResource
     default_status=DefaultSensorStatus.RUNNING,
     description=(
         "Requests a tiering_job run for a topic when the broker lists a sealed segment that has "
-        "no completed descriptor in etcd (run key: partition:last sealed end offset)."
+        "no completed descriptor in etcd (run key: partition:last sealed end offset). After a "
+        f"run ends with segments still untiered it asks again, up to {MAX_TIERING_RETRIES} times "
+        "(run key suffix :retry-N)."
     ),
 )
 def sealed_segments_sensor(
@@ -66,13 +77,20 @@ def sealed_segments_sensor(
                 except DanubeError as exc:
                     context.log.warning(f"{topic.path}: cannot list sealed segments: {exc}")
                     continue
-                if pending:
-                    last_end = max(s.end_offset for s in pending)
+                if not pending:
+                    continue
+                last_end = max(s.end_offset for s in pending)
+                run_key = _run_key(context, topic, last_end)
+                if run_key is not None:
                     requests.append(
                         RunRequest(
-                            run_key=f"{key}:{last_end}",
+                            run_key=run_key,
                             partition_key=key,
-                            tags={"danube/topic": topic.path, "danube/untiered_segments": str(len(pending))},
+                            tags={
+                                TOPIC_TAG: topic.path,
+                                SEALED_END_TAG: str(last_end),
+                                "danube/untiered_segments": str(len(pending)),
+                            },
                         )
                     )
         return requests
@@ -81,3 +99,31 @@ def sealed_segments_sensor(
     if not requests:
         return SkipReason(f"every sealed segment of {len(partitions)} topics is tiered")
     return SensorResult(run_requests=requests)
+
+
+def _run_key(context: SensorEvaluationContext, topic: TopicName, last_end: int) -> str | None:
+    """The run key to request for ``topic`` whose sealed segments up to ``last_end`` are not all
+    tiered, or ``None`` to wait.
+
+    The first request is ``{partition}:{last_end}``. Dagster never launches a run key twice, so
+    once runs with these tags have finished and segments are still untiered (the run failed,
+    was cancelled, or succeeded while a descriptor was lost), the next request is
+    ``{partition}:{last_end}:retry-{N}`` with N the number of finished runs, up to
+    :data:`MAX_TIERING_RETRIES`. While such a run is queued or running, wait for it.
+    """
+    runs = context.instance.get_runs(
+        filters=RunsFilter(tags={TOPIC_TAG: topic.path, SEALED_END_TAG: str(last_end)})
+    )
+    if any(run.status not in _FINISHED for run in runs):
+        return None
+    attempts = len(runs)
+    base = f"{topic.partition_key}:{last_end}"
+    if attempts == 0:
+        return base
+    if attempts > MAX_TIERING_RETRIES:
+        context.log.warning(
+            f"{topic.path}: {attempts} tiering runs up to offset {last_end} ended with segments "
+            "untiered; not retrying again. Fix the cause, then re-execute from the UI."
+        )
+        return None
+    return f"{base}:retry-{attempts}"

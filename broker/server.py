@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -29,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from danube_pipeline.errors import (
     ConsumerNotFoundError,
+    MetadataStoreError,
     NotServedHereError,
     ProducerNotFoundError,
     TopicNotFoundError,
@@ -260,7 +262,8 @@ class BrokerServer:
 
     async def stop(self) -> None:
         """Graceful shutdown (idempotent): draining state, end consumer streams, stop the
-        server with a grace period, store cursors, close WALs (synced), revoke the lease."""
+        server with a grace period, mark producers closed, store cursors, close WALs (synced),
+        revoke the lease."""
         if self._stopping:
             await self._stopped.wait()
             return
@@ -288,6 +291,17 @@ class BrokerServer:
                     sub.remove_consumer(consumer, reason="broker shutdown")
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
+        if self._store is not None and self.producers:
+            closed = [
+                (keys.topic_producer(p.topic.name, p.id), p.metadata(status=False))
+                for p in self.producers.values()
+            ]
+            self.producers.clear()
+            try:
+                for start in range(0, len(closed), 100):  # etcd's --max-txn-ops is 128
+                    await self.store.put_many(closed[start : start + 100])
+            except MetadataStoreError as exc:
+                log.warning("cannot mark producers closed: %s", exc)
         for topic in list(self.topics.values()):
             try:
                 await topic.close()
@@ -428,17 +442,48 @@ class BrokerServer:
         if sealed_raw is not None:
             with contextlib.suppress(Exception):
                 await self.store.delete(keys.sealed_state(name))
+        try:
+            await self._close_stale_producers(name)
+        except MetadataStoreError as exc:  # the keys only describe producers: the topic still serves
+            log.warning("topic %s: stale producer keys not closed: %s", name, exc)
         log.info("topic %s loaded, next offset %d", name, wal.next_offset)
         self._load_report_wake.set()
         return topic
 
+    async def _close_stale_producers(self, name: TopicName) -> None:
+        """Set ``status`` false on every producer key of ``name`` still marked open.
+
+        Called when this broker loads the topic, before any producer is created on it here:
+        an open producer key can only belong to an earlier owner (or an earlier run of this
+        broker) whose connections are gone, the way a new leader epoch fences the old one
+        (seed ``000`` §3.3 for the key). Each write is conditional on the key's
+        ``mod_revision``, so a key changed meanwhile is left alone.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        kvs, _ = await self.store.get_prefix(keys.topic_producers_prefix(name))
+        for kv in kvs:
+            try:
+                producer = values.ProducerMetadata.from_json(kv.value)
+            except ValueError:
+                log.warning("ignoring malformed producer key %s", kv.key)
+                continue
+            if producer.status:
+                closed = dataclasses.replace(producer, status=False)
+                await self.store.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision)
+                log.info("producer %d (%s) on %s marked closed: its owner is gone",
+                         producer.producer_id, producer.producer_name, name)
+
     async def unload_topic(self, name: TopicName) -> None:
-        """Stop serving ``name`` locally (its assignment was removed)."""
+        """Stop serving ``name`` locally (its assignment was removed); its producers are closed."""
         topic = self.topics.pop(name.path, None)
         if topic is None:
             return
         for pid in [p for p, prod in self.producers.items() if prod.topic is topic]:
-            del self.producers[pid]
+            producer = self.producers.pop(pid)
+            with contextlib.suppress(MetadataStoreError):
+                await self.store.put(keys.topic_producer(name, pid), producer.metadata(status=False))
         await topic.close()
         self._load_report_wake.set()
         log.info("topic %s unloaded", name)

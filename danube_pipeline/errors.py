@@ -3,7 +3,7 @@
 Every error raised by the shared library, the broker and the client derives from
 :class:`DanubeError`. Subclasses carry typed fields and build their own message, and carry
 two behaviour flags read by the client's retry and metadata-refresh logic (the aiokafka
-pattern, see ``../shared/STYLE.md``):
+``KafkaError`` pattern):
 
 * ``retriable``: the same request may succeed if sent again later.
 * ``invalid_metadata``: the client's view of the cluster (which broker owns a topic) is

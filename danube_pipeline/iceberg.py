@@ -1,8 +1,8 @@
 """The Iceberg side of tiered storage: one table per topic and an exactly-once append.
 
 A topic ``/{ns}/{topic}`` maps to the Iceberg table ``(ns, topic)`` (Iceberg namespace = Danube
-namespace) in the shared SQL catalog that pyiceberg and Spark's ``JdbcCatalog`` both use
-(``../shared/STACK.md``). Each table has the message metadata columns::
+namespace) in the shared SQL catalog that pyiceberg and Spark's ``JdbcCatalog`` both use (see
+:mod:`danube_pipeline.spark`). Each table has the message metadata columns::
 
     _offset long (required) | _publish_time timestamptz (µs) | _producer_id long (u64 bits)
     | _producer_name string | _schema_id long | _schema_version int | _attributes map<string,string>

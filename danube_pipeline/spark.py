@@ -1,8 +1,8 @@
 """Spark on the shared Iceberg catalog: jar lookup, session configuration and compaction.
 
 Spark's Iceberg ``JdbcCatalog`` reads and commits to the same SQL catalog database as
-pyiceberg's ``SqlCatalog`` (``../shared/STACK.md``, "One Iceberg catalog shared by pyiceberg
-and Spark"). pyiceberg cannot compact; :func:`compact_table` runs Iceberg's
+pyiceberg's ``SqlCatalog``; ``docs/architecture.md`` explains the SQLite settings both
+sides need. pyiceberg cannot compact; :func:`compact_table` runs Iceberg's
 ``rewrite_data_files`` procedure.
 
 Jars: the Iceberg Spark runtime comes from the ``snowpark-connect-deps-iceberg`` 1.0.1 wheel

@@ -23,9 +23,9 @@ from dagster import (
 from assets.assets import compacted_table, iceberg_table, segment_objects
 from assets.definitions import default_resources, defs
 from assets.partitions import TOPICS_PARTITIONS_NAME
-from assets.resources import BrokerResource, EtcdResource
+from assets.resources import BrokerResource, EtcdResource, ObjectStoreResource
 from assets.schedules import compaction_schedule
-from assets.sensors import sealed_segments_sensor, topic_partitions_sensor
+from assets.sensors import SEALED_END_TAG, sealed_segments_sensor, topic_partitions_sensor
 from danube_pipeline import flights, iceberg
 from danube_pipeline.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
@@ -146,6 +146,28 @@ def test_tiering_assets_exactly_once(
         assert isinstance(request, RunRequest)
         assert request.partition_key == TOPIC.partition_key
         assert request.run_key == f"{TOPIC.partition_key}:2999"
+
+        # That run fails for real (the object store root lies under a regular file): nothing is
+        # tiered, and the sensor asks again under a new run key, since Dagster never launches
+        # one run key twice.
+        blocker = tmp_path / "not-a-directory"
+        blocker.write_text("")
+        broken = {**resources, "object_store": ObjectStoreResource(root_url=(blocker / "objects").as_uri())}
+        failed = materialize(
+            [segment_objects, iceberg_table],
+            partition_key=TOPIC.partition_key,
+            resources=broken,
+            instance=instance,
+            tags=request.tags,
+            raise_on_error=False,
+        )
+        assert not failed.success
+        assert not any(d.completed for d in asyncio.run(_descriptors(etcd_endpoints))[0])
+        retry = sealed_segments_sensor(build_sensor_context(instance=instance, resources=sensor_resources))
+        assert isinstance(retry, SensorResult)
+        [again] = retry.run_requests or []
+        assert again.run_key == f"{TOPIC.partition_key}:2999:retry-1"
+        assert again.tags[SEALED_END_TAG] == "2999"
 
         first = materialize(
             [segment_objects, iceberg_table], partition_key=TOPIC.partition_key, resources=resources, instance=instance

@@ -299,6 +299,32 @@ def test_acked_message_survives_sigkill(start_broker: Callable[..., BrokerProces
         stubs.close()
 
 
+def test_producer_keys_closed_after_a_crash_and_on_stop(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path, etcd_endpoints: list[str]
+) -> None:
+    data_dir = tmp_path / "producers"
+    topic = "/default/producer_status"
+    name = TopicName.parse(topic)
+    broker = start_broker(data_dir=data_dir)
+    stubs = Stubs(broker.address)
+    first = create_producer(stubs, topic, name="before-crash")
+    stubs.close()
+    assert etcd_get(etcd_endpoints, keys.topic_producer(name, first))["status"] is True
+    broker.kill()  # no chance to close its producers
+
+    broker = start_broker(data_dir=data_dir)
+    stubs = Stubs(broker.address)
+    try:
+        second = create_producer(stubs, topic, name="after-crash")  # the topic is loaded by now
+    finally:
+        stubs.close()
+    # the restarted broker fenced the producer its earlier run left open
+    assert etcd_get(etcd_endpoints, keys.topic_producer(name, first))["status"] is False
+    assert etcd_get(etcd_endpoints, keys.topic_producer(name, second))["status"] is True
+    broker.stop()  # graceful: its open producers are marked closed
+    assert etcd_get(etcd_endpoints, keys.topic_producer(name, second))["status"] is False
+
+
 def test_exclusive_second_consumer_rejected(stubs: Stubs) -> None:
     create_producer(stubs, "/default/excl")
     subscribe(stubs, "/default/excl", "only")

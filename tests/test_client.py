@@ -32,6 +32,9 @@ from danube_pipeline.errors import (
     TopicNotFoundError,
 )
 from danube_pipeline.localcluster import free_port
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.records import decode_segment
 
@@ -285,7 +288,9 @@ async def test_concurrent_lookups_share_one_refresh(start_broker: Any) -> None:
 
 @pytest.mark.integration
 @pytest.mark.asyncio
-async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_broker: Any) -> None:
+async def test_producer_recovers_when_broker_restarts_on_the_same_port(
+    start_broker: Any, etcd_endpoints: list[str]
+) -> None:
     broker = start_broker()
     address = broker.address
     sent: list[bytes] = []
@@ -303,7 +308,8 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_bro
             # The broker goes down and comes back while messages keep being queued.
             restarting = asyncio.get_running_loop().run_in_executor(None, restart)
             futures: list[asyncio.Future[int]] = []
-            while not restarting.done():
+            # At least 1,200 so the read-back below crosses the 1,000-message unacked window.
+            while not restarting.done() or len(futures) < 1_200:
                 for _ in range(20):
                     payload = f"b{len(futures)}".encode()
                     futures.append(producer.send_nowait(payload))
@@ -316,13 +322,24 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(start_bro
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
             assert offsets[0] >= 5
             assert producer.producer_id != first_id  # re-created on the restarted broker
+            async with await MetadataStore.connect(etcd_endpoints) as store:
+                kvs, _ = await store.get_prefix(keys.topic_producers_prefix(TopicName.parse(TOPIC)))
+            # only the current producer is open; the one the crash left behind is closed
+            status = {kv.value["producer_id"]: kv.value["status"] for kv in kvs}  # type: ignore[index]
+            assert status[first_id] is False
+            assert [pid for pid, is_open in status.items() if is_open] == [producer.producer_id]
             last = await producer.send(b"z")
             sent.append(b"z")
             assert last > offsets[-1]
         async with client.consumer(
             TOPIC, subscription="after", initial_position=InitialPosition.EARLIEST
         ) as consumer:
-            got = [await consumer.receive(timeout_ms=5_000) for _ in range(last + 1)]
+            # Ack as we go: a consumer holds at most receiver_queue_size (1000) unacked messages,
+            # and a slow restart queues more than that.
+            got = []
+            for _ in range(last + 1):
+                got.append(await consumer.receive(timeout_ms=5_000))
+                await consumer.ack(got[-1])
     assert [m.offset for m in got] == list(range(last + 1))
     # At least once: every payload arrived, in order of first appearance.
     payloads = list(dict.fromkeys(m.payload for m in got))

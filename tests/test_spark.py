@@ -1,4 +1,4 @@
-"""Spark compaction on the catalog pyiceberg writes to (``../shared/STACK.md``), for real.
+"""Spark compaction on the catalog pyiceberg writes to, for real.
 
 One local Spark session per test session (slow to start), on a SQLite catalog and a
 ``file://`` warehouse in a temporary directory.

@@ -10,7 +10,7 @@ Usage::
             async for message in consumer:
                 await consumer.ack(message)
 
-Layout (nats.py / aiokafka style, ``../shared/STYLE.md``): this module, :mod:`.producer`,
+Layout (nats.py / aiokafka style): this module, :mod:`.producer`,
 :mod:`.consumer`, :mod:`.admin` and :mod:`.types` are public; ``_connection`` (channel pool),
 ``_metadata`` (broker map and topic owners, seed ``004``), ``_status`` (gRPC status to
 :class:`~danube_pipeline.errors.DanubeError`), ``_accumulator`` (batching) and ``_context``
@@ -193,7 +193,8 @@ class DanubeClient:
             consumer_name: defaults to ``consumer-<random hex>``.
             initial_position: where a new subscription starts.
             receiver_queue_size: unacked messages the broker may have outstanding to this
-                consumer.
+                consumer. Once that many are delivered and not acked, the broker sends no
+                more until some are acked, so a consumer that never acks stops receiving.
             ack_batch_size: acks buffered before they are sent.
             ack_flush_ms: longest time an ack stays buffered, in milliseconds.
 

@@ -4,7 +4,7 @@ The broker sends the server-side error class name in trailing metadata under
 :data:`~danube_pipeline.errors.ERROR_CLASS_METADATA_KEY`; :func:`from_rpc_error` reads it and
 builds the matching typed exception with :func:`~danube_pipeline.errors.error_from_status`,
 so ``except TopicNotFoundError`` works on the client and the retry logic reads the class's
-``retriable`` / ``invalid_metadata`` flags (``../shared/STYLE.md`` practice 3).
+``retriable`` / ``invalid_metadata`` flags (the aiokafka pattern).
 
 A transport failure (connection refused, broker gone) arrives as ``UNAVAILABLE`` without a
 class name; it becomes a :class:`~danube_pipeline.errors.BrokerUnavailableError` carrying the

@@ -175,7 +175,7 @@ class Producer:
                 self._stream = None
             await self._close_on_broker()
 
-    async def _close_on_broker(self) -> None:
+    async def _close_on_broker(self, timeout_s: float | None = None) -> None:
         if not self.producer_id or self._owner_address is None:
             return
         stubs = self._ctx.pool.stubs(self._owner_address)
@@ -183,7 +183,7 @@ class Producer:
             with rpc_errors(stubs.address):
                 await stubs.producer.CloseProducer(
                     pb.CloseProducerRequest(producer_id=self.producer_id),
-                    timeout=self._ctx.request_timeout_s,
+                    timeout=timeout_s or self._ctx.request_timeout_s,
                 )
         except DanubeError as exc:
             log.info("CloseProducer %d on %s failed: %s", self.producer_id, stubs.address, exc)
@@ -253,6 +253,12 @@ class Producer:
         if not create and self._owner_address is not None:
             self._open_stream(self._ctx.pool.stubs(self._owner_address))
             return
+
+        if self.producer_id:
+            # Replacing a producer: close the old one if its broker still has it (a stream can
+            # fail while the broker lives), so its key does not stay ``status: true``. A broker
+            # that restarted forgot it and closes its key when it loads the topic.
+            await self._close_on_broker(timeout_s=min(1.0, self._ctx.request_timeout_s))
 
         async def create_producer(stubs: Stubs) -> tuple[Stubs, pb.CreateProducerResponse]:
             timeout = self._ctx.request_timeout_s

@@ -1,7 +1,7 @@
 """User-facing value types of the Danube client.
 
 Generated protobuf types stay inside the client's private modules; everything a caller sees is
-one of the enums and frozen dataclasses below (``../shared/STYLE.md`` practice 5). The
+one of the enums and frozen dataclasses below. The
 ``_from_pb`` helpers are the only place where wire messages become these types.
 """
 

@@ -102,9 +102,14 @@ def topic_delivery(topic: TopicName) -> str:
     return f"{topic_root(topic)}/delivery"
 
 
+def topic_producers_prefix(topic: TopicName) -> str:
+    """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
+    return f"{topic_root(topic)}/producers/"
+
+
 def topic_producer(topic: TopicName, producer_id: int) -> str:
     """§3.3 ``/topics/{namespace}/{topic}/producers/{producer_id}``; :class:`ProducerMetadata`."""
-    return f"{topic_root(topic)}/producers/{producer_id}"
+    return f"{topic_producers_prefix(topic)}{producer_id}"
 
 
 def topic_subscription(topic: TopicName, subscription: str) -> str:
