@@ -10,7 +10,6 @@ Both are synchronous context managers; ``stop`` is idempotent.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -91,20 +90,34 @@ def _log_tail(path: Path, lines: int = 50) -> str:
         return "<no log>"
 
 
-def _die_with_parent() -> None:
-    """``preexec_fn``: ask Linux to SIGTERM the child when the thread that started it exits.
+#: Run as ``python -c _DIE_WITH_PARENT PARENT_PID COMMAND [ARG ...]``: ask Linux to SIGTERM this
+#: process when the thread that started it exits (``PR_SET_PDEATHSIG``, which survives
+#: ``execve``), give up if that parent is already gone, then exec ``COMMAND`` in place.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("launcher exited before its child started")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _die_with_parent(command: Sequence[str]) -> list[str]:
+    """``command`` wrapped so that the child gets SIGTERM when the thread that started it exits.
 
     A launcher killed without its clean-up (a SIGKILLed test run, a crashed demo) then leaves
     no etcd or broker behind. Start launchers from a long-lived thread (the main thread):
     ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits.
-    No-op where ``prctl`` is unavailable.
+
+    This replaces a ``preexec_fn``: Python code between ``fork`` and ``exec`` in a process with
+    gRPC threads crashed the child now and then (SIGSEGV before exec), and Python documents
+    ``preexec_fn`` as unsafe with threads. The wrapper is a fresh interpreter, so its
+    ``prctl`` runs with no other threads; it then execs ``command`` under the same pid.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -152,13 +165,12 @@ class _ChildProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            command,
+            _die_with_parent(command),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

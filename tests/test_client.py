@@ -91,6 +91,20 @@ def test_status_maps_trailing_error_class_to_typed_error() -> None:
     assert err.retriable and err.invalid_metadata
     assert err.address == "127.0.0.1:2"
 
+    # FAKE: the status grpc.aio raises for a stream write after the broker died (grpc/grpc#36066)
+    # is built here, since the race that produces it cannot be forced. It is a transport failure,
+    # so the producer resends; the broker's own INTERNAL answers are not.
+    lost = grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), details="Internal error from Core"
+    )
+    err = from_rpc_error(lost, "127.0.0.1:3")
+    assert isinstance(err, BrokerUnavailableError) and err.retriable
+    bug = grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), details="internal error: KeyError: 1"
+    )
+    err = from_rpc_error(bug, "127.0.0.1:3")
+    assert not isinstance(err, BrokerUnavailableError) and not err.retriable
+
 
 @pytest.mark.unit
 @pytest.mark.asyncio

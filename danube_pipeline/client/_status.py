@@ -8,7 +8,8 @@ so ``except TopicNotFoundError`` works on the client and the retry logic reads t
 
 A transport failure (connection refused, broker gone) arrives as ``UNAVAILABLE`` without a
 class name; it becomes a :class:`~danube_pipeline.errors.BrokerUnavailableError` carrying the
-address that failed.
+address that failed. So does an ``INTERNAL`` status that gRPC's client made up itself, with
+no broker answer behind it (:data:`CLIENT_SIDE_INTERNAL_DETAILS`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
     return None
 
 
+#: How ``INTERNAL`` statuses raised by gRPC's own client start. "Internal error from Core" is
+#: what ``grpc.aio`` reports when a stream write fails because Core already closed the stream,
+#: e.g. the broker died mid-stream (grpc/grpc#36066, grpcio 1.62 to 1.85 at least); an HTTP/2
+#: stream reset arrives as "Received RST_STREAM ...". The broker's own ``INTERNAL`` answers
+#: start with "internal error:" (``broker/status.py``) and are not transport failures.
+CLIENT_SIDE_INTERNAL_DETAILS = ("Internal error from Core", "Received RST_STREAM")
+
+
 def is_transport_failure(exc: grpc.aio.AioRpcError) -> bool:
     """Whether ``exc`` is a connection-level failure rather than an answer from a broker.
 
@@ -43,9 +52,16 @@ def is_transport_failure(exc: grpc.aio.AioRpcError) -> bool:
         exc: the failed call's error.
 
     Returns:
-        True for ``UNAVAILABLE`` without a Danube error class in trailing metadata.
+        True, when there is no Danube error class in trailing metadata, for ``UNAVAILABLE``
+        and for ``INTERNAL`` with details starting with one of
+        :data:`CLIENT_SIDE_INTERNAL_DETAILS`.
     """
-    return exc.code() == grpc.StatusCode.UNAVAILABLE and _error_class(exc) is None
+    if _error_class(exc) is not None:
+        return False
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return code == grpc.StatusCode.INTERNAL and (exc.details() or "").startswith(CLIENT_SIDE_INTERNAL_DETAILS)
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
@@ -63,8 +79,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
     code = exc.code()
     details = exc.details() or ""
     error_class = _error_class(exc)
-    transport = error_class is None and code == grpc.StatusCode.UNAVAILABLE
-    if transport:
+    if is_transport_failure(exc):
         error_class = BrokerUnavailableError.__name__
     err = error_from_status(code, details, error_class)
     if isinstance(err, BrokerUnavailableError):
