@@ -500,10 +500,12 @@ class BrokerServer:
         """
         if self.cache.contains(keys.topic_root(name)):
             return False
-        items: list[tuple[str, Any]] = []
-        if not self.cache.contains(keys.namespace_policy(name.namespace)):
-            items.append((keys.namespace_policy(name.namespace), values.NamespacePolicy()))
-        items += [
+        policy_key = keys.namespace_policy(name.namespace)
+        if not self.cache.contains(policy_key):
+            # Conditional: an operator's policy written (etcdctl put) just before this call may
+            # not have reached the cache yet, and must not be replaced by the defaults.
+            await self.store.put_if_absent(policy_key, values.NamespacePolicy())
+        items: list[tuple[str, Any]] = [
             (keys.namespace_topic(name), None),
             (keys.topic_root(name), 0),
             (keys.topic_delivery(name), delivery),

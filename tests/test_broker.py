@@ -192,6 +192,9 @@ def test_oversized_message_rejected_and_nothing_appended(stubs: Stubs, etcd_endp
     topic = "/small/t"
     pid = create_producer(stubs, topic)
     assert stubs.producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name="p2")).max_message_size == 1000
+    # creating the namespace's first topic kept the operator's policy (written just before,
+    # possibly not yet in the broker's cache) instead of replacing it with the defaults
+    assert etcd_get(etcd_endpoints, keys.namespace_policy("small"))["max_message_size"] == 1000
     stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"ok")))
     before = next_offset(stubs, topic)
     with pytest.raises(grpc.RpcError) as exc:

@@ -185,13 +185,12 @@ async def test_new_consumer_resumes_after_acked_cursor(start_broker: Any) -> Non
             TOPIC, subscription="resume", initial_position=InitialPosition.EARLIEST
         ) as second:
             seen = []
-            while True:
-                try:
-                    message = await second.receive(timeout_ms=1_000)
-                except TimeoutError:
-                    break
+            for _ in range(5):
+                message = await second.receive(timeout_ms=10_000)
                 seen.append(message.offset)
                 await second.ack(message)
+            with pytest.raises(TimeoutError):  # nothing before offset 5 is redelivered
+                await second.receive(timeout_ms=500)
     assert sorted(seen) == [5, 6, 7, 8, 9]
 
 
@@ -308,7 +307,7 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(
     broker = start_broker()
     address = broker.address
     sent: list[bytes] = []
-    async with DanubeClient([address], metadata_retries=8, retry_backoff_ms=400) as client:
+    async with DanubeClient([address], metadata_retries=40, retry_backoff_ms=250) as client:
         async with client.producer(TOPIC, producer_name="survivor", linger_ms=1) as producer:
             assert [await producer.send(f"a{i}".encode()) for i in range(5)] == list(range(5))
             sent += [f"a{i}".encode() for i in range(5)]
@@ -375,7 +374,7 @@ async def test_consumer_resubscribes_when_broker_restarts(start_broker: Any) -> 
                 message = await consumer.receive(timeout_ms=5_000)
                 assert message.offset == expected
                 await consumer.ack(message)
-            await asyncio.sleep(0.2)  # the ack flush timer sends the acks
+            await consumer._flush_acks()  # the broker has the five acks before it stops
 
             def restart() -> None:
                 broker.stop()
@@ -400,8 +399,11 @@ async def test_broker_moving_to_an_unknown_address_gives_broker_unavailable(star
     async with DanubeClient([broker.address], metadata_retries=2, retry_backoff_ms=50) as client:
         async with client.producer(TOPIC, producer_name="orphan") as producer:
             assert await producer.send(b"x") == 0
+            old_port = int(broker.address.rsplit(":", 1)[1])
             broker.stop()
-            broker.start()  # port 0: a new port the client has no way to learn
+            while broker.port in (0, old_port):
+                broker.port = free_port()  # a new port the client has no way to learn
+            broker.start()
             future = producer.send_nowait(b"y")
             with pytest.raises(BrokerUnavailableError):
                 await asyncio.wait_for(future, 30)
@@ -436,6 +438,7 @@ class _SlowAckConsumerStub:
 
     def __init__(self) -> None:
         self.received: list[int] = []
+        self.ack_started = asyncio.Event()
 
     async def Subscribe(self, req, timeout=None):  # noqa: N802 - gRPC method name
         return pb.SubscribeResponse(consumer_id=7, broker_id=1)
@@ -454,6 +457,7 @@ class _SlowAckConsumerStub:
         return _Call()
 
     async def Ack(self, req, timeout=None):  # noqa: N802
+        self.ack_started.set()
         await asyncio.sleep(0.05)
         self.received.extend(req.offsets)
         return pb.AckResponse()
@@ -484,7 +488,8 @@ async def test_close_during_an_inflight_ack_flush_loses_no_ack():
     await consumer.open()
     for offset in range(10):
         await consumer.ack(offset)
-    await asyncio.sleep(0.03)  # the background flush's Ack(0..9) is now in flight
+    await asyncio.wait_for(service.ack_started.wait(), 5)  # the flush's Ack(0..9) is in flight
+    assert service.received == []
     await consumer.close()
     assert sorted(set(service.received)) == list(range(10))
 

@@ -7,6 +7,7 @@ copied from seed ``000`` (§1.2, §1.3, §1.6, §2.1, §3.3, §3.4, §4.2-§4.4)
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -63,6 +64,15 @@ async def test_keys_and_values_match_seed_000(etcd_endpoints, start_broker):
     assert offsets == list(range(N))
 
     async with await MetadataStore.connect(etcd_endpoints) as store:
+        # the load report (§1.6) is written in the background after the topic loads
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:
+            report = await store.get(f"/cluster/load/{broker.broker_id}")
+            if report is not None and report.value["topic_list"]:  # type: ignore[index]
+                break
+            assert loop.time() < deadline, f"no load report listing the topic: {report}"
+            await asyncio.sleep(0.2)
         kvs, _ = await store.get_prefix("/")
     kv = {x.key: x.value for x in kvs}
 

@@ -220,13 +220,18 @@ async def test_revoking_a_lease_deletes_its_keys(store: MetadataStore) -> None:
 async def test_lease_without_keepalive_expires(store: MetadataStore) -> None:
     lease = await store.grant_lease(2, keepalive=False)
     assert await store.put_if_absent("/ephemeral", 1, lease=lease)
-    await asyncio.sleep(lease.ttl_s + 2.5)
-    assert await store.get("/ephemeral") is None
+    # etcd expires a lease at its TTL, give or take its checkpoint interval: poll, with room
+    # for a loaded machine, rather than sleep a fixed time
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + lease.ttl_s + 15
+    while await store.get("/ephemeral") is not None:
+        assert loop.time() < deadline, "the lease's key outlived its TTL by 15 s"
+        await asyncio.sleep(0.2)
 
 
 @pytest.mark.asyncio
 async def test_lease_keepalive_keeps_key(store: MetadataStore) -> None:
-    async with await store.grant_lease(2) as lease:
+    async with await store.grant_lease(3) as lease:
         await store.put("/kept", 1, lease=lease)
         await asyncio.sleep(lease.ttl_s * 2 + 1)
         assert await store.get("/kept") is not None
@@ -264,19 +269,27 @@ async def test_watch_prefix_replays_from_start_revision_in_order(store: Metadata
 async def test_watch_prefix_sees_live_writes(store: MetadataStore) -> None:
     _, revision = await store.get_prefix("/live/")
     seen: list[WatchEvent] = []
+    first_seen = asyncio.Event()
 
     async def consume() -> None:
         gen = store.watch_prefix("/live/", start_revision=revision + 1)
         async with contextlib.aclosing(gen):
             async for event in gen:
                 seen.append(event)
-                return
+                first_seen.set()
+                if len(seen) == 2:
+                    return
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
-    r = await store.put("/live/x", "v")
+    r1 = await store.put("/live/x", "v")
+    await asyncio.wait_for(first_seen.wait(), 5)
+    # the watch is now open and has caught up: this write can only arrive live
+    r2 = await store.put("/live/y", "w")
     await asyncio.wait_for(task, 5)
-    assert seen == [WatchEvent(WatchEventType.PUT, "/live/x", "v", r)]
+    assert seen == [
+        WatchEvent(WatchEventType.PUT, "/live/x", "v", r1),
+        WatchEvent(WatchEventType.PUT, "/live/y", "w", r2),
+    ]
 
 
 # ---- LocalCache
@@ -384,22 +397,34 @@ async def test_listener_sees_new_state_and_failing_listener_is_isolated(
 
 @pytest.mark.asyncio
 async def test_cache_misses_nothing_written_while_it_starts(store: MetadataStore) -> None:
+    # Each writer writes before, during and after cache.start(): it keeps going until it has
+    # written 20 keys after start() returned.
+    started = asyncio.Event()
+    written = [0] * 8
+
     async def writer(n: int) -> None:
-        for i in range(40):
+        after_start = 0
+        i = 0
+        while after_start < 20:
             await store.put(f"/race/{n:02d}/{i:03d}", {"n": n, "i": i})
-            if i % 7 == 0:  # deletes must reach the cache too: 6 of 40 keys per writer
+            if i % 7 == 0:  # deletes must reach the cache too
                 await store.delete(f"/race/{n:02d}/{i:03d}")
+            i += 1
+            written[n] = i
+            after_start += started.is_set()
 
     writers = [asyncio.create_task(writer(n)) for n in range(8)]
-    await asyncio.sleep(0.02)  # let writes start before the load
+    while min(written) < 5:  # every writer is under way before the load
+        await asyncio.sleep(0.005)
     cache = LocalCache(store)
     await cache.start()
+    started.set()
     try:
         await asyncio.gather(*writers)
         expected, revision = await store.get_prefix("/")
         await cache.wait_for_revision(revision)
         assert cache.get_prefix("/") == {kv.key: kv.value for kv in expected}
-        assert len(expected) == 8 * (40 - 6)
+        assert len(expected) == sum(i - (i + 6) // 7 for i in written)
     finally:
         await cache.stop()
 
