@@ -1,41 +1,46 @@
-# Danube Pipeline. `make demo` runs the main job, `make test` the test suite; both set up
-# the environment first (virtualenv in .venv, Python packages, Java 17 and the SQLite JDBC jar).
+# Danube Pipeline. `make demo` runs the main job, `make test` the test suite; both set up what
+# they need first: a virtualenv in .venv with the package and the extras of that command
+# (pyproject.toml), plus Java 17 and the SQLite JDBC jar (scripts/install-system-deps.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+DEV_HOME ?=
 
 .PHONY: setup demo test test-fast dev bench proto typecheck clean
 
-setup: $(STAMP)
-
-$(STAMP): pyproject.toml scripts/install-system-deps.sh
+# One stamp per extra: `make demo` installs `.[demo]`, `make test` installs `.[dev]`.
+$(BIN)/python:
 	bash scripts/install-system-deps.sh
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-demo: setup
+$(VENV)/.installed-%: pyproject.toml scripts/install-system-deps.sh | $(BIN)/python
+	bash scripts/install-system-deps.sh
+	$(BIN)/python -m pip install --quiet -e '.[$*]'
+	touch $@
+
+setup: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/danube-pipeline demo
 
-test: setup typecheck
+test: $(VENV)/.installed-dev typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m "not spark and not e2e" $(PYTEST_ARGS)
 
-dev: setup
-	$(BIN)/danube-pipeline dev
+dev: $(VENV)/.installed-demo
+	$(BIN)/danube-pipeline dev $(if $(DEV_HOME),--home $(DEV_HOME))
 
-bench: setup
+bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py
 
-typecheck: setup
+typecheck: $(VENV)/.installed-dev
 	$(BIN)/python -m mypy danube_pipeline broker assets benchmarks
 
-proto: setup
+proto: $(VENV)/.installed-dev
 	cd danube_pipeline/proto && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. danube.proto
 	sed -i 's/^import danube_pb2 as danube__pb2/from danube_pipeline.proto import danube_pb2 as danube__pb2/' danube_pipeline/proto/danube_pb2_grpc.py
 

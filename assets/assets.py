@@ -18,7 +18,7 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from assets.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
+from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
 from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
 from danube_pipeline.spark import compact_table

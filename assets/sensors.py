@@ -16,7 +16,7 @@ from dagster import (
 from assets.jobs import tiering_job
 from assets.partitions import TOPICS_PARTITIONS_NAME, topics_partitions
 from assets.resources import BrokerResource, EtcdResource
-from assets.tiering import list_topic_roots, segments_needing_tiering
+from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from danube_pipeline.client import DanubeClient
-from danube_pipeline.localcluster import BrokerProcess, EtcdServer
+from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 
 TOPIC = "/bench/ingest"
 

@@ -1,6 +1,6 @@
 """``python -m broker``: run one broker until SIGTERM or SIGINT.
 
-Command line (``danube_pipeline.localcluster.BrokerProcess`` depends on it)::
+Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it)::
 
     python -m broker --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]

@@ -22,16 +22,16 @@ class BrokerConfig:
         advertised_addr: ``host:port`` clients are told to use; default the listen host
             (``127.0.0.1`` for a wildcard host) and the bound port.
         data_dir: where the broker keeps its id and WALs (``data_dir/wal/{ns}/{topic}/``).
-        cluster_name: written as ``/cluster/{cluster_name}`` (seed ``000`` §1.1).
+        cluster_name: written as ``/cluster/{cluster_name}`` (``docs/etcd-layout.md`` §1.1).
         segment_max_bytes: the active WAL segment is sealed at this size.
         segment_max_age_s: a non-empty active segment is sealed after this many seconds.
         ready_file: JSON ``{"broker_id", "broker_addr", "pid"}`` written once serving.
-        lease_ttl_s: TTL of the registration lease (seed ``000`` §1.2).
+        lease_ttl_s: TTL of the registration lease (§1.2).
         load_report_interval_s: how often ``/cluster/load/{id}`` is refreshed (§1.6).
         cursor_flush_interval_s: subscription cursors are persisted at least this often (§3.5).
         cursor_flush_acks: ... or after this many acks.
         shutdown_grace_s: grace period for in-flight RPCs on shutdown.
-        max_message_bytes: gRPC max send/receive message size.
+        grpc_max_message_bytes: gRPC max send/receive message size, in bytes.
     """
 
     data_dir: Path
@@ -47,7 +47,7 @@ class BrokerConfig:
     cursor_flush_interval_s: float = 5.0
     cursor_flush_acks: int = 1000
     shutdown_grace_s: float = 5.0
-    max_message_bytes: int = 64 * 1024 * 1024
+    grpc_max_message_bytes: int = 64 * 1024 * 1024
 
     @property
     def wal_dir(self) -> Path:

@@ -8,8 +8,6 @@ import io
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import fastavro
 
@@ -19,56 +17,16 @@ from danube_pipeline.errors import (
     SchemaMismatchError,
 )
 from danube_pipeline.metadata import keys, values
-from danube_pipeline.metadata.store import LocalCache, MetadataStore
+from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
+from danube_pipeline.modes import DeliveryMode, SubscriptionType
 from danube_pipeline.names import TopicName
-from danube_pipeline.schema_registry import RegisteredSchema
 
-from broker.dispatch import Consumer, Subscription, SubscriptionType
+from broker.consumer import Consumer
+from broker.producer import OutgoingMessage, Producer
+from broker.subscription import Subscription
 from broker.wal import PendingMessage, WriteAheadLog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Producer:
-    """A producer registered on a topic (seed ``000`` §3.3).
-
-    Attributes:
-        id: u64 producer id.
-        name: producer name.
-        access_mode: 0 = shared.
-        topic: the topic it publishes to.
-        schema: the registered writer schema, if the producer declared one.
-        parsed_schema: fastavro's parsed form of ``schema``.
-    """
-
-    id: int
-    name: str
-    access_mode: int
-    topic: Topic
-    schema: RegisteredSchema | None = None
-    parsed_schema: Any = None
-    sent_messages: int = field(default=0)
-
-    def metadata(self, *, status: bool) -> values.ProducerMetadata:
-        """The value of ``/topics/{ns}/{topic}/producers/{id}`` (seed ``000`` §3.3);
-        ``status`` is true while the producer is open."""
-        return values.ProducerMetadata(
-            access_mode=self.access_mode,
-            producer_id=self.id,
-            producer_name=self.name,
-            status=status,
-            topic_name=self.topic.path,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingMessage:
-    """One message of a send request, before validation (wire types stay in services.py)."""
-
-    payload: bytes
-    attributes: dict[str, str]
-    publish_time_us: int
 
 
 class Topic:
@@ -79,8 +37,8 @@ class Topic:
         wal: its opened write-ahead log.
         store: etcd, for writes (producers, subscriptions, cursors).
         cache: the broker's LocalCache, for reads (policy, cursors).
-        delivery: ``"Reliable"`` or ``"NonReliable"`` (seed ``000`` §3.2).
-        cursor_flush_acks: see :class:`broker.dispatch.Subscription`.
+        delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
+        cursor_flush_acks: see :class:`broker.subscription.Subscription`.
     """
 
     def __init__(
@@ -88,9 +46,9 @@ class Topic:
         name: TopicName,
         wal: WriteAheadLog,
         *,
-        store: MetadataStore,
-        cache: LocalCache,
-        delivery: str = values.RELIABLE,
+        store: MetadataWriter,
+        cache: MetadataReader,
+        delivery: DeliveryMode = DeliveryMode.RELIABLE,
         cursor_flush_acks: int = 1000,
     ) -> None:
         self.name = name
@@ -111,8 +69,9 @@ class Topic:
 
     # ------------------------------------------------------------------ producing
 
-    def max_message_size(self) -> int:
-        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited (seed §2.1)."""
+    def max_message_size_bytes(self) -> int:
+        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited
+        (``docs/etcd-layout.md`` §2.1)."""
         raw = self._cache.get(keys.namespace_policy(self.name.namespace))
         if raw is None:
             return values.NamespacePolicy().max_message_size
@@ -133,7 +92,7 @@ class Topic:
         """
         if not messages:
             raise MalformedRequestError("a send carries at least one message")
-        limit = self.max_message_size()
+        limit = self.max_message_size_bytes()
         if limit > 0:
             for m in messages:
                 if len(m.payload) > limit:
@@ -279,7 +238,7 @@ class Topic:
         asyncio.get_running_loop().create_task(write())
 
     async def flush_cursors(self) -> None:
-        """Store every changed subscription cursor (seed ``000`` §3.5); errors are logged."""
+        """Store every changed subscription cursor (``docs/etcd-layout.md`` §3.5); errors are logged."""
         for sub in list(self.subscriptions.values()):
             try:
                 await sub.flush_cursor()

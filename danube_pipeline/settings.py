@@ -8,7 +8,7 @@ variable                   meaning                                      default
 ========================== ============================================ =====================
 ``DANUBE_HOME``            local state directory                        ``./.danube``
 ``DANUBE_ETCD_ENDPOINTS``  comma-separated ``host:port`` etcd endpoints ``127.0.0.1:2379``
-``DANUBE_BROKER_ADDRESSES`` comma-separated seed brokers ``host:port``  ``127.0.0.1:6650``
+``DANUBE_BROKER_ADDRESSES`` comma-separated bootstrap brokers           ``127.0.0.1:6650``
 ``DANUBE_OBJECT_STORE_URL`` fsspec URL of the object-store root         ``file://$DANUBE_HOME/objects``
 ``DANUBE_CATALOG_URI``     SQLAlchemy URI of the Iceberg SQL catalog    ``sqlite:///$DANUBE_HOME/catalog.db``
 ``DANUBE_WAREHOUSE``       Iceberg warehouse URL                        ``file://$DANUBE_HOME/warehouse``
@@ -19,6 +19,7 @@ variable                   meaning                                      default
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -37,7 +38,7 @@ def etcd_endpoints() -> list[str]:
 
 
 def broker_addresses() -> list[str]:
-    """Seed broker addresses as ``host:port`` strings (seed ``004``: bootstrap only)."""
+    """Bootstrap broker addresses as ``host:port`` strings (used only to learn the cluster)."""
     return _split(os.environ.get("DANUBE_BROKER_ADDRESSES", "127.0.0.1:6650"))
 
 
@@ -59,3 +60,25 @@ def warehouse_url() -> str:
 def catalog_name() -> str:
     """Iceberg catalog name shared by pyiceberg and Spark."""
     return os.environ.get("DANUBE_CATALOG_NAME", "danube")
+
+
+def environment(home: Path, *, etcd_endpoints: Sequence[str], broker_addresses: Sequence[str]) -> dict[str, str]:
+    """Every ``DANUBE_*`` variable for a local deployment whose state lives under ``home``.
+
+    Args:
+        home: the state directory (objects, catalog and warehouse go inside it).
+        etcd_endpoints: ``host:port`` etcd endpoints.
+        broker_addresses: ``host:port`` bootstrap brokers.
+
+    Returns:
+        A mapping to merge into a child process's environment.
+    """
+    return {
+        "DANUBE_HOME": str(home),
+        "DANUBE_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
+        "DANUBE_BROKER_ADDRESSES": ",".join(broker_addresses),
+        "DANUBE_OBJECT_STORE_URL": (home / "objects").as_uri(),
+        "DANUBE_CATALOG_URI": f"sqlite:///{home / 'catalog.db'}",
+        "DANUBE_WAREHOUSE": (home / "warehouse").as_uri(),
+        "DANUBE_CATALOG_NAME": catalog_name(),
+    }

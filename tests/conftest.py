@@ -1,6 +1,6 @@
 """Shared fixtures: a real etcd (one per session) and real broker processes.
 
-* ``etcd`` (session): an :class:`~danube_pipeline.localcluster.EtcdServer` on free ports.
+* ``etcd`` (session): an :class:`~danube_pipeline.dev.localcluster.EtcdServer` on free ports.
 * ``etcd_endpoints`` (function): ``etcd.endpoints`` after deleting every key, so each test
   starts from empty metadata.
 * ``start_broker`` (function): ``start_broker(data_dir=None, **kwargs) -> BrokerProcess``;
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from danube_pipeline.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
+from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +58,7 @@ def start_broker(
 
     ``start_broker(data_dir=None, **kwargs)``: ``data_dir`` defaults to ``tmp_path / "broker"``
     (``tmp_path / "broker-2"``, ... for further brokers); ``kwargs`` go to
-    :class:`~danube_pipeline.localcluster.BrokerProcess`.
+    :class:`~danube_pipeline.dev.localcluster.BrokerProcess`.
     """
     started: list[BrokerProcess] = []
 

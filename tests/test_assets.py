@@ -26,8 +26,9 @@ from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import BrokerResource, EtcdResource, ObjectStoreResource
 from assets.schedules import compaction_schedule
 from assets.sensors import SEALED_END_TAG, sealed_segments_sensor, topic_partitions_sensor
-from danube_pipeline import flights, iceberg
-from danube_pipeline.localcluster import BrokerProcess
+from danube_pipeline import iceberg
+from danube_pipeline.dev import flights
+from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
@@ -194,7 +195,7 @@ def test_tiering_assets_exactly_once(
         assert _meta(second, "segment_objects")["objects_written"] == 0
         assert _meta(second, "iceberg_table")["rows_appended"] == 0
         table = catalog.load_table(("default", "flights"))
-        assert iceberg.rows(table) == 3000
+        assert iceberg.row_count(table) == 3000
         assert len(table.snapshots()) == snapshots
         assert isinstance(
             sealed_segments_sensor(build_sensor_context(instance=instance, resources=sensor_resources)), SkipReason
@@ -259,7 +260,7 @@ async def test_field_removed_by_a_later_schema_keeps_its_old_values(etcd_endpoin
 
     import fastavro
 
-    from assets.tiering import _schemas_for
+    from danube_pipeline.tiering import _schemas_for
     from danube_pipeline.records import Record
     from danube_pipeline.schema_registry import SchemaRegistry
 

@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ import io
 import pytest
 
 from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
-from danube_pipeline.localcluster import BrokerProcess
+from danube_pipeline.metadata.values import JsonRecord, JsonValue
+from danube_pipeline.modes import SubscriptionType
+from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
@@ -191,7 +193,7 @@ def test_oversized_message_rejected_and_nothing_appended(stubs: Stubs, etcd_endp
     etcd_put(etcd_endpoints, keys.namespace_policy("small"), {"max_message_size": 1000})
     topic = "/small/t"
     pid = create_producer(stubs, topic)
-    assert stubs.producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name="p2")).max_message_size == 1000
+    assert stubs.producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name="p2")).max_message_size_bytes == 1000
     # creating the namespace's first topic kept the operator's policy (written just before,
     # possibly not yet in the broker's cache) instead of replacing it with the defaults
     assert etcd_get(etcd_endpoints, keys.namespace_policy("small"))["max_message_size"] == 1000
@@ -444,20 +446,25 @@ def test_topic_lookup_and_cluster_metadata(stubs: Stubs, broker: BrokerProcess) 
 # These drive broker objects directly (real WAL on a tmp dir, no etcd, no broker process).
 
 
-class _NoCache:
-    def __init__(self, values: dict[str, Any] | None = None) -> None:
+class _DictCache:
+    """An in-memory :class:`~danube_pipeline.metadata.protocols.MetadataReader`."""
+
+    def __init__(self, values: dict[str, JsonValue] | None = None) -> None:
         self.values = values or {}
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> JsonValue | None:
         return self.values.get(key)
 
 
 class _RecordingStore:
-    def __init__(self) -> None:
-        self.puts: list[tuple[str, Any]] = []
+    """A :class:`~danube_pipeline.metadata.protocols.MetadataWriter` that records every put."""
 
-    async def put(self, key: str, value: Any) -> None:
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, JsonValue | JsonRecord]] = []
+
+    async def put(self, key: str, value: JsonValue | JsonRecord) -> int:
         self.puts.append((key, value))
+        return len(self.puts)
 
 
 def _pending(i: int) -> Any:
@@ -474,24 +481,29 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     FAKE fault injection: ``os.fdatasync`` (as used by broker.wal) raises ENOSPC on its second
     call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
     """
-    import broker.wal as walmod
+    import broker.wal.log as walmod
+    from broker.producer import OutgoingMessage, Producer
     from broker.services import ProducerServicer
-    from broker.topic import Producer, Topic
+    from broker.topic import Topic
     from broker.wal import WriteAheadLog
 
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
-    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_NoCache())  # type: ignore[arg-type]
+    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache())
     producer = Producer(id=1, name="p", access_mode=0, topic=topic)
 
-    class FakeBroker:
-        def __init__(self) -> None:
-            self.producers = {1: producer}
+    class OneTopicBroker:
+        """A :class:`broker.services.ProducerBroker` with one producer on one topic."""
 
-        def producer(self, pid: int) -> Producer:
+        broker_id = 1
+
+        async def create_producer(self, topic_path: str, producer_name: str, **options: Any) -> Producer:
             return producer
 
-        def served_topic(self, path: str) -> Topic:
-            return topic
+        def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
+            return topic.publish(producer, messages)
+
+        async def close_producer(self, producer_id: int) -> None:
+            pass
 
     real = os.fdatasync
     calls = {"n": 0}
@@ -514,7 +526,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
         await asyncio.sleep(0.1)
         yield request(2)  # arrives after the failure
 
-    gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(FakeBroker()), requests(), None)  # type: ignore[arg-type]
+    gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(OneTopicBroker()), requests(), None)
     answers = [(await gen.__anext__()).sequence_id]
     await asyncio.sleep(0.5)  # the transport is slow to take the next answer
     with pytest.raises(OSError):
@@ -534,7 +546,7 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
     """A stored cursor older than the WAL start (e.g. after a topic move the WAL starts at
     last_committed_offset + 1): the ack floor must follow the read position, so the cursor
     advances and acked offsets are not kept forever."""
-    from broker.dispatch import Subscription, SubscriptionType
+    from broker.subscription import Subscription
     from broker.wal import WriteAheadLog
 
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
@@ -572,15 +584,14 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
 
 @pytest.mark.asyncio
 async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start(tmp_path: Path) -> None:
-    from broker.dispatch import SubscriptionType
     from broker.topic import Topic
     from broker.wal import WriteAheadLog
 
     name = TopicName.parse("/ns/t")
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
     store = _RecordingStore()
-    cache = _NoCache({keys.subscription_cursor(name, "s"): 49})
-    topic = Topic(name, wal, store=store, cache=cache)  # type: ignore[arg-type]
+    cache = _DictCache({keys.subscription_cursor(name, "s"): 49})
+    topic = Topic(name, wal, store=store, cache=cache)
     try:
         await topic.subscribe(
             subscription="s", subscription_type=SubscriptionType.EXCLUSIVE, consumer_id=1,

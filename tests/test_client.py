@@ -31,7 +31,7 @@ from danube_pipeline.errors import (
     SchemaMismatchError,
     TopicNotFoundError,
 )
-from danube_pipeline.localcluster import free_port
+from danube_pipeline.dev.localcluster import free_port
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
@@ -202,17 +202,17 @@ async def test_message_too_large_is_refused_client_side_and_producer_continues(
     broker = start_broker()
     async with DanubeClient([broker.address]) as client:
         async with client.producer(TOPIC, producer_name="big") as producer:
-            assert producer.max_message_size == 10 * 1024 * 1024  # namespace policy default
+            assert producer.max_message_size_bytes == 10 * 1024 * 1024  # namespace policy default
             assert await producer.send(b"small") == 0
-            too_big = b"x" * (producer.max_message_size + 1)
+            too_big = b"x" * (producer.max_message_size_bytes + 1)
             with pytest.raises(MessageTooLargeError) as info:
                 producer.send_nowait(too_big)  # raised at once, not through the future
             assert not isinstance(info.value, RemoteError)
-            assert info.value.size_bytes == producer.max_message_size + 1
+            assert info.value.size_bytes == producer.max_message_size_bytes + 1
             with pytest.raises(MessageTooLargeError):
                 await producer.send(too_big)
             assert await producer.send(b"after") == 1
-            exactly = b"y" * producer.max_message_size
+            exactly = b"y" * producer.max_message_size_bytes
             assert await producer.send(exactly) == 2
 
 

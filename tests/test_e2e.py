@@ -7,13 +7,13 @@ The figures asserted are computed independently from the source CSV.
 
 from __future__ import annotations
 
-import shutil
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
-from danube_pipeline.demo import REPO_ROOT, run_demo
-from danube_pipeline.flights import iter_flights
+from danube_pipeline.dev.demo import run_demo
+from danube_pipeline.dev.flights import iter_flights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -21,11 +21,8 @@ LIMIT = 30_000
 
 
 def test_demo_on_a_slice_of_flights(tmp_path, monkeypatch):
-    # the project's own instance config, in a throwaway Dagster home
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", dagster_home / "dagster.yaml")
-    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
+    # the project's own instance config; the runs are stored under the demo's home
+    dagster_home = Path(__file__).resolve().parent.parent / "dagster_home"
     summary = run_demo(
         home=tmp_path / "home",
         dagster_home=dagster_home,
@@ -56,6 +53,7 @@ def test_demo_on_a_slice_of_flights(tmp_path, monkeypatch):
 
     from dagster import DagsterInstance, DagsterRunStatus
 
+    monkeypatch.setenv("DANUBE_DAGSTER_STORAGE", str(tmp_path / "home" / "dagster"))
     with DagsterInstance.from_config(str(dagster_home)) as instance:
         runs = instance.get_runs()
         assert len(runs) >= 2

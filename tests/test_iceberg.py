@@ -206,7 +206,7 @@ def test_gap_raises(catalog: Any) -> None:
     with pytest.raises(OffsetRangeError) as err:
         iceberg.append_records(table, _records(20, 29), SCHEMA, "data-20-29.dnb1")
     assert err.value.expected_offset == 10 and err.value.actual_offset == 20
-    assert iceberg.rows(table) == 10
+    assert iceberg.row_count(table) == 10
 
 
 def test_first_offset_enforced_on_empty_table(catalog: Any) -> None:
@@ -246,7 +246,7 @@ def test_schema_evolution_adds_columns(catalog: Any) -> None:
     # old (version 1) records decoded with their own writer schema under the v2 table schema
     result = iceberg.append_records(table, _records(5, 9), v2, "data-5-9.dnb1", writer_schemas={(1, 1): SCHEMA})
     assert result.rows_appended == 5
-    assert iceberg.rows(table) == 10
+    assert iceberg.row_count(table) == 10
 
 
 def test_object_store_roundtrip(tmp_path: Path) -> None:

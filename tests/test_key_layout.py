@@ -13,7 +13,7 @@ import re
 import pytest
 
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
-from danube_pipeline.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
+from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
 from danube_pipeline.metadata.store import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

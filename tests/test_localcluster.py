@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 _LAUNCHER = """
 import sys, time
 from pathlib import Path
-from danube_pipeline.localcluster import EtcdServer
+from danube_pipeline.dev.localcluster import EtcdServer
 etcd = EtcdServer(Path(sys.argv[1]))
 etcd.start()
 print(etcd.pid, flush=True)

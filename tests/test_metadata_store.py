@@ -13,14 +13,10 @@ import pytest
 import pytest_asyncio
 
 from danube_pipeline.errors import MetadataStoreError
-from danube_pipeline.localcluster import EtcdServer, etcdctl_binary, free_port
+from danube_pipeline.dev.localcluster import EtcdServer, etcdctl_binary, free_port
 from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.store import (
-    LocalCache,
-    MetadataStore,
-    WatchEvent,
-    WatchEventType,
-)
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
 from danube_pipeline.metadata.values import BrokerState
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from assets.tiering import tier_sealed_segments
+from danube_pipeline.tiering import tier_sealed_segments
 from danube_pipeline.client import DanubeClient
-from danube_pipeline.localcluster import free_port
+from danube_pipeline.dev.localcluster import free_port
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from danube_pipeline.errors import InvalidSchemaError, SchemaNotFoundError
-from danube_pipeline.localcluster import EtcdServer, etcdctl_binary
+from danube_pipeline.dev.localcluster import EtcdServer, etcdctl_binary
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.schema_registry import SchemaRegistry, avro_fingerprint, parse_avro

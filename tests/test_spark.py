@@ -143,4 +143,4 @@ def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
     assert meta["data_files_after"] == 1
     assert meta["rewritten_data_files"] == 2
     assert meta["committed_end_offset"] == 19
-    assert iceberg.rows(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20
+    assert iceberg.row_count(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20

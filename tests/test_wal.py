@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 
-import broker.wal as walmod
+import broker.wal.log as walmod
+import broker.wal.segment as segmod
 from broker.wal import PendingMessage, WriteAheadLog, active_name, sealed_name
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.records import SEGMENT_HEADER_SIZE, decode_segment, encode_record, scan_records
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
+
+
+def patch_fsync_dir(monkeypatch: pytest.MonkeyPatch, fn: object) -> None:
+    """Replace the directory fsync in both WAL modules that call it (seal and new segment)."""
+    monkeypatch.setattr(walmod, "fsync_dir", fn)
+    monkeypatch.setattr(segmod, "fsync_dir", fn)
 
 
 def msg(i: int, size: int = 16) -> PendingMessage:
@@ -302,13 +309,13 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     """close() while the age timer is inside a seal must let the seal finish: acked records
     written meanwhile go to the NEW active segment, never into the sealed file.
 
-    FAKE fault injection: ``_fsync_dir`` is replaced by a slow version (it sleeps in the
+    FAKE fault injection: ``fsync_dir`` is replaced by a slow version (it sleeps in the
     seal's worker thread, after the rename) to hold the seal open at the moment close() is
     called; a real directory fsync is too fast to hit this window deterministically.
     """
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
     assert await wal.append([msg(i) for i in range(5)]) == (0, 4)
-    real_fsync_dir = walmod._fsync_dir
+    real_fsync_dir = walmod.fsync_dir
     in_seal = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -317,9 +324,9 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
         time.sleep(0.5)
         real_fsync_dir(d)
 
-    monkeypatch.setattr(walmod, "_fsync_dir", slow_fsync_dir)
+    patch_fsync_dir(monkeypatch, slow_fsync_dir)
     await asyncio.wait_for(in_seal.wait(), 5)  # the age timer is mid-seal
-    monkeypatch.setattr(walmod, "_fsync_dir", real_fsync_dir)
+    patch_fsync_dir(monkeypatch, real_fsync_dir)
     fut = wal.enqueue([msg(i) for i in range(5, 8)])
     await wal.close()
     assert fut.done() and fut.result() == (5, 7)
@@ -339,13 +346,13 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
     """Cancelling seal_active() while its worker thread runs must not leave the WAL pointing
     at the renamed file: the seal completes and later appends go to the new active segment.
 
-    FAKE fault injection: a slow ``_fsync_dir`` (sleeping after the rename) holds the seal in
+    FAKE fault injection: a slow ``fsync_dir`` (sleeping after the rename) holds the seal in
     its worker thread so that the cancellation lands there deterministically.
     """
     wal = await open_wal(tmp_path)
     try:
         await wal.append([msg(i) for i in range(5)])
-        real_fsync_dir = walmod._fsync_dir
+        real_fsync_dir = walmod.fsync_dir
         in_seal = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -354,13 +361,13 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
             time.sleep(0.3)
             real_fsync_dir(d)
 
-        monkeypatch.setattr(walmod, "_fsync_dir", slow_fsync_dir)
+        patch_fsync_dir(monkeypatch, slow_fsync_dir)
         task = asyncio.create_task(wal.seal_active())
         await asyncio.wait_for(in_seal.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        monkeypatch.setattr(walmod, "_fsync_dir", real_fsync_dir)
+        patch_fsync_dir(monkeypatch, real_fsync_dir)
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
         assert wal.active_path == tmp_path / active_name(5)
         assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
@@ -377,13 +384,13 @@ async def test_seal_with_failed_directory_fsync_follows_the_rename(
     """The rename succeeded but the directory fsync after it raised: the WAL must know the
     file is sealed (and renamed) and must not append to it.
 
-    FAKE fault injection: ``_fsync_dir`` raises EIO once; a failing directory fsync cannot be
+    FAKE fault injection: ``fsync_dir`` raises EIO once; a failing directory fsync cannot be
     produced for real on a test file system.
     """
     wal = await open_wal(tmp_path)
     try:
         await wal.append([msg(i) for i in range(5)])
-        real_fsync_dir = walmod._fsync_dir
+        real_fsync_dir = walmod.fsync_dir
         calls = {"n": 0}
 
         def failing_once(d: Path) -> None:
@@ -392,7 +399,7 @@ async def test_seal_with_failed_directory_fsync_follows_the_rename(
                 raise OSError(5, "Input/output error")
             real_fsync_dir(d)
 
-        monkeypatch.setattr(walmod, "_fsync_dir", failing_once)
+        patch_fsync_dir(monkeypatch, failing_once)
         seg = await wal.seal_active()
         assert calls["n"] >= 2  # the failure was hit, then the directory was synced again
         assert seg is not None and seg.path == tmp_path / sealed_name(0, 4)

@@ -12,7 +12,7 @@ Usage::
 
 Layout (nats.py / aiokafka style): this module, :mod:`.producer`,
 :mod:`.consumer`, :mod:`.admin` and :mod:`.types` are public; ``_connection`` (channel pool),
-``_metadata`` (broker map and topic owners, seed ``004``), ``_status`` (gRPC status to
+``_metadata`` (broker map and topic owners), ``_status`` (gRPC status to
 :class:`~danube_pipeline.errors.DanubeError`), ``_accumulator`` (batching) and ``_context``
 (the shared retry loop) are private. Generated protobuf types never leave the client.
 """
@@ -34,6 +34,7 @@ from danube_pipeline.client.types import (
     BrokerAddress,
     BrokerInfo,
     ClusterInfo,
+    DeliveryMode,
     InitialPosition,
     Message,
     SegmentInfo,
@@ -51,6 +52,7 @@ __all__ = [
     "Consumer",
     "ConsumerClosedError",
     "DanubeClient",
+    "DeliveryMode",
     "InitialPosition",
     "Message",
     "Producer",
@@ -64,37 +66,37 @@ __all__ = [
 class DanubeClient:
     """Entry point: owns the channel pool and the cluster metadata. An async context manager.
 
-    Entering the context bootstraps the broker map from the seeds (seed ``004``); leaving it
+    Entering the context bootstraps the broker map from ``bootstrap_addresses``; leaving it
     closes every producer (flushing) and consumer it created, then every channel.
 
     Args:
-        seed_addresses: ``"host:port"`` brokers used only to learn the broker map; after that
-            the client talks to brokers by id (seed ``004``). A single string may hold
-            several addresses separated by commas.
+        bootstrap_addresses: ``"host:port"`` brokers used only to learn the broker map; after
+            that the client talks to brokers by id (Kafka's ``bootstrap.servers``). A single
+            string may hold several addresses separated by commas.
         request_timeout_ms: deadline of each unary RPC, in milliseconds.
         metadata_retries: how many more metadata passes (and owner-call attempts) follow a
             failed first one. A pass tries every known broker once (connected first); a
-            pass over the seeds, made when every known broker failed, counts as one.
+            pass over the bootstrap addresses, made when every known broker failed, counts as one.
         retry_backoff_ms: sleep between passes and attempts, in milliseconds.
 
     Raises:
-        ValueError: no seed address, or a non-positive timeout or negative retry option.
+        ValueError: no bootstrap address, or a non-positive timeout or negative retry option.
     """
 
     def __init__(
         self,
-        seed_addresses: Sequence[str],
+        bootstrap_addresses: Sequence[str],
         *,
         request_timeout_ms: int = 30_000,
         metadata_retries: int = 3,
         retry_backoff_ms: int = 200,
     ) -> None:
-        if isinstance(seed_addresses, str):
-            seed_addresses = seed_addresses.split(",")
+        if isinstance(bootstrap_addresses, str):
+            bootstrap_addresses = bootstrap_addresses.split(",")
         pool = ConnectionPool()
         metadata = ClusterMetadata(
             pool,
-            seed_addresses,
+            bootstrap_addresses,
             request_timeout_ms=request_timeout_ms,
             metadata_retries=metadata_retries,
             retry_backoff_ms=retry_backoff_ms,
@@ -124,10 +126,10 @@ class DanubeClient:
         await self.close()
 
     async def connect(self) -> None:
-        """Bootstrap the broker map from the seeds (seed ``004``, "Initializing metadata").
+        """Bootstrap the broker map from the bootstrap addresses.
 
         Raises:
-            BrokerUnavailableError: no seed answered in ``1 + metadata_retries`` passes.
+            BrokerUnavailableError: no bootstrap address answered in ``1 + metadata_retries`` passes.
         """
         await self._metadata.refresh()
 
@@ -223,7 +225,7 @@ class DanubeClient:
         return self._admin
 
     async def lookup_topic(self, topic: str) -> BrokerAddress:
-        """The broker that serves ``topic`` (cached; refreshed on demand, seed ``004``).
+        """The broker that serves ``topic`` (cached; refreshed on demand).
 
         Concurrent lookups share one metadata refresh.
 

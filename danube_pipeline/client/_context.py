@@ -3,7 +3,7 @@
 :meth:`Context.call_owner` is the one retry loop for calls addressed to a topic's owner: it
 reads the ``retriable`` / ``invalid_metadata`` flags of the error (aiokafka's pattern) and
 refreshes the topic lookup through :class:`~danube_pipeline.client._metadata.ClusterMetadata`
-when the flags say the client's view is stale (seed ``004``).
+when the flags say the client's view is stale.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client._status import rpc_errors, unavailable
 from danube_pipeline.errors import BrokerUnavailableError, DanubeError, TopicNotFoundError
+from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Context:
         Raises:
             TopicNotFoundError: the topic does not exist (and ``create_missing`` is false, or
                 it still does not resolve after being created).
-            BrokerUnavailableError: the metadata refresh ran out of passes (seed ``004``).
+            BrokerUnavailableError: the metadata refresh ran out of passes.
             DanubeError: a non-retriable error from the broker, or the last retriable one.
         """
         last: DanubeError | None = None
@@ -141,7 +142,7 @@ class Context:
                         self.pool.discard(broker.address)
         raise last if last is not None else unavailable("", "no broker known")
 
-    async def create_topic(self, topic: str, *, reliable: bool = True) -> bool:
+    async def create_topic(self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
         """``Admin.CreateTopic`` on any broker; the topic's owner is assigned by the cluster.
 
         Returns:
@@ -151,11 +152,10 @@ class Context:
             BrokerUnavailableError: no broker answered.
             DanubeError: the broker refused (e.g. ``InvalidNameError``).
         """
-        delivery = pb.RELIABLE if reliable else pb.NON_RELIABLE
 
         async def create(stubs: Stubs) -> bool:
             response = await stubs.admin.CreateTopic(
-                pb.CreateTopicRequest(topic=topic, delivery=delivery), timeout=self.request_timeout_s
+                pb.CreateTopicRequest(topic=topic, delivery=delivery.name), timeout=self.request_timeout_s
             )
             return bool(response.created)
 

@@ -1,13 +1,13 @@
-"""Cluster metadata: which brokers exist and which broker serves each topic (seed ``004``).
+"""Cluster metadata: which brokers exist and which broker serves each topic.
 
-This implements the improvements seed ``004`` ("Cluster metadata", "Potential improvements")
-proposes over the implementation it describes:
+The design follows what Kafka clients learned about cluster metadata (``bootstrap.servers``
+in Kafka's Java client, ``bootstrap_servers`` in aiokafka):
 
-* **Seeds only bootstrap.** The seed addresses are contacted only to fill the broker map (and
+* **Bootstrap addresses only bootstrap.** They are contacted only to fill the broker map (and
   again when every known broker has failed); the map is the one set of brokers, indexed by
-  id, and a seed is never stored in it unless a broker registered under that address.
+  id, and a bootstrap address is never stored in it unless a broker registered under it.
 * **One map.** :attr:`ClusterMetadata.brokers` is ``{broker_id: "host:port"}``, replaced by
-  every successful ``Discovery.ClusterMetadata`` answer. There is no dead-seeds list.
+  every successful ``Discovery.ClusterMetadata`` answer. There is no separate dead-address list.
 * **Connected brokers first.** A pass tries brokers with a ready connection before the others.
 * **One refresh in flight.** Every caller that needs fresh metadata joins the single
   :class:`asyncio.Task` running the refresh; topics asked for while it runs are looked up by
@@ -15,8 +15,8 @@ proposes over the implementation it describes:
 * **A retry has one meaning.** A *pass* tries each candidate broker once, in order, until one
   answers. A refresh makes at most ``1 + metadata_retries`` passes, sleeping
   ``retry_backoff_ms`` between them. A pass goes over the known brokers; when the map is
-  empty, or the previous pass found every known broker dead, the pass goes over the seeds
-  instead (re-bootstrap), which therefore costs one retry like any other pass.
+  empty, or the previous pass found every known broker dead, the pass goes over the bootstrap
+  addresses instead (re-bootstrap), which therefore costs one retry like any other pass.
 """
 
 from __future__ import annotations
@@ -55,36 +55,36 @@ class _BrokerFailed(Exception):
 
 
 class ClusterMetadata:
-    """The client's view of the cluster (seed ``004``).
+    """The client's view of the cluster.
 
     Args:
         pool: the channel pool shared with producers, consumers and the admin client.
-        seed_addresses: ``"host:port"`` addresses used only to bootstrap :attr:`brokers`.
+        bootstrap_addresses: ``"host:port"`` addresses used only to bootstrap :attr:`brokers`.
         request_timeout_ms: deadline of each discovery RPC, in milliseconds.
         metadata_retries: passes allowed after the first failed pass of a refresh.
         retry_backoff_ms: sleep between passes, in milliseconds.
 
     Raises:
-        ValueError: if ``seed_addresses`` is empty or an option is negative.
+        ValueError: if ``bootstrap_addresses`` is empty or an option is negative.
     """
 
     def __init__(
         self,
         pool: ConnectionPool,
-        seed_addresses: Sequence[str],
+        bootstrap_addresses: Sequence[str],
         *,
         request_timeout_ms: int,
         metadata_retries: int,
         retry_backoff_ms: int,
     ) -> None:
-        seeds = [a.strip() for a in seed_addresses if a and a.strip()]
-        if not seeds:
-            raise ValueError("at least one seed broker address is required")
+        bootstrap = [a.strip() for a in bootstrap_addresses if a and a.strip()]
+        if not bootstrap:
+            raise ValueError("at least one bootstrap broker address is required")
         if request_timeout_ms <= 0 or metadata_retries < 0 or retry_backoff_ms < 0:
             raise ValueError("request_timeout_ms must be > 0; metadata_retries and retry_backoff_ms >= 0")
-        # Randomized so that clients started together contact different brokers first (seed 004).
-        random.shuffle(seeds)
-        self._seeds: tuple[str, ...] = tuple(dict.fromkeys(seeds))
+        # Randomized so that clients started together contact different brokers first.
+        random.shuffle(bootstrap)
+        self._bootstrap: tuple[str, ...] = tuple(dict.fromkeys(bootstrap))
         self._pool = pool
         self._timeout_s = request_timeout_ms / 1000
         self._retries = metadata_retries
@@ -115,7 +115,7 @@ class ClusterMetadata:
 
         Raises:
             TopicNotFoundError: the cluster does not know the topic.
-            BrokerUnavailableError: every pass of the refresh failed (seed ``004``).
+            BrokerUnavailableError: every pass of the refresh failed.
             DanubeError: another definite answer from the broker (e.g. ``InvalidNameError``).
         """
         if not refresh:
@@ -170,7 +170,7 @@ class ClusterMetadata:
         return self.ordered_brokers()[0]
 
     def ordered_brokers(self) -> list[BrokerAddress]:
-        """Known brokers, connected ones first (seed ``004``), then by id."""
+        """Known brokers, connected ones first (no new connection while one is open), then by id."""
         return sorted(
             (BrokerAddress(i, a) for i, a in self.brokers.items()),
             key=lambda b: (self._pool.rank(b.address), b.broker_id),
@@ -209,30 +209,30 @@ class ClusterMetadata:
 
     async def _refresh_passes(self) -> dict[str, _LookupResult]:
         failures: list[_BrokerFailed] = []
-        from_seeds = not self.brokers
+        from_bootstrap = not self.brokers
         passes = 1 + self._retries
         for attempt in range(passes):
             if attempt:
                 await asyncio.sleep(self._backoff_s)
             if not self.brokers:
-                from_seeds = True
-            candidates = list(self._seeds) if from_seeds else [b.address for b in self.ordered_brokers()]
-            results = await self._pass(candidates, failures, bootstrap=from_seeds)
+                from_bootstrap = True
+            candidates = list(self._bootstrap) if from_bootstrap else [b.address for b in self.ordered_brokers()]
+            results = await self._pass(candidates, failures, bootstrap=from_bootstrap)
             if results is not None:
                 return results
             log.info(
                 "metadata pass %d/%d over %s failed",
                 attempt + 1,
                 passes,
-                "seeds" if from_seeds else "known brokers",
+                "bootstrap addresses" if from_bootstrap else "known brokers",
             )
-            # Every candidate failed: the next pass goes over the seeds if this one went over
-            # the known brokers, and back to the known brokers after a failed seed pass.
-            from_seeds = not from_seeds
+            # Every candidate failed: the next pass goes over the bootstrap addresses if this one
+            # went over the known brokers, and back to the known brokers after a failed bootstrap.
+            from_bootstrap = not from_bootstrap
         tried = ",".join(dict.fromkeys(f.address for f in failures))
         last = failures[-1].error if failures else None
         raise unavailable(
-            tried or ",".join(self._seeds),
+            tried or ",".join(self._bootstrap),
             f"no broker answered in {passes} metadata passes; last error: {last}",
         )
 
@@ -264,9 +264,9 @@ class ClusterMetadata:
         self.cluster = _cluster_info_from_pb(response)
         if bootstrap:
             known = set(self.brokers.values())
-            for seed in self._seeds:
-                if seed not in known:
-                    self._pool.discard(seed)
+            for address in self._bootstrap:
+                if address not in known:
+                    self._pool.discard(address)
         topics = sorted(self._wanted)
         answers = await asyncio.gather(*(self._lookup_one(stubs, t) for t in topics))
         results: dict[str, _LookupResult] = {}

@@ -1,7 +1,7 @@
 """The admin facade: topics, sealed WAL segments and cluster metadata.
 
 Every per-topic call goes to the broker that owns the topic (looked up through the cluster
-metadata, seed ``004``) and is retried there after a refresh when the broker answers with an
+metadata) and is retried there after a refresh when the broker answers with an
 ``invalid_metadata`` error.
 """
 
@@ -20,6 +20,7 @@ from danube_pipeline.client.types import (
     _topic_info_from_pb,
 )
 from danube_pipeline.errors import CorruptRecordError, DanubeError
+from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -30,14 +31,14 @@ class AdminClient:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
 
-    async def create_topic(self, topic: str, *, reliable: bool = True) -> bool:
+    async def create_topic(self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
         """Create a topic; the cluster assigns its owner.
 
         Sent to any broker (connected ones first): a topic that does not exist has no owner.
 
         Args:
             topic: ``"/{namespace}/{topic}"``.
-            reliable: WAL-backed delivery (``RELIABLE``) rather than ``NON_RELIABLE``.
+            delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
 
         Returns:
             True if created, False if it already existed.
@@ -47,7 +48,7 @@ class AdminClient:
             BrokerUnavailableError: no broker answered.
             DanubeError: another refusal from the broker.
         """
-        return await self._ctx.create_topic(TopicName.parse(topic).path, reliable=reliable)
+        return await self._ctx.create_topic(TopicName.parse(topic).path, delivery=DeliveryMode(delivery))
 
     async def list_topics(self, namespace: str = "") -> list[TopicInfo]:
         """Topics of one namespace, or of all namespaces.

@@ -216,9 +216,9 @@ class Consumer:
         request = pb.SubscribeRequest(
             topic=self.topic,
             subscription=self.subscription,
-            subscription_type=pb.SubscriptionType.Value(self._subscription_type.name),
+            subscription_type=self._subscription_type.name,
             consumer_name=self.consumer_name,
-            initial_position=pb.InitialPosition.Value(self._initial_position.name),
+            initial_position=self._initial_position.name,
             receiver_queue_size=self._receiver_queue_size,
         )
 

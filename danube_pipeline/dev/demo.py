@@ -3,12 +3,13 @@
 Stages, each timed:
 
 1. start etcd and one broker (real processes, state under ``DANUBE_HOME``);
-2. publish the flights to ``/default/flights`` as Avro messages (schema registered under the
-   seed ``000`` §4 keys), acks awaited;
+2. publish the flights to ``/default/flights`` as Avro messages (schema registered under
+   ``/schemas/``, ``docs/etcd-layout.md`` §4), acks awaited;
 3. consume them back through a subscription and check count and content;
 4. seal the active WAL segment, then run the Dagster assets ``segment_objects`` and
-   ``iceberg_table`` through the instance in ``dagster_home/`` (``dagster asset materialize``),
-   so the runs show in the UI;
+   ``iceberg_table`` with their asset checks (``dg launch``) on an instance configured by
+   ``dagster_home/dagster.yaml`` whose storage is ``<home>/dagster``, so the runs show in the UI
+   (``danube-pipeline dev --home <home>``);
 5. compact the Iceberg table with Spark (the ``compacted_table`` asset);
 6. answer a question with Spark SQL on the table: mean departure delay per carrier.
 
@@ -21,7 +22,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,15 +30,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from danube_pipeline import flights
+from danube_pipeline import settings
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
+from danube_pipeline.dev import flights
+from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 from danube_pipeline.errors import DanubeError
-from danube_pipeline.localcluster import BrokerProcess, EtcdServer
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPIC = TopicName.parse(flights.FLIGHTS_TOPIC)
 SUBSCRIPTION = "demo-check"
 
@@ -107,18 +107,6 @@ def _stage(summary: DemoSummary, name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     summary.stage_seconds[name] = time.perf_counter() - start
-
-
-def _danube_env(home: Path, etcd_endpoints: list[str], broker_addr: str) -> dict[str, str]:
-    return {
-        "DANUBE_HOME": str(home),
-        "DANUBE_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
-        "DANUBE_BROKER_ADDRESSES": broker_addr,
-        "DANUBE_OBJECT_STORE_URL": (home / "objects").as_uri(),
-        "DANUBE_CATALOG_URI": f"sqlite:///{home / 'catalog.db'}",
-        "DANUBE_WAREHOUSE": (home / "warehouse").as_uri(),
-        "DANUBE_CATALOG_NAME": "danube",
-    }
 
 
 async def _publish(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
@@ -201,22 +189,18 @@ async def _count_descriptors(etcd_endpoints: list[str], summary: DemoSummary) ->
     summary.object_bytes = sum(d.size for d in descriptors)
 
 
-def _dagster_materialize(select: str, env: dict[str, str], dagster_home: Path) -> None:
+def _dagster_launch(select: str) -> None:
+    """Run ``dg launch --assets <select>`` for the flights partition on the demo's instance
+    (``DAGSTER_HOME`` and the storage directory come from this process's environment)."""
     from dagster import DagsterInstance
 
-    # dagster_home/dagster.yaml reads its storage paths from $DAGSTER_HOME.
-    os.environ["DAGSTER_HOME"] = str(dagster_home)
-    with DagsterInstance.from_config(str(dagster_home)) as instance:
+    from danube_pipeline.dev.cli import dg_binary
+
+    with DagsterInstance.get() as instance:
         if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
             instance.add_dynamic_partitions("topics", [TOPIC.partition_key])
-    cmd = [
-        sys.executable, "-m", "dagster", "asset", "materialize",
-        "-m", "assets.definitions",
-        "--select", select,
-        "--partition", TOPIC.partition_key,
-    ]
-    full_env = {**os.environ, **env, "DAGSTER_HOME": str(dagster_home)}
-    proc = subprocess.run(cmd, env=full_env, cwd=REPO_ROOT, capture_output=True, text=True)
+    cmd = [dg_binary(), "launch", "-m", "assets.definitions", "--assets", select, "--partition", TOPIC.partition_key]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
         raise DemoError(f"dagster {select}", f"exit code {proc.returncode}\n{tail}")
@@ -251,6 +235,44 @@ def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
         spark.stop()
 
 
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (this process and the Dagster runs it starts)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_stages(
+    summary: DemoSummary, broker_addr: str, etcd_endpoints: list[str], env: dict[str, str], *, limit: int | None, progress: bool
+) -> None:
+    with _stage(summary, "publish"):
+        payloads = asyncio.run(_publish(broker_addr, limit, summary, progress))
+    with _stage(summary, "consume + check"):
+        asyncio.run(_consume_and_check(broker_addr, payloads, summary, progress))
+    del payloads
+    with _stage(summary, "seal active segment"):
+        asyncio.run(_seal_and_count(broker_addr, summary))
+    with _stage(summary, "dagster: objects + iceberg"):
+        _dagster_launch("segment_objects,iceberg_table")
+    asyncio.run(_count_descriptors(etcd_endpoints, summary))
+    summary.snapshots, summary.data_files_before_compaction, summary.table_rows = _table_stats(env)
+    if summary.table_rows != summary.messages_published:
+        raise DemoError("iceberg", f"table has {summary.table_rows} rows, expected {summary.messages_published}")
+    with _stage(summary, "dagster: spark compaction"):
+        _dagster_launch("compacted_table")
+    summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
+    with _stage(summary, "spark sql question"):
+        _spark_question(env, summary)
+
+
 def run_demo(
     *,
     home: Path,
@@ -263,7 +285,8 @@ def run_demo(
 
     Args:
         home: state directory (etcd data, broker WAL, objects, catalog, warehouse); wiped first.
-        dagster_home: the Dagster instance directory the runs are recorded in.
+        dagster_home: the Dagster instance configuration (``dagster.yaml``); the runs are
+            recorded under ``home / "dagster"``.
         limit: publish only the first ``limit`` flights (``None`` = all 336,776).
         segment_max_bytes: WAL segment roll size in bytes.
         progress: show progress bars.
@@ -275,11 +298,12 @@ def run_demo(
         DemoError: a check failed; the message names the stage.
         RuntimeError: etcd or the broker did not start (with its log tail).
     """
+    from danube_pipeline.dev.cli import DAGSTER_STORAGE_ENV
+
     summary = DemoSummary()
     if home.exists():
         shutil.rmtree(home)
     home.mkdir(parents=True)
-    dagster_home.mkdir(parents=True, exist_ok=True)
     with _stage(summary, "start etcd + broker"):
         etcd = EtcdServer(home / "etcd")
         etcd.start()
@@ -287,25 +311,10 @@ def run_demo(
         broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=home / "broker", segment_max_bytes=segment_max_bytes, segment_max_age_s=60.0)
         broker.start()
         try:
-            env = _danube_env(home, etcd.endpoints, broker.address)
-            with _stage(summary, "publish"):
-                payloads = asyncio.run(_publish(broker.address, limit, summary, progress))
-            with _stage(summary, "consume + check"):
-                asyncio.run(_consume_and_check(broker.address, payloads, summary, progress))
-            del payloads
-            with _stage(summary, "seal active segment"):
-                asyncio.run(_seal_and_count(broker.address, summary))
-            with _stage(summary, "dagster: objects + iceberg"):
-                _dagster_materialize("segment_objects,iceberg_table", env, dagster_home)
-            asyncio.run(_count_descriptors(etcd.endpoints, summary))
-            summary.snapshots, summary.data_files_before_compaction, summary.table_rows = _table_stats(env)
-            if summary.table_rows != summary.messages_published:
-                raise DemoError("iceberg", f"table has {summary.table_rows} rows, expected {summary.messages_published}")
-            with _stage(summary, "dagster: spark compaction"):
-                _dagster_materialize("compacted_table", env, dagster_home)
-            summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
-            with _stage(summary, "spark sql question"):
-                _spark_question(env, summary)
+            env = settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=[broker.address])
+            env.update({"DAGSTER_HOME": str(dagster_home), DAGSTER_STORAGE_ENV: str(home / "dagster")})
+            with _environment(env):
+                _run_stages(summary, broker.address, etcd.endpoints, env, limit=limit, progress=progress)
         finally:
             broker.stop()
     finally:

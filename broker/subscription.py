@@ -1,4 +1,5 @@
-"""Subscriptions and their dispatch to consumers: Exclusive, Shared and Failover (seed ``000`` §3.4).
+"""A subscription and its dispatch to consumers: Exclusive, Shared and Failover
+(``docs/etcd-layout.md`` §3.4).
 
 One :class:`Subscription` per ``(topic, subscription name)`` holds the delivery state:
 
@@ -12,112 +13,28 @@ One :class:`Subscription` per ``(topic, subscription name)`` holds the delivery 
 One dispatcher task per subscription moves messages from the WAL (and the redelivery set) into
 per-consumer queues, respecting each consumer's ``receiver_queue_size`` permits: Exclusive and
 Failover hand everything to the active (first) consumer; Shared hands messages out round-robin.
-A consumer's ``Receive`` stream drains its queue in batches.
+A consumer's ``Receive`` stream drains its queue in batches (:mod:`broker.consumer`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
 
-from danube_pipeline.errors import MalformedRequestError, SubscriptionBusyError
+from danube_pipeline.errors import SubscriptionBusyError
+from danube_pipeline.modes import SubscriptionType
 from danube_pipeline.records import Record
 
+from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, MAX_BATCH_MESSAGES, Consumer, Delivery
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RECEIVER_QUEUE_SIZE = 1000
 ATTACH_TIMEOUT_S = 30.0
 """A consumer that opens no Receive stream within this time after Subscribe is removed."""
-MAX_BATCH_MESSAGES = 100
 _MAX_READ_PER_ROUND = 500
-
-
-class SubscriptionType(enum.IntEnum):
-    """``subscription_type`` of seed ``000`` §3.4 (same numbers as the proto enum)."""
-
-    EXCLUSIVE = 0
-    SHARED = 1
-    FAILOVER = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message handed to a consumer."""
-
-    record: Record
-    redelivery_count: int
-
-
-class Consumer:
-    """One consumer attached to a subscription.
-
-    Attributes:
-        id: u64 consumer id.
-        name: the consumer's name.
-        receiver_queue_size: most unacknowledged messages outstanding at once.
-    """
-
-    def __init__(self, consumer_id: int, name: str, subscription: Subscription, receiver_queue_size: int) -> None:
-        self.id = consumer_id
-        self.name = name
-        self.subscription = subscription
-        self.receiver_queue_size = receiver_queue_size
-        self.outstanding: set[int] = set()
-        self.queue: deque[Delivery] = deque()
-        self.attached = False
-        self.closed = False
-        self._wake = asyncio.Event()
-
-    @property
-    def permits(self) -> int:
-        """How many more messages may be handed to this consumer now."""
-        return self.receiver_queue_size - len(self.outstanding)
-
-    def _push(self, delivery: Delivery) -> None:
-        self.outstanding.add(delivery.record.offset)
-        self.queue.append(delivery)
-        self._wake.set()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def batches(self, *, max_messages: int = MAX_BATCH_MESSAGES) -> AsyncIterator[list[Delivery]]:
-        """Yield batches of at most ``max_messages`` deliveries until the consumer closes.
-
-        When the iteration ends (stream closed by the client, consumer closed, broker stopping)
-        the consumer leaves its subscription and its unacknowledged messages are redelivered.
-
-        Raises:
-            MalformedRequestError: if another stream already receives for this consumer.
-        """
-        if self.attached:
-            raise MalformedRequestError(f"consumer {self.id} already has a Receive stream")
-        if self.closed:
-            return
-        self.attached = True
-        self.subscription._consumer_attached(self)
-        try:
-            while not self.closed:
-                if not self.queue:
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                batch: list[Delivery] = []
-                while self.queue and len(batch) < max_messages:
-                    d = self.queue.popleft()
-                    if d.record.offset in self.outstanding:  # not acked meanwhile
-                        batch.append(d)
-                if batch:
-                    yield batch
-        finally:
-            self.subscription.remove_consumer(self, reason="stream ended")
 
 
 class Subscription:
@@ -131,7 +48,7 @@ class Subscription:
         start_offset: the first offset to deliver (cursor + 1, or by initial position).
         persisted_cursor: the cursor value already stored in etcd, or ``None``.
         persist_cursor: coroutine storing a cursor value (the last acknowledged offset).
-        cursor_flush_acks: persist after this many acks (seed ``000`` §3.5: 1000).
+        cursor_flush_acks: persist after this many acks (§3.5: 1000).
         on_active_change: called with the new active consumer (or ``None``) when the active
             consumer leaves (the caller records the first consumer itself).
     """
@@ -213,7 +130,8 @@ class Subscription:
         if not consumer.attached and not consumer.closed:
             self.remove_consumer(consumer, reason=f"no Receive stream within {ATTACH_TIMEOUT_S:.0f}s")
 
-    def _consumer_attached(self, consumer: Consumer) -> None:
+    def consumer_attached(self, consumer: Consumer) -> None:
+        """A consumer opened its Receive stream: dispatch to it."""
         self._wake.set()
 
     def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
@@ -305,7 +223,7 @@ class Subscription:
 
     def _hand_out(self, consumer: Consumer, record: Record, count: int) -> None:
         self.unacked[record.offset] = (consumer, count)
-        consumer._push(Delivery(record, count))
+        consumer.push(Delivery(record, count))
 
     def _skip_below(self, offset: int) -> None:
         """Offsets below ``offset`` can never be delivered: move the read position and the ack

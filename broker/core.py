@@ -1,0 +1,585 @@
+"""The broker core: the topics this broker serves, their producers and consumers.
+
+:class:`Broker` owns the process-wide bookkeeping and every operation the gRPC servicers
+(:mod:`broker.services`) translate to: creating and closing producers, publishing,
+subscribing, acknowledging, creating and looking up topics. It reads metadata from the
+:class:`~danube_pipeline.metadata.cache.LocalCache` and writes it through the
+:class:`~danube_pipeline.metadata.store.MetadataStore` (``docs/etcd-layout.md``).
+
+A topic is served here while ``/cluster/brokers/{own id}/{ns}/{topic}`` exists (§1.4): the
+broker follows that prefix and loads or unloads topics as assignments appear and disappear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import functools
+import logging
+import secrets
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
+
+from danube_pipeline.errors import (
+    BrokerUnavailableError,
+    ConsumerNotFoundError,
+    InvalidSchemaError,
+    MetadataStoreError,
+    NotServedHereError,
+    ProducerNotFoundError,
+    TopicNotFoundError,
+)
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
+from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
+from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
+
+from broker.config import BrokerConfig
+from broker.consumer import Consumer
+from broker.producer import OutgoingMessage, Producer
+from broker.topic import Topic
+from broker.wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+_MAX_REMEMBERED_CLOSED_CONSUMERS = 10_000
+_MAX_PUTS_PER_TXN = 100
+"""Keys written per etcd transaction when many are closed at once (etcd's ``--max-txn-ops``
+is 128 by default)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegisteredBroker:
+    """A broker as ``/cluster/register/{id}`` and ``/cluster/brokers/{id}/state`` describe it.
+
+    Attributes:
+        broker_id: the u64 broker id.
+        address: ``host:port`` clients use (``advertised_addr``).
+        mode: the state's ``mode`` (``active``, ``draining``), empty when unknown.
+    """
+
+    broker_id: int
+    address: str
+    mode: str
+
+
+def _new_id(taken: Collection[int]) -> int:
+    """A random non-zero u64 not in ``taken``."""
+    while True:
+        candidate = secrets.randbits(64)
+        if candidate and candidate not in taken:
+            return candidate
+
+
+class Broker:
+    """Topics, producers and consumers of one broker process.
+
+    Args:
+        config: the broker's configuration.
+        broker_id: its u64 id.
+        store: etcd, for writes.
+        cache: the LocalCache, for reads.
+        registry: the schema registry.
+        on_topics_changed: called whenever a topic is loaded or unloaded (the load report).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        broker_id: int,
+        *,
+        store: MetadataStore,
+        cache: LocalCache,
+        registry: SchemaRegistry,
+        on_topics_changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config
+        self.broker_id = broker_id
+        self.store = store
+        self.cache = cache
+        self.registry = registry
+        self.topics: dict[str, Topic] = {}
+        self.producers: dict[int, Producer] = {}
+        self.consumers: collections.OrderedDict[int, Consumer] = collections.OrderedDict()
+        self._on_topics_changed = on_topics_changed
+        self._loading: dict[str, asyncio.Task[Topic]] = {}
+        self._remove_listener: Callable[[], None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load every topic assigned here, follow new assignments, start the cursor flusher."""
+        prefix = keys.broker_prefix(self.broker_id)
+        self._remove_listener = self.cache.add_listener(prefix, self._on_assignment_event)
+        for key in self.cache.get_prefix(prefix):
+            name = self._assignment_topic(key)
+            if name is not None:
+                try:
+                    await self.load_topic(name)
+                except Exception:
+                    log.exception("cannot load assigned topic %s", name)
+        self._flusher = asyncio.create_task(self._cursor_flusher(), name="cursor-flush")
+
+    def end_consumer_streams(self) -> None:
+        """Detach every consumer (their ``Receive`` streams end); the first step of a stop."""
+        self._stopping = True
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        for topic in self.topics.values():
+            for sub in topic.subscriptions.values():
+                for consumer in list(sub.consumers):
+                    sub.remove_consumer(consumer, reason="broker shutdown")
+
+    async def close(self) -> None:
+        """Mark every open producer closed in etcd, store cursors, close the WALs (synced)."""
+        self.end_consumer_streams()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        closed = [(keys.topic_producer(p.topic.name, p.id), p.metadata(status=False)) for p in self.producers.values()]
+        self.producers.clear()
+        try:
+            for start in range(0, len(closed), _MAX_PUTS_PER_TXN):
+                await self.store.put_many(closed[start : start + _MAX_PUTS_PER_TXN])
+        except MetadataStoreError as exc:
+            log.warning("cannot mark producers closed: %s", exc)
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception:
+                log.exception("closing topic %s failed", topic.path)
+        self.topics.clear()
+
+    async def _cursor_flusher(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.cursor_flush_interval_s)
+            for topic in list(self.topics.values()):
+                await topic.flush_cursors()
+
+    # ------------------------------------------------------------------ assignments
+
+    def _assignment_topic(self, key: str) -> TopicName | None:
+        rest = key.removeprefix(keys.broker_prefix(self.broker_id))
+        if rest.count("/") != 1:
+            return None
+        try:
+            return TopicName.parse(f"/{rest}")
+        except Exception:  # noqa: BLE001 - not an assignment key (e.g. "state")
+            return None
+
+    def _on_assignment_event(self, event: WatchEvent) -> None:
+        name = self._assignment_topic(event.key)
+        if name is None or self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        if event.type is WatchEventType.PUT:
+            task = loop.create_task(self._load_quietly(name))
+        else:
+            task = loop.create_task(self.unload_topic(name))
+        task.add_done_callback(lambda _t: None)
+
+    async def _load_quietly(self, name: TopicName) -> None:
+        try:
+            await self.load_topic(name)
+        except Exception:
+            log.exception("cannot load newly assigned topic %s", name)
+
+    def is_assigned_here(self, name: TopicName) -> bool:
+        """Whether ``/cluster/brokers/{own id}/{ns}/{topic}`` exists (``docs/etcd-layout.md`` §1.4)."""
+        return self.cache.contains(keys.topic_assignment(self.broker_id, name))
+
+    def assigned_broker(self, name: TopicName) -> int | None:
+        """The broker id the topic is assigned to, from ``/cluster/brokers/*/{ns}/{topic}``."""
+        suffix = f"/{name.namespace}/{name.topic}"
+        for key in self.cache.get_prefix(keys.BROKERS_PREFIX):
+            if not key.endswith(suffix):
+                continue
+            broker_part = key[len(keys.BROKERS_PREFIX) : -len(suffix)]
+            if broker_part.isdigit():
+                return int(broker_part)
+        return None
+
+    # ------------------------------------------------------------------ topics
+
+    async def load_topic(self, name: TopicName) -> Topic:
+        """Open ``name`` locally (idempotent): its WAL, started at the sealed state's
+        ``last_committed_offset + 1`` when the WAL is empty (``docs/etcd-layout.md`` §5.3).
+
+        Raises:
+            OSError, CorruptRecordError: the WAL cannot be opened.
+        """
+        path = name.path
+        topic = self.topics.get(path)
+        if topic is not None:
+            return topic
+        task = self._loading.get(path)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._open_topic(name))
+            self._loading[path] = task
+            task.add_done_callback(functools.partial(self._loading_done, path))
+        return await asyncio.shield(task)
+
+    def _loading_done(self, path: str, _task: asyncio.Task[Topic]) -> None:
+        self._loading.pop(path, None)
+
+    async def _open_topic(self, name: TopicName) -> Topic:
+        cfg = self.config
+        initial_offset = 0
+        sealed_raw = self.cache.get(keys.sealed_state(name))
+        if sealed_raw is not None:
+            with contextlib.suppress(ValueError):
+                initial_offset = values.SealedState.from_json(sealed_raw).last_committed_offset + 1
+        wal = await WriteAheadLog.open(
+            cfg.wal_dir / name.namespace / name.topic,
+            segment_max_bytes=cfg.segment_max_bytes,
+            segment_max_age_s=cfg.segment_max_age_s,
+            initial_offset=initial_offset,
+        )
+        topic = Topic(
+            name,
+            wal,
+            store=self.store,
+            cache=self.cache,
+            delivery=DeliveryMode.from_stored(self.cache.get(keys.topic_delivery(name))),
+            cursor_flush_acks=cfg.cursor_flush_acks,
+        )
+        self.topics[name.path] = topic
+        if sealed_raw is not None:
+            with contextlib.suppress(Exception):
+                await self.store.delete(keys.sealed_state(name))
+        try:
+            await self._close_stale_producers(name)
+        except MetadataStoreError as exc:  # the keys only describe producers: the topic still serves
+            log.warning("topic %s: stale producer keys not closed: %s", name, exc)
+        log.info("topic %s loaded, next offset %d", name, wal.next_offset)
+        self._on_topics_changed()
+        return topic
+
+    async def _close_stale_producers(self, name: TopicName) -> None:
+        """Set ``status`` false on every producer key of ``name`` still marked open.
+
+        Called when this broker loads the topic, before any producer is created on it here:
+        an open producer key can only belong to an earlier owner (or an earlier run of this
+        broker) whose connections are gone. Each write is conditional on the key's
+        ``mod_revision``, so a key changed meanwhile is left alone (§3.3).
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        kvs, _ = await self.store.get_prefix(keys.topic_producers_prefix(name))
+        for kv in kvs:
+            try:
+                producer = values.ProducerMetadata.from_json(kv.value)
+            except ValueError:
+                log.warning("ignoring malformed producer key %s", kv.key)
+                continue
+            if producer.status:
+                closed = dataclasses.replace(producer, status=False)
+                await self.store.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision)
+                log.info("producer %d (%s) on %s marked closed: its owner is gone",
+                         producer.producer_id, producer.producer_name, name)
+
+    async def unload_topic(self, name: TopicName) -> None:
+        """Stop serving ``name`` locally (its assignment was removed); its producers are closed."""
+        topic = self.topics.pop(name.path, None)
+        if topic is None:
+            return
+        for pid in [p for p, prod in self.producers.items() if prod.topic is topic]:
+            producer = self.producers.pop(pid)
+            with contextlib.suppress(MetadataStoreError):
+                await self.store.put(keys.topic_producer(name, pid), producer.metadata(status=False))
+        await topic.close()
+        self._on_topics_changed()
+        log.info("topic %s unloaded", name)
+
+    async def create_topic(self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
+        """Create ``name`` in etcd, assigned to this broker, and open it (§2-§3).
+
+        Returns:
+            False if the topic already existed (then nothing is written).
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+            OSError: the WAL cannot be created.
+        """
+        if self.cache.contains(keys.topic_root(name)):
+            return False
+        policy_key = keys.namespace_policy(name.namespace)
+        if not self.cache.contains(policy_key):
+            # Conditional: an operator's policy written (etcdctl put) just before this call may
+            # not have reached the cache yet, and must not be replaced by the defaults.
+            await self.store.put_if_absent(policy_key, values.NamespacePolicy())
+        items: list[tuple[str, Any]] = [
+            (keys.namespace_topic(name), None),
+            (keys.topic_root(name), 0),
+            (keys.topic_delivery(name), delivery.value),
+            (keys.topic_assignment(self.broker_id, name), None),
+        ]
+        revision = await self.store.put_many(items)
+        await self.cache.wait_for_revision(revision)
+        await self.load_topic(name)
+        log.info("topic %s created (%s)", name, delivery.value)
+        return True
+
+    async def topic_for(
+        self, name: TopicName, *, create: bool = False, delivery: DeliveryMode = DeliveryMode.RELIABLE
+    ) -> Topic:
+        """The local :class:`Topic` for ``name``, loading (or creating) it as needed.
+
+        Raises:
+            TopicNotFoundError: it does not exist and ``create`` is false.
+            NotServedHereError: it exists but is assigned to another broker.
+        """
+        topic = self.topics.get(name.path)
+        if topic is not None:
+            return topic
+        if not self.cache.contains(keys.topic_root(name)):
+            if not create:
+                raise TopicNotFoundError(name.path)
+            await self.create_topic(name, delivery=delivery)
+            return await self.load_topic(name)
+        if not self.is_assigned_here(name):
+            if self.assigned_broker(name) is None:
+                # nobody serves it: the broker being alone in the cluster, take it.
+                revision = await self.store.put(keys.topic_assignment(self.broker_id, name), None)
+                await self.cache.wait_for_revision(revision)
+            else:
+                raise NotServedHereError(name.path, self.broker_id)
+        return await self.load_topic(name)
+
+    def served_topic(self, path: str) -> Topic:
+        """The loaded topic at ``path``.
+
+        Raises:
+            NotServedHereError: this broker does not serve it (anymore).
+        """
+        topic = self.topics.get(path)
+        if topic is None or topic.closed:
+            raise NotServedHereError(path, self.broker_id)
+        return topic
+
+    # ------------------------------------------------------------------ discovery
+
+    async def lookup(self, name: TopicName) -> RegisteredBroker:
+        """The broker serving ``name``; an unassigned topic is taken by this broker.
+
+        Raises:
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: its owner is not registered.
+        """
+        if not self.cache.contains(keys.topic_root(name)):
+            raise TopicNotFoundError(name.path)
+        broker_id = self.assigned_broker(name)
+        if broker_id is None:  # unassigned: a broker alone in the cluster takes it
+            await self.topic_for(name)
+            broker_id = self.broker_id
+        raw = self.cache.get(keys.broker_register(broker_id))
+        if raw is None:
+            raise BrokerUnavailableError(f"broker {broker_id}", f"serves {name.path} but is not registered")
+        registration = values.BrokerRegistration.from_json(raw)
+        return RegisteredBroker(broker_id, registration.advertised_addr, self._broker_mode(broker_id))
+
+    def registered_brokers(self) -> list[RegisteredBroker]:
+        """Every broker under ``/cluster/register/`` with its state's mode (§1.2, §1.3)."""
+        out = []
+        for key, raw in self.cache.get_prefix(keys.BROKER_REGISTER_PREFIX).items():
+            suffix = key[len(keys.BROKER_REGISTER_PREFIX) :]
+            if not suffix.isdigit():
+                continue
+            try:
+                registration = values.BrokerRegistration.from_json(raw)
+            except ValueError:
+                continue
+            out.append(RegisteredBroker(int(suffix), registration.advertised_addr, self._broker_mode(int(suffix))))
+        return out
+
+    def _broker_mode(self, broker_id: int) -> str:
+        state = self.cache.get(keys.broker_state(broker_id))
+        return str(state.get("mode", "")) if isinstance(state, dict) else ""
+
+    def leader_id(self) -> int:
+        """The id in ``/cluster/leader`` (§1.7), 0 when none is recorded."""
+        leader = self.cache.get(keys.CLUSTER_LEADER)
+        return leader if isinstance(leader, int) and not isinstance(leader, bool) else 0
+
+    # ------------------------------------------------------------------ producers
+
+    async def create_producer(
+        self,
+        topic_path: str,
+        producer_name: str,
+        *,
+        access_mode: int,
+        schema_id: int = 0,
+        schema_version: int = 0,
+        delivery: DeliveryMode = DeliveryMode.RELIABLE,
+    ) -> Producer:
+        """Register a producer on a topic, creating the topic if needed (§3.3).
+
+        Args:
+            topic_path: ``/{namespace}/{topic}``.
+            producer_name: the producer's name.
+            access_mode: 0 = shared.
+            schema_id: the global schema id its payloads must match; 0 = none.
+            schema_version: the version within the schema's subject; 0 = the latest.
+            delivery: the delivery mode of a topic this call creates.
+
+        Raises:
+            InvalidNameError: a name is malformed.
+            SchemaNotFoundError, InvalidSchemaError: the schema is unknown or not Avro.
+            NotServedHereError: another broker owns the topic.
+            MetadataStoreError: etcd unreachable.
+        """
+        name = TopicName.parse(topic_path)
+        validate_part("producer", producer_name)
+        schema = parsed = None
+        if schema_id:
+            schema = await self.registry.get_by_id(schema_id, version=schema_version or None)
+            if schema.schema_type != "Avro":
+                raise InvalidSchemaError(schema.subject, f"unsupported schema type {schema.schema_type}")
+            parsed = parse_avro(schema.subject, schema.raw_schema)
+        topic = await self.topic_for(name, create=True, delivery=delivery)
+        producer = Producer(
+            id=_new_id(self.producers.keys()),
+            name=producer_name,
+            access_mode=access_mode,
+            topic=topic,
+            schema=schema,
+            parsed_schema=parsed,
+        )
+        await self.store.put(keys.topic_producer(name, producer.id), producer.metadata(status=True))
+        self.producers[producer.id] = producer
+        topic.producers[producer.id] = producer
+        log.info("producer %d (%s) on %s", producer.id, producer_name, name)
+        return producer
+
+    def served_producer(self, producer_id: int) -> tuple[Producer, Topic]:
+        """The open producer and the topic it publishes to, still served here.
+
+        Raises:
+            ProducerNotFoundError: unknown or closed, or its topic was reloaded since.
+            NotServedHereError: its topic is no longer served here.
+        """
+        producer = self.producers.get(producer_id)
+        if producer is None:
+            raise ProducerNotFoundError(producer_id)
+        topic = self.served_topic(producer.topic.path)
+        if topic is not producer.topic:  # the topic was reloaded: the producer is stale
+            self.producers.pop(producer_id, None)
+            raise ProducerNotFoundError(producer_id)
+        return producer, topic
+
+    def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
+        """Validate and enqueue ``messages`` of one producer (see :meth:`Topic.publish`).
+
+        Returns:
+            A future of ``(first_offset, last_offset)`` resolving after the WAL sync.
+
+        Raises:
+            ProducerNotFoundError, NotServedHereError: see :meth:`served_producer`.
+            MalformedRequestError, MessageTooLargeError, SchemaMismatchError: nothing written.
+        """
+        producer, topic = self.served_producer(producer_id)
+        return topic.publish(producer, messages)
+
+    async def close_producer(self, producer_id: int) -> None:
+        """Forget the producer and set ``status`` false in its key (§3.3).
+
+        Raises:
+            ProducerNotFoundError: unknown or already closed.
+            MetadataStoreError: etcd unreachable.
+        """
+        producer = self.producers.pop(producer_id, None)
+        if producer is None:
+            raise ProducerNotFoundError(producer_id)
+        producer.topic.producers.pop(producer.id, None)
+        await self.store.put(keys.topic_producer(producer.topic.name, producer.id), producer.metadata(status=False))
+
+    # ------------------------------------------------------------------ consumers
+
+    async def subscribe(
+        self,
+        topic_path: str,
+        subscription: str,
+        *,
+        subscription_type: SubscriptionType,
+        consumer_name: str,
+        initial_position: InitialPosition,
+        receiver_queue_size: int,
+    ) -> Consumer:
+        """Attach a new consumer to a subscription of a topic served here (§3.4).
+
+        Raises:
+            InvalidNameError: a name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            NotServedHereError: another broker owns it.
+            SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
+            MetadataStoreError: etcd unreachable.
+        """
+        name = TopicName.parse(topic_path)
+        validate_part("subscription", subscription)
+        validate_part("consumer", consumer_name)
+        topic = await self.topic_for(name)
+        consumer = await topic.subscribe(
+            subscription=subscription,
+            subscription_type=subscription_type,
+            consumer_id=_new_id(self.consumers.keys()),
+            consumer_name=consumer_name,
+            earliest=initial_position is InitialPosition.EARLIEST,
+            receiver_queue_size=receiver_queue_size,
+        )
+        self._remember_consumer(consumer)
+        log.info("consumer %d (%s) subscribed %s/%s as %s",
+                 consumer.id, consumer_name, name, subscription, subscription_type.name)
+        return consumer
+
+    def consumer(self, consumer_id: int, *, open_only: bool = False) -> Consumer:
+        """The consumer ``consumer_id``; closed ones are remembered a while for late acks.
+
+        Raises:
+            ConsumerNotFoundError: never known, forgotten, or closed when ``open_only``.
+        """
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None or (open_only and consumer.closed):
+            raise ConsumerNotFoundError(consumer_id)
+        return consumer
+
+    def ack(self, consumer_id: int, offsets: Iterable[int]) -> None:
+        """Acknowledge ``offsets`` on the consumer's subscription.
+
+        Raises:
+            ConsumerNotFoundError: unknown consumer.
+        """
+        self.consumer(consumer_id).subscription.ack(offsets)
+
+    async def close_consumer(self, consumer_id: int) -> None:
+        """Detach the consumer (its unacknowledged messages are redelivered) and store the cursor.
+
+        Raises:
+            ConsumerNotFoundError: unknown consumer.
+            MetadataStoreError: the cursor could not be stored.
+        """
+        consumer = self.consumer(consumer_id)
+        sub = consumer.subscription
+        sub.remove_consumer(consumer, reason="closed by client")
+        await sub.flush_cursor()
+
+    def _remember_consumer(self, consumer: Consumer) -> None:
+        self.consumers[consumer.id] = consumer
+        while len(self.consumers) > _MAX_REMEMBERED_CLOSED_CONSUMERS:
+            oldest_id, oldest = next(iter(self.consumers.items()))
+            if not oldest.closed:
+                self.consumers.move_to_end(oldest_id)
+                break
+            del self.consumers[oldest_id]
+
+
+__all__ = ["Broker", "RegisteredBroker"]

@@ -1,0 +1,191 @@
+"""The broker's membership in the cluster: registration under a lease, its state, leader
+candidacy and load reports (``docs/etcd-layout.md`` §1).
+
+On :meth:`Membership.join` the broker writes ``/cluster/register/{id}`` under its lease,
+``/cluster/{cluster_name}``, ``/cluster/brokers/{id}/state`` (``active``), runs for
+``/cluster/leader`` (create-if-absent under the lease) and publishes ``/cluster/load/{id}``.
+A background task refreshes the load report and registers again if the lease was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import Lease, MetadataStore, WatchEvent, WatchEventType
+
+log = logging.getLogger(__name__)
+
+
+def _cpu_percent() -> int:
+    """The 1-minute load average as a percentage of the CPUs (0 when unknown)."""
+    try:
+        return int(round(os.getloadavg()[0] / (os.cpu_count() or 1) * 100))
+    except OSError:
+        return 0
+
+
+def _memory_percent() -> int:
+    """Used memory (``MemTotal - MemAvailable``) as a percentage (0 when unknown)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, ZeroDivisionError):
+        info: dict[str, int] = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                info[name] = int(rest.split()[0])
+        return int(round((info["MemTotal"] - info["MemAvailable"]) / info["MemTotal"] * 100))
+    return 0
+
+
+class Membership:
+    """Registration, state, leadership and load reports of one broker.
+
+    Args:
+        broker_id: the broker's u64 id.
+        advertised_addr: ``host:port`` clients use.
+        cluster_name: written as ``/cluster/{cluster_name}`` (§1.1).
+        store: etcd, for writes.
+        cache: the LocalCache (leader changes are followed through it).
+        lease_ttl_s: TTL of the registration lease, in seconds (§1.2).
+        load_report_interval_s: how often ``/cluster/load/{id}`` is refreshed (§1.6).
+        topic_list: returns the topics served here, ``/ns/topic`` sorted, for the load report.
+    """
+
+    def __init__(
+        self,
+        *,
+        broker_id: int,
+        advertised_addr: str,
+        cluster_name: str,
+        store: MetadataStore,
+        cache: LocalCache,
+        lease_ttl_s: int,
+        load_report_interval_s: float,
+        topic_list: Callable[[], list[str]],
+    ) -> None:
+        self.broker_id = broker_id
+        self.advertised_addr = advertised_addr
+        self.cluster_name = cluster_name
+        self.store = store
+        self.cache = cache
+        self.lease_ttl_s = lease_ttl_s
+        self.load_report_interval_s = load_report_interval_s
+        self._topic_list = topic_list
+        self._lease: Lease | None = None
+        self._is_leader = False
+        self._leaving = False
+        self._report_wake = asyncio.Event()
+        self._reporter: asyncio.Task[None] | None = None
+        self._remove_listener: Callable[[], None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this broker holds ``/cluster/leader`` (§1.7)."""
+        return self._is_leader
+
+    async def join(self) -> None:
+        """Register, mark active, run for leader, publish the load report, start reporting.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        await self._register()
+        self._remove_listener = self.cache.add_listener(keys.CLUSTER_LEADER, self._on_leader_event)
+        self._reporter = asyncio.create_task(self._load_reporter(), name="load-report")
+
+    def topics_changed(self) -> None:
+        """Publish a new load report soon (a topic was loaded or unloaded)."""
+        self._report_wake.set()
+
+    async def _register(self) -> None:
+        self._lease = await self.store.grant_lease(self.lease_ttl_s)
+        registration = values.BrokerRegistration(
+            admin_addr=f"http://{self.advertised_addr}",
+            advertised_addr=self.advertised_addr,
+            broker_addr=f"http://{self.advertised_addr}",
+            prom_exporter=None,
+        )
+        await self.store.put(keys.broker_register(self.broker_id), registration, lease=self._lease)
+        await self.store.put_many(
+            [
+                (keys.cluster_name(self.cluster_name), None),
+                (keys.broker_state(self.broker_id), values.BrokerState(mode="active", reason="boot")),
+            ]
+        )
+        await self._campaign()
+        revision = await self.store.put(keys.load_report(self.broker_id), self.load_report())
+        await self.cache.wait_for_revision(revision)
+
+    async def _campaign(self) -> None:
+        if self._leaving or self._lease is None:
+            return
+        try:
+            won = await self.store.put_if_absent(keys.CLUSTER_LEADER, self.broker_id, lease=self._lease)
+        except Exception as exc:  # noqa: BLE001 - retried on the next leader change
+            log.warning("leader election failed: %s", exc)
+            return
+        if won:
+            self._is_leader = True
+            log.info("broker %d is the cluster leader", self.broker_id)
+
+    def _on_leader_event(self, event: WatchEvent) -> None:
+        if event.key == keys.CLUSTER_LEADER and event.type is WatchEventType.DELETE and not self._leaving:
+            self._is_leader = False
+            asyncio.get_running_loop().create_task(self._campaign())
+
+    def load_report(self) -> values.LoadReport:
+        """The value of ``/cluster/load/{id}`` now (§1.6)."""
+        topic_list = self._topic_list()
+        return values.LoadReport(
+            resources_usage=[
+                values.ResourceUsage("CPU", _cpu_percent()),
+                values.ResourceUsage("Memory", _memory_percent()),
+            ],
+            topic_list=topic_list,
+            topics_len=len(topic_list),
+        )
+
+    async def _load_reporter(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._report_wake.wait(), self.load_report_interval_s)
+            self._report_wake.clear()
+            try:
+                if self._lease is not None and self._lease.expired:
+                    log.warning("registration lease %d expired; registering again", self._lease.id)
+                    await self._register()
+                await self.store.put(keys.load_report(self.broker_id), self.load_report())
+            except Exception as exc:  # noqa: BLE001
+                log.warning("load report failed: %s", exc)
+
+    async def mark_draining(self, reason: str) -> None:
+        """Write state ``draining`` (§1.3); a failure is logged."""
+        self._leaving = True
+        try:
+            await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="draining", reason=reason))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cannot record draining state: %s", exc)
+
+    async def leave(self) -> None:
+        """Stop reporting and revoke the lease: registration and leadership go with it."""
+        self._leaving = True
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        if self._reporter is not None:
+            self._reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reporter
+        if self._lease is not None:
+            try:
+                await self._lease.revoke()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot revoke lease: %s", exc)
+
+
+__all__ = ["Membership"]

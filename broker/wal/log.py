@@ -1,0 +1,586 @@
+"""The per-topic write-ahead log: append with group commit, seal, read.
+
+A topic's WAL is a directory of segment files (:mod:`broker.wal.segment`): sealed, immutable
+``{start:020d}-{end:020d}.dnb1`` files and one active ``{start:020d}.log``; offsets are
+contiguous across them. :mod:`broker.wal.recovery` brings the directory back at open.
+
+Group commit: :meth:`WriteAheadLog.enqueue` assigns offsets at once and queues the messages;
+one writer task takes everything queued since its previous write and does ONE ``os.write`` and
+ONE ``os.fdatasync`` in a worker thread (so the event loop keeps accepting appends meanwhile),
+then resolves every waiting future. A producer is acknowledged only after the ``fdatasync``
+that covers its messages.
+
+All file descriptors are opened, closed and renamed from the event loop or from the writer
+while it holds the I/O lock, and reads are synchronous ``os.pread`` calls from the event loop,
+so a reader never races a rename or a close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from danube_pipeline.records import Record
+
+from broker.tasks import run_to_completion
+from broker.wal.pending import PendingAppend, PendingMessage, encode_appends, estimated_size_bytes
+from broker.wal.recovery import LogLoader
+from broker.wal.segment import (
+    DEFAULT_INDEX_INTERVAL_BYTES,
+    SealedSegment,
+    Segment,
+    create_active_segment,
+    fsync_dir,
+    now_ms,
+    sealed_name,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_OPEN_SEALED_FDS = 64
+
+
+class WriteAheadLog:
+    """Durable, append-only log of one topic, made of ``dnb1`` segment files.
+
+    Open it with :meth:`open` and close it with :meth:`close`. ``sync_count`` and
+    ``record_count`` count the ``fdatasync`` calls and records written since it was opened.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_max_bytes: int,
+        segment_max_age_s: float,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+    ) -> None:
+        self.directory = directory
+        self.segment_max_bytes = segment_max_bytes
+        self.segment_max_age_s = segment_max_age_s
+        self.index_interval_bytes = index_interval_bytes
+        self.sync_count = 0
+        self.record_count = 0
+        self._sealed: list[Segment] = []
+        self._sealed_starts: list[int] = []
+        self._active: Segment | None = None
+        self._active_first_append_s: float | None = None
+        self._next_offset = 0  # next offset enqueue hands out
+        self._queue: list[PendingAppend] = []
+        self._wakeup = asyncio.Event()
+        self._advanced = asyncio.Event()
+        self._io_lock = asyncio.Lock()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._timer_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._roll_pending = False  # the active segment was sealed but no new one exists yet
+        self._listeners: list[Callable[[int], None]] = []
+        self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        segment_max_bytes: int = 8 * 1024 * 1024,
+        segment_max_age_s: float = 60.0,
+        initial_offset: int = 0,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+    ) -> WriteAheadLog:
+        """Open (or create) the WAL in ``directory``, recovering its files.
+
+        Recovery follows :mod:`broker.wal.recovery`: a torn or corrupt tail of the active
+        segment is truncated (and logged); appends continue at the last good offset + 1.
+
+        Args:
+            directory: the topic's WAL directory, created if missing.
+            segment_max_bytes: the active segment is sealed once it reaches this size.
+            segment_max_age_s: a non-empty active segment is sealed once its first record is
+                this old.
+            initial_offset: the first offset when the WAL holds no record at all
+                (``docs/etcd-layout.md`` §5.3: ``last_committed_offset + 1`` after a topic move).
+            index_interval_bytes: spacing of the sparse read index.
+
+        Raises:
+            CorruptRecordError: a sealed segment's name or header is unusable, the newest one
+                holds fewer records than its name says, or the active segment overlaps the
+                sealed ones with records beyond them (the same offsets would exist twice).
+            OSError: the directory or files cannot be read or written.
+        """
+        wal = cls(
+            Path(directory),
+            segment_max_bytes=segment_max_bytes,
+            segment_max_age_s=segment_max_age_s,
+            index_interval_bytes=index_interval_bytes,
+        )
+        await asyncio.to_thread(wal._load, initial_offset)
+        wal._writer_task = asyncio.create_task(wal._writer(), name=f"wal-writer:{directory}")
+        wal._timer_task = asyncio.create_task(wal._age_timer(), name=f"wal-timer:{directory}")
+        return wal
+
+    async def close(self) -> None:
+        """Write everything queued, sync, and close the files. Appends fail afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer_task is not None:
+            # Never cancel the age timer in the middle of a seal: wait for the I/O lock (held
+            # for the whole seal) and cancel it while it sleeps or waits for the lock.
+            async with self._io_lock:
+                self._timer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer_task
+        self._wakeup.set()
+        if self._writer_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer_task
+        async with self._io_lock:
+            active = self._active
+            if active is not None and active.fd is not None:
+                fd = active.fd
+                active.fd = None
+                await asyncio.to_thread(self._sync_and_close, fd)
+            for seg in self._open_sealed_fds:
+                if seg.fd is not None:
+                    os.close(seg.fd)
+                    seg.fd = None
+            self._open_sealed_fds.clear()
+        self._advanced.set()
+
+    @staticmethod
+    def _sync_and_close(fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _load(self, initial_offset: int) -> None:
+        loaded = LogLoader(self.directory, index_interval_bytes=self.index_interval_bytes).load(initial_offset)
+        self._sealed = loaded.sealed
+        self._sealed_starts = [seg.start for seg in loaded.sealed]
+        self._active = loaded.active
+        self._active_first_append_s = loaded.first_append_s
+        self._next_offset = loaded.active.end + 1
+
+    def _create_active(self, start: int) -> Segment:
+        return create_active_segment(self.directory, start, self.index_interval_bytes)
+
+    # ------------------------------------------------------------------ appending
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next enqueued message will get."""
+        return self._next_offset
+
+    @property
+    def durable_end(self) -> int:
+        """One past the last durable offset: every offset below it is on disk and readable."""
+        assert self._active is not None
+        return self._active.end + 1
+
+    @property
+    def first_offset(self) -> int:
+        """The lowest offset still held locally (the first segment's start)."""
+        if self._sealed:
+            return self._sealed[0].start
+        assert self._active is not None
+        return self._active.start
+
+    def enqueue(self, messages: Sequence[PendingMessage]) -> asyncio.Future[tuple[int, int]]:
+        """Give ``messages`` contiguous offsets now and queue them for the next group commit.
+
+        Calling this in order from one task keeps that order on disk.
+
+        Returns:
+            A future resolving to ``(first_offset, last_offset)`` after the ``fdatasync`` that
+            makes them durable, or failing with the ``OSError`` of the write.
+
+        Raises:
+            ValueError: if ``messages`` is empty.
+            RuntimeError: if the WAL is closed or a previous write failed unrecoverably.
+        """
+        if not messages:
+            raise ValueError("nothing to append")
+        if self._closed:
+            raise RuntimeError(f"WAL {self.directory} is closed")
+        if self._failed is not None:
+            raise RuntimeError(f"WAL {self.directory} failed: {self._failed}")
+        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._queue.append(PendingAppend(self._next_offset, messages, fut, estimated_size_bytes(messages)))
+        self._next_offset += len(messages)
+        self._wakeup.set()
+        return fut
+
+    async def append(self, messages: Sequence[PendingMessage]) -> tuple[int, int]:
+        """Append ``messages`` and return ``(first_offset, last_offset)`` once durable.
+
+        Cancelling the caller does not cancel the write.
+
+        Raises:
+            ValueError, RuntimeError: see :meth:`enqueue`.
+            OSError: the write or ``fdatasync`` failed (nothing of the batch is kept).
+        """
+        return await asyncio.shield(self.enqueue(messages))
+
+    def add_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``callback(durable_end)`` whenever the durable end advances; returns a remover."""
+        self._listeners.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(callback)
+
+        return remove
+
+    async def wait_for_offset(self, offset: int, *, timeout_s: float | None = None) -> bool:
+        """Wait until ``offset`` is durable (``durable_end > offset``).
+
+        Returns:
+            True if it is, False on timeout or once the WAL is closed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while self.durable_end <= offset and not self._closed:
+            event = self._advanced
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return False
+        return self.durable_end > offset
+
+    def _wake_waiters(self) -> None:
+        """Wake every ``await self._advanced.wait()``: a write round ended (written or failed)."""
+        event, self._advanced = self._advanced, asyncio.Event()
+        event.set()
+
+    def _signal_advanced(self) -> None:
+        self._wake_waiters()
+        end = self.durable_end
+        for cb in list(self._listeners):
+            try:
+                cb(end)
+            except Exception:  # a listener must not break the writer
+                log.exception("WAL listener failed")
+
+    async def _writer(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closed:
+                    return
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            async with self._io_lock:
+                if self._roll_pending:
+                    try:
+                        await run_to_completion(self._finish_roll())
+                    except OSError as exc:
+                        self._fail_queued(exc)
+                        continue
+                batch = self._take_batch()
+                await self._write_batch(batch)
+                active = self._active
+                if (
+                    self._failed is None
+                    and active is not None
+                    and active.length >= self.segment_max_bytes
+                    and active.end >= active.start
+                ):
+                    try:
+                        await self._seal_locked()
+                    except OSError:  # keep appending to the active segment; retried next write
+                        log.exception("WAL %s: sealing by size failed", self.directory)
+
+    def _take_batch(self) -> list[PendingAppend]:
+        """Everything queued, but no more than fits the active segment (at least one append),
+        so segments stay close to ``segment_max_bytes``; the rest goes after the roll."""
+        assert self._active is not None
+        room = self.segment_max_bytes - self._active.length
+        taken = 0
+        size = 0
+        for item in self._queue:
+            if taken and size + item.estimated_bytes > room:
+                break
+            size += item.estimated_bytes
+            taken += 1
+        batch, self._queue = self._queue[:taken], self._queue[taken:]
+        return batch
+
+    async def _write_batch(self, batch: list[PendingAppend]) -> None:
+        active = self._active
+        assert active is not None and active.fd is not None
+        fd = active.fd
+        start_length = active.length
+
+        def work() -> tuple[int, list[tuple[int, int]]]:
+            data, positions = encode_appends(batch, start_length)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fdatasync(fd)
+            return len(data), positions
+
+        try:
+            size, positions = await asyncio.to_thread(work)
+        except BaseException as exc:
+            self._fail_batch(batch, exc, fd, start_length)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self.sync_count += 1
+        self.record_count += len(positions)
+        assert active.index is not None
+        for offset, pos in positions:
+            active.index.add(offset, pos)
+        active.length = start_length + size
+        active.end = positions[-1][0]
+        if self._active_first_append_s is None:
+            self._active_first_append_s = time.time()
+        self._signal_advanced()
+        for item in batch:
+            if not item.future.done():
+                item.future.set_result((item.first_offset, item.first_offset + len(item.messages) - 1))
+
+    def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
+        """A write failed: drop the batch and everything queued after it (their offsets were
+        never acknowledged), cut the file back, and hand the offsets out again."""
+        log.error("WAL %s: write failed, failing %d queued appends: %s", self.directory, len(batch) + len(self._queue), exc)
+        failed = batch + self._queue
+        self._queue = []
+        assert self._active is not None
+        self._next_offset = self._active.end + 1
+        try:
+            os.ftruncate(fd, good_length)
+            os.fsync(fd)
+        except OSError as trunc_exc:
+            self._failed = trunc_exc
+            log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self.directory, trunc_exc)
+        error = exc if isinstance(exc, Exception) else OSError(str(exc))
+        for item in failed:
+            if not item.future.done():
+                item.future.set_exception(error)
+        self._wake_waiters()  # offsets were handed back: waiters such as seal_active re-check
+
+    def _fail_queued(self, exc: OSError) -> None:
+        """No active segment to write to: fail everything queued (nothing was written)."""
+        log.error("WAL %s: no active segment, failing %d queued appends: %s", self.directory, len(self._queue), exc)
+        failed, self._queue = self._queue, []
+        assert self._active is not None
+        self._next_offset = self._active.end + 1
+        for item in failed:
+            if not item.future.done():
+                item.future.set_exception(exc)
+        self._wake_waiters()
+
+    # ------------------------------------------------------------------ sealing
+
+    async def seal_active(self) -> SealedSegment | None:
+        """Seal the active segment now, after every message enqueued before this call is written.
+
+        Returns:
+            The new sealed segment, or ``None`` if the active segment held no record.
+
+        Raises:
+            OSError: sync, rename or directory sync failed.
+        """
+        target = self._next_offset
+        # Wait until every append enqueued before this call is either durable or failed: a
+        # failed write hands its offsets back (``_next_offset`` drops), which ends the wait too.
+        while True:
+            event = self._advanced
+            if self._closed or self.durable_end >= min(target, self._next_offset):
+                break
+            await event.wait()
+        async with self._io_lock:
+            return await self._seal_locked()
+
+    async def _seal_locked(self) -> SealedSegment | None:
+        """Seal the active segment; the caller holds the I/O lock.
+
+        Cancellation-safe: once started, the seal (sync, rename, new active segment, state
+        update) runs to its end even if the caller is cancelled, and the caller's
+        cancellation is delivered only afterwards, so the I/O lock is never released while
+        the files and the in-memory state disagree.
+        """
+        if self._roll_pending:
+            await run_to_completion(self._finish_roll())
+            return None
+        active = self._active
+        if active is None or active.end < active.start or active.fd is None:
+            return None
+        return await run_to_completion(self._seal_steps(active))
+
+    async def _seal_steps(self, active: Segment) -> SealedSegment:
+        assert active.fd is not None
+        fd = active.fd
+        new_path = self.directory / sealed_name(active.start, active.end)
+        old_path = active.path
+
+        def work() -> OSError | None:
+            os.fdatasync(fd)
+            os.rename(old_path, new_path)
+            try:
+                fsync_dir(self.directory)
+            except OSError as exc:  # the rename happened: the state must follow it
+                return exc
+            return None
+
+        dir_error = await asyncio.to_thread(work)
+        # From here on the file is sealed on disk: never append to it again.
+        self.sync_count += 1
+        if dir_error is not None:
+            log.warning(
+                "WAL %s: directory sync after sealing %s failed (retried with the next segment): %s",
+                self.directory, new_path.name, dir_error,
+            )
+        create_error: OSError | None = None
+        new_active: Segment | None = None
+        try:
+            # Creating the new active segment syncs the directory again (covering the rename).
+            new_active = await asyncio.to_thread(self._create_active, active.end + 1)
+        except OSError as exc:
+            create_error = exc
+        # Publish the new state in one step (no await in between).
+        active.path = new_path
+        active.sealed_at_ms = now_ms()
+        self._sealed.append(active)
+        self._sealed_starts.append(active.start)
+        self._active_first_append_s = None
+        if new_active is not None:
+            self._active = new_active
+            self._remember_sealed_fd(active)
+        else:
+            # ``_active`` stays the sealed segment (for reads and durable_end) until a new
+            # active segment exists; the writer creates it before its next write.
+            self._roll_pending = True
+        log.info("WAL %s: sealed %s (%d bytes)", self.directory, new_path.name, active.length)
+        if create_error is not None:
+            log.error("WAL %s: cannot create the next active segment: %s", self.directory, create_error)
+            raise create_error
+        return active.info()
+
+    async def _finish_roll(self) -> None:
+        """Create the active segment that a seal could not create; the caller holds the lock."""
+        sealed = self._active
+        assert sealed is not None and self._roll_pending
+        new_active = await asyncio.to_thread(self._create_active, sealed.end + 1)
+        self._active = new_active
+        self._roll_pending = False
+        self._remember_sealed_fd(sealed)
+
+    async def _age_timer(self) -> None:
+        interval = min(1.0, max(0.01, self.segment_max_age_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            first = self._active_first_append_s
+            if first is None or time.time() - first < self.segment_max_age_s:
+                continue
+            try:
+                async with self._io_lock:
+                    if self._closed:
+                        return
+                    first = self._active_first_append_s
+                    if first is not None and time.time() - first >= self.segment_max_age_s:
+                        await self._seal_locked()
+            except OSError:
+                log.exception("WAL %s: sealing by age failed", self.directory)
+
+    def sealed_segments(self) -> list[SealedSegment]:
+        """Every sealed segment, ascending by start offset."""
+        return [s.info() for s in self._sealed]
+
+    def sealed_segment(self, start_offset: int) -> SealedSegment | None:
+        """The sealed segment starting at ``start_offset``, or ``None``."""
+        i = bisect.bisect_left(self._sealed_starts, start_offset)
+        if i < len(self._sealed) and self._sealed[i].start == start_offset:
+            return self._sealed[i].info()
+        return None
+
+    @property
+    def active_path(self) -> Path:
+        """Path of the active ``.log`` segment."""
+        assert self._active is not None
+        return self._active.path
+
+    # ------------------------------------------------------------------ reading
+
+    def _remember_sealed_fd(self, seg: Segment) -> None:
+        if seg in self._open_sealed_fds:
+            self._open_sealed_fds.remove(seg)
+        self._open_sealed_fds.append(seg)
+        while len(self._open_sealed_fds) > _MAX_OPEN_SEALED_FDS:
+            old = self._open_sealed_fds.pop(0)
+            if old.fd is not None:
+                os.close(old.fd)
+                old.fd = None
+
+    def _sealed_fd(self, seg: Segment) -> int:
+        if seg.fd is None:
+            seg.fd = os.open(seg.path, os.O_RDONLY)
+        self._remember_sealed_fd(seg)
+        return seg.fd
+
+    def read(self, from_offset: int, max_records: int, *, max_bytes: int = 4 * 1024 * 1024) -> list[Record]:
+        """Read durable records starting at ``from_offset``.
+
+        Uses each segment's sparse index, so a read costs at most one index interval of extra
+        bytes. Crosses from sealed segments into later ones as needed.
+
+        Args:
+            from_offset: first offset wanted; below :attr:`first_offset` reads start there.
+            max_records: at most this many records.
+            max_bytes: stop once this many record bytes were read (at least one record is
+                returned if available).
+
+        Returns:
+            Records with contiguous offsets (possibly empty when nothing is durable yet).
+
+        Raises:
+            CorruptRecordError: a durable record fails its CRC (disk corruption).
+        """
+        out: list[Record] = []
+        if self._active is None or max_records <= 0:
+            return out
+        offset = max(from_offset, self.first_offset)
+        budget = max_bytes
+        while len(out) < max_records and offset < self.durable_end and budget > 0:
+            seg = self._segment_for(offset)
+            if seg is None:
+                break
+            if seg is self._active:
+                assert seg.fd is not None
+                fd = seg.fd
+            else:
+                fd = self._sealed_fd(seg)
+            seg.ensure_index(fd, self.index_interval_bytes)
+            got, used = seg.read(fd, offset, max_records - len(out), budget)
+            if not got:
+                break
+            out.extend(got)
+            budget -= used
+            offset = got[-1].offset + 1
+        return out
+
+    def _segment_for(self, offset: int) -> Segment | None:
+        active = self._active
+        assert active is not None
+        if offset >= active.start:
+            return active
+        i = bisect.bisect_right(self._sealed_starts, offset) - 1
+        if i < 0:
+            return None
+        seg = self._sealed[i]
+        return seg if offset <= seg.end else None

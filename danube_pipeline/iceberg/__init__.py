@@ -1,0 +1,55 @@
+"""The Iceberg side of tiered storage, one module per concept (as pyiceberg is laid out):
+
+* :mod:`.catalog`: the shared SQL catalog and the topic tables in it;
+* :mod:`.schema`: Avro schemas to Iceberg schemas;
+* :mod:`.arrow`: records to the Arrow table an append writes;
+* :mod:`.append`: the exactly-once append (offsets in snapshot summaries).
+"""
+
+from danube_pipeline.iceberg.append import (
+    SUMMARY_END_OFFSET,
+    SUMMARY_OBJECT_ID,
+    SUMMARY_START_OFFSET,
+    SUMMARY_TOPIC,
+    AppendResult,
+    append_records,
+    committed_end_offset,
+)
+from danube_pipeline.iceberg.arrow import arrow_table_for_records
+from danube_pipeline.iceberg.catalog import (
+    data_file_count,
+    ensure_table,
+    load_catalog,
+    read_offsets,
+    row_count,
+    table_identifier,
+)
+from danube_pipeline.iceberg.schema import (
+    METADATA_COLUMNS,
+    PAYLOAD_COLUMN,
+    VALUE_COLUMN,
+    iceberg_schema_for_avro,
+    widen_avro_schema,
+)
+
+__all__ = [
+    "METADATA_COLUMNS",
+    "PAYLOAD_COLUMN",
+    "SUMMARY_END_OFFSET",
+    "SUMMARY_OBJECT_ID",
+    "SUMMARY_START_OFFSET",
+    "SUMMARY_TOPIC",
+    "VALUE_COLUMN",
+    "AppendResult",
+    "append_records",
+    "arrow_table_for_records",
+    "committed_end_offset",
+    "data_file_count",
+    "ensure_table",
+    "iceberg_schema_for_avro",
+    "load_catalog",
+    "read_offsets",
+    "row_count",
+    "table_identifier",
+    "widen_avro_schema",
+]

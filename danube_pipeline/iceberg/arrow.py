@@ -1,0 +1,134 @@
+"""Records to Arrow: the table :func:`~danube_pipeline.iceberg.append.append_records` appends."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+
+from danube_pipeline.errors import SchemaMismatchError
+from danube_pipeline.iceberg.schema import PAYLOAD_COLUMN, as_avro_dict, payload_columns, schema_from_columns
+from danube_pipeline.records import Record
+
+__all__ = ["arrow_table_for_records"]
+
+
+_U64_SIGN = 1 << 63
+
+
+def _as_signed64(value: int) -> int:
+    """A u64 (Danube producer ids are random u64s, seed ``000`` §3.3) as the int64 with the
+    same 64 bits, since Iceberg's ``long`` is signed. ``value & (2**64 - 1)`` reverses it."""
+    return value - (1 << 64) if value >= _U64_SIGN else value
+
+
+class _ParsedSchemas:
+    """fastavro-parsed schemas, parsed once each."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, Any] = {}
+
+    def get(self, schema: Mapping[str, Any]) -> Any:
+        key = id(schema)
+        parsed = self._cache.get(key)
+        if parsed is None:
+            parsed = fastavro.parse_schema(dict(schema))
+            self._cache[key] = parsed
+        return parsed
+
+
+def arrow_table_for_records(
+    records: Sequence[Record],
+    avro_schema: Mapping[str, Any] | str | None,
+    *,
+    writer_schemas: Mapping[tuple[int, int], Mapping[str, Any] | str] | None = None,
+    iceberg_schema: Schema | None = None,
+) -> pa.Table:
+    """Build the Arrow table that :func:`append_records` appends.
+
+    Each payload is decoded once with ``fastavro.schemaless_reader``, using the schema the
+    record was written with when ``writer_schemas`` has its ``(schema_id, schema_version)``
+    and ``avro_schema`` otherwise. Columns are filled by field name from the table schema
+    (``avro_schema``), so a field the writer schema lacks is null.
+
+    Args:
+        records: the records, in offset order.
+        avro_schema: the table's Avro schema (the latest version), or ``None`` for ``_payload``.
+        writer_schemas: Avro schema per ``(schema_id, schema_version)`` found in ``records``.
+        iceberg_schema: the target table's schema; defaults to
+            :func:`iceberg_schema_for_avro` of ``avro_schema``. Columns of the table that the
+            Avro schema does not produce are filled with nulls.
+
+    Returns:
+        A ``pyarrow.Table`` whose schema matches the Iceberg schema (required columns
+        non-nullable).
+
+    Raises:
+        SchemaMismatchError: a payload does not decode with its schema.
+    """
+    table_avro = as_avro_dict(avro_schema) if avro_schema is not None else None
+    columns = payload_columns(table_avro) if table_avro is not None else None
+    schema = iceberg_schema or schema_from_columns(columns)
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
+
+    n = len(records)
+    data: dict[str, list[Any]] = {
+        "_offset": [r.offset for r in records],
+        "_publish_time": [r.publish_time_us for r in records],
+        "_producer_id": [_as_signed64(r.producer_id) for r in records],
+        "_producer_name": [r.producer_name for r in records],
+        "_schema_id": [r.schema_id for r in records],
+        "_schema_version": [r.schema_version for r in records],
+        "_attributes": [list(r.attributes.items()) for r in records],
+    }
+    if columns is None:
+        data[PAYLOAD_COLUMN] = [r.payload for r in records]
+    else:
+        assert table_avro is not None
+        parsed = _ParsedSchemas()
+        writers = {k: as_avro_dict(v) for k, v in (writer_schemas or {}).items()}
+        default_writer = parsed.get(table_avro)
+        is_record = table_avro.get("type") in ("record", "error")
+        values: list[list[Any]] = [[None] * n for _ in columns]
+        names = [c.name for c in columns]
+        convs = [c.convert for c in columns]
+        writer_cache: dict[tuple[int, int], Any] = {}
+        for i, r in enumerate(records):
+            key = (r.schema_id, r.schema_version)
+            writer = writer_cache.get(key)
+            if writer is None:
+                w = writers.get(key)
+                writer = parsed.get(w) if w is not None else default_writer
+                writer_cache[key] = writer
+            try:
+                decoded = fastavro.schemaless_reader(io.BytesIO(r.payload), writer, None)
+            except Exception as exc:  # noqa: BLE001 - any decode failure is a mismatch
+                raise SchemaMismatchError(
+                    str(table_avro.get("name", "?")), r.schema_id, f"offset {r.offset}: {exc}"
+                ) from exc
+            if is_record:
+                if not isinstance(decoded, dict):
+                    raise SchemaMismatchError(
+                        str(table_avro.get("name", "?")), r.schema_id, f"offset {r.offset}: not a record"
+                    )
+                for j, name in enumerate(names):
+                    v = decoded.get(name)
+                    values[j][i] = None if v is None else convs[j](v)
+            else:
+                values[0][i] = None if decoded is None else convs[0](decoded)
+        for name, col in zip(names, values, strict=True):
+            data[name] = col
+
+    arrays = []
+    for f in arrow_schema:
+        values_for_field = data.get(f.name)
+        if values_for_field is None:
+            arrays.append(pa.nulls(n, type=f.type))
+        else:
+            arrays.append(pa.array(values_for_field, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema)

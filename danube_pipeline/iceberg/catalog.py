@@ -1,0 +1,122 @@
+"""The shared Iceberg SQL catalog and the topic tables in it.
+
+A topic ``/{ns}/{topic}`` maps to the Iceberg table ``(ns, topic)`` (Iceberg namespace = Danube
+namespace) in the SQL catalog that pyiceberg's ``SqlCatalog`` and Spark's ``JdbcCatalog`` both
+use (see :mod:`danube_pipeline.spark`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from danube_pipeline import settings
+from danube_pipeline.iceberg.schema import iceberg_schema_for_avro
+from danube_pipeline.names import TopicName
+
+__all__ = ["data_file_count", "ensure_table", "load_catalog", "read_offsets", "row_count", "table_identifier"]
+
+
+def load_catalog(
+    *,
+    name: str | None = None,
+    uri: str | None = None,
+    warehouse: str | None = None,
+) -> SqlCatalog:
+    """Open the shared pyiceberg ``SqlCatalog`` (creating the SQLite file's directory).
+
+    Args:
+        name: catalog name; Spark uses the same one (``spark.sql.catalog.<name>``). Defaults to
+            ``settings.catalog_name()``.
+        uri: SQLAlchemy URI, e.g. ``sqlite:////abs/catalog.db``. Defaults to
+            ``settings.catalog_uri()``.
+        warehouse: warehouse URL, e.g. ``file:///abs/warehouse``. Defaults to
+            ``settings.warehouse_url()``.
+    """
+    name = name or settings.catalog_name()
+    uri = uri or settings.catalog_uri()
+    warehouse = warehouse or settings.warehouse_url()
+    if uri.startswith("sqlite:///"):
+        db_path = uri[len("sqlite:///") :].split("?", 1)[0]
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+            _use_sqlite_wal(db_path)
+    parsed = urlparse(warehouse)
+    if parsed.scheme in ("", "file"):
+        Path(parsed.path or warehouse).mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(name, uri=uri, warehouse=warehouse)
+
+
+def _use_sqlite_wal(db_path: str) -> None:
+    """Put the SQLite catalog in WAL journal mode (persistent, stored in the file).
+
+    Spark's ``JdbcCatalog`` (xerial sqlite-jdbc) keeps pooled connections that can hold a
+    shared lock between statements; in the default rollback-journal mode that blocks
+    pyiceberg's next commit with "database is locked". In WAL mode readers never block the
+    writer.
+    """
+    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as conn:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+
+
+def table_identifier(topic: TopicName) -> tuple[str, str]:
+    """``(namespace, topic)``: the Iceberg identifier of a topic's table."""
+    return (topic.namespace, topic.topic)
+
+
+def ensure_table(
+    catalog: Catalog,
+    topic: TopicName,
+    avro_schema: Mapping[str, Any] | str | None,
+) -> Table:
+    """Load the topic's table, creating its namespace and the table when missing.
+
+    When the table exists and ``avro_schema`` has columns it lacks, they are added
+    (``update_schema().union_by_name``), so a newer schema version can be appended.
+    """
+    identifier = table_identifier(topic)
+    wanted = iceberg_schema_for_avro(avro_schema)
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        catalog.create_namespace_if_not_exists(topic.namespace)
+        return catalog.create_table_if_not_exists(
+            identifier,
+            schema=wanted,
+            properties={"danube.topic": topic.path, "format-version": "2"},
+        )
+    have = {f.name for f in table.schema().fields}
+    if any(f.name not in have for f in wanted.fields):
+        with table.update_schema() as update:
+            update.union_by_name(wanted)
+        table.refresh()
+    return table
+
+
+def data_file_count(table: Table) -> int:
+    """Number of live data files in the current snapshot."""
+    if table.current_snapshot() is None:
+        return 0
+    return int(table.inspect.files().num_rows)
+
+
+def read_offsets(table: Table) -> list[int]:
+    """Every ``_offset`` in the table's current snapshot, sorted (for checks and tests)."""
+    arrow = table.scan(selected_fields=("_offset",)).to_arrow()
+    return sorted(arrow.column("_offset").to_pylist())
+
+
+def row_count(table: Table) -> int:
+    """Row count of the table's current snapshot."""
+    return int(table.scan(selected_fields=("_offset",)).to_arrow().num_rows)

@@ -1,0 +1,316 @@
+"""The per-process :class:`LocalCache`: every read is served from memory, kept current by an
+etcd watch (``docs/etcd-layout.md``, "Reads and writes")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Self
+
+import aetcd
+
+from danube_pipeline.errors import MetadataStoreError
+from danube_pipeline.metadata.etcd import (
+    ALL_KEYS,
+    WatchEvent,
+    WatchEventType,
+    key_value,
+    prefix_range_end,
+    watch_event,
+    wrap_errors,
+)
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import JsonValue
+
+__all__ = ["LocalCache"]
+
+log = logging.getLogger(__name__)
+
+
+def _minimal_prefixes(prefixes: Sequence[str]) -> list[str]:
+    """Drop prefixes covered by a shorter one: ``["/", "/a"]`` -> ``["/"]``."""
+    out: list[str] = []
+    for p in sorted(set(prefixes), key=len):
+        if not any(p.startswith(q) for q in out):
+            out.append(p)
+    return sorted(out)
+
+
+class LocalCache:
+    """Per-process read cache of etcd metadata (seed ``000``, "LocalCache").
+
+    :meth:`start` loads every key under ``prefixes`` at one etcd revision ``R`` and then
+    follows a watch from ``R + 1``, so no change is missed between the load and the watch.
+    Reads (:meth:`get`, :meth:`get_prefix`) are served from memory. The watch covers the whole
+    key space (only keys under ``prefixes`` are stored) so that :attr:`revision` follows every
+    etcd write and :meth:`wait_for_revision` works for any revision a write returned.
+
+    If the watch breaks (etcd restart, compaction) the cache logs it, reloads at a new
+    revision, tells listeners about every difference as synthetic events, and resumes.
+
+    Listeners run synchronously on the event loop for each applied change; one watch response
+    (one etcd transaction) is applied completely before any waiter wakes.
+    """
+
+    def __init__(self, store: MetadataStore, *, prefixes: Sequence[str] = ("/",)) -> None:
+        """Args:
+        store: the store to load from and watch.
+        prefixes: key prefixes to keep (default every Danube key).
+
+        Raises:
+            ValueError: if ``prefixes`` is empty.
+        """
+        if not prefixes:
+            raise ValueError("LocalCache needs at least one prefix")
+        self._store = store
+        self._prefixes = _minimal_prefixes(prefixes)
+        self._data: dict[str, JsonValue] = {}
+        self._revision = 0
+        self._started = False
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._watch: aetcd.Watch | None = None
+        self._advanced = asyncio.Event()
+        self._listeners: dict[int, tuple[str, Callable[[WatchEvent], None]]] = {}
+        self._next_listener = 0
+
+    # ---- lifecycle
+
+    async def start(self) -> None:
+        """Load the prefixes at one revision ``R`` and start watching from ``R + 1``.
+
+        Raises:
+            MetadataStoreError: if etcd cannot be reached.
+        """
+        if self._started:
+            return
+        self._stopping = False
+        data, revision = await self._load()
+        self._data = data
+        self._set_revision(revision)
+        self._watch = await self._store.open_watch(ALL_KEYS, ALL_KEYS, revision + 1)
+        self._started = True
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="local-cache-watch")
+
+    async def stop(self) -> None:
+        """Stop watching (idempotent). The cached data stays readable but no longer updates."""
+        self._stopping = True
+        if self._watch is not None:
+            await self._store.cancel_watch(self._watch)
+            self._watch = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _load(self) -> tuple[dict[str, JsonValue], int]:
+        first, *rest = self._prefixes
+        response = await self._store.range_raw(first.encode(), prefix_range_end(first.encode()))
+        revision = int(response.header.revision)
+        kvs = list(response.kvs)
+        for prefix in rest:
+            pinned = await self._store.range_raw(
+                prefix.encode(), prefix_range_end(prefix.encode()), revision=revision
+            )
+            kvs.extend(pinned.kvs)
+        data = {kv.key: kv.value for kv in map(key_value, kvs)}
+        return dict(sorted(data.items())), revision
+
+    async def _run(self) -> None:
+        backoff_s = 0.1
+        while not self._stopping:
+            watch = self._watch
+            try:
+                if watch is None:
+                    raise MetadataStoreError("watch", "no open watch")
+                with wrap_errors("watch"):
+                    async for raw_event in watch:
+                        if self._covers(bytes(raw_event.kv.key).decode()):
+                            self._apply(watch_event(raw_event))
+                        else:  # outside the cached prefixes: only the revision advances
+                            self._set_revision(int(raw_event.kv.mod_revision))
+                if self._stopping:
+                    return
+                raise MetadataStoreError("watch", "watch stream ended")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any break of the watch means reload
+                if self._stopping:
+                    return
+                log.warning(
+                    "LocalCache watch broke at revision %d (%s); reloading", self._revision, exc
+                )
+            if watch is not None:
+                await self._store.cancel_watch(watch)
+            self._watch = None
+            while not self._stopping:
+                if self._store.closed:
+                    log.info("LocalCache stops following etcd: its MetadataStore was closed")
+                    return
+                try:
+                    await self._reload()
+                    backoff_s = 0.1
+                    break
+                except MetadataStoreError as exc:
+                    log.warning("LocalCache reload failed (retrying in %.1fs): %s", backoff_s, exc)
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(backoff_s * 2, 5.0)
+
+    async def _reload(self) -> None:
+        data, revision = await self._load()
+        watch = await self._store.open_watch(ALL_KEYS, ALL_KEYS, revision + 1)
+        old = self._data
+        self._data = data
+        events = [
+            WatchEvent(WatchEventType.DELETE, key, None, revision) for key in old if key not in data
+        ] + [
+            WatchEvent(WatchEventType.PUT, key, value, revision)
+            for key, value in data.items()
+            if key not in old or old[key] != value
+        ]
+        for event in sorted(events, key=lambda e: e.key):
+            self._notify(event)
+        if revision < self._revision:
+            log.warning(
+                "etcd revision went back from %d to %d (data loss?)", self._revision, revision
+            )
+        self._revision = revision
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+        self._watch = watch
+        log.info("LocalCache reloaded %d keys at revision %d; watching again", len(data), revision)
+
+    # ---- applying changes
+
+    def _covers(self, key: str) -> bool:
+        return any(key.startswith(p) for p in self._prefixes)
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.type is WatchEventType.PUT:
+            self._data[event.key] = event.value
+        else:
+            self._data.pop(event.key, None)
+        self._notify(event)
+        self._set_revision(event.mod_revision)
+
+    def _set_revision(self, revision: int) -> None:
+        if revision > self._revision:
+            self._revision = revision
+            self._advanced.set()
+            self._advanced = asyncio.Event()
+
+    def _notify(self, event: WatchEvent) -> None:
+        for prefix, callback in list(self._listeners.values()):
+            if event.key.startswith(prefix):
+                try:
+                    callback(event)
+                except Exception:  # noqa: BLE001 - one bad listener must not stop the cache
+                    log.exception("LocalCache listener for %r failed on %s", prefix, event.key)
+
+    # ---- reads
+
+    @property
+    def revision(self) -> int:
+        """The highest etcd revision applied to the cache (0 before :meth:`start`)."""
+        return self._revision
+
+    @property
+    def prefixes(self) -> list[str]:
+        """The cached key prefixes (redundant ones removed)."""
+        return list(self._prefixes)
+
+    def _check_key(self, key: str) -> None:
+        if not self._started:
+            raise MetadataStoreError("LocalCache read", "the cache was not started")
+        if not self._covers(key):
+            raise ValueError(f"key {key!r} is outside the cached prefixes {self._prefixes}")
+
+    def get(self, key: str) -> JsonValue | None:
+        """The cached value of ``key``, or ``None`` if absent (or its value is ``null``).
+
+        Raises:
+            ValueError: if ``key`` is outside the cached prefixes.
+            MetadataStoreError: if the cache was never started.
+        """
+        self._check_key(key)
+        return self._data.get(key)
+
+    def contains(self, key: str) -> bool:
+        """Whether ``key`` exists (distinguishes a ``null`` marker from a missing key).
+
+        Raises:
+            ValueError: if ``key`` is outside the cached prefixes.
+            MetadataStoreError: if the cache was never started.
+        """
+        self._check_key(key)
+        return key in self._data
+
+    def get_prefix(self, prefix: str) -> dict[str, JsonValue]:
+        """Every cached ``key -> value`` whose key starts with ``prefix``, sorted by key.
+
+        Raises:
+            ValueError: if ``prefix`` is not inside the cached prefixes.
+            MetadataStoreError: if the cache was never started.
+        """
+        self._check_key(prefix)
+        return {k: v for k, v in sorted(self._data.items()) if k.startswith(prefix)}
+
+    async def wait_for_revision(self, revision: int, *, timeout_s: float = 5.0) -> None:
+        """Wait until the cache has applied ``revision`` (read-your-writes after a put).
+
+        Args:
+            revision: an etcd revision, e.g. the return value of :meth:`MetadataStore.put`.
+            timeout_s: how long to wait, in seconds.
+
+        Raises:
+            MetadataStoreError: if the revision is not applied within ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._revision < revision:
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise MetadataStoreError(
+                    "wait_for_revision",
+                    f"cache at revision {self._revision}, revision {revision} not seen "
+                    f"within {timeout_s}s",
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), remaining_s)
+
+    def add_listener(
+        self, prefix: str, callback: Callable[[WatchEvent], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(event)`` for every change applied under ``prefix``.
+
+        Callbacks run synchronously on the event loop, in revision order; exceptions they raise
+        are logged and swallowed. After a watch break, differences found by the reload are
+        delivered as synthetic events carrying the reload revision.
+
+        Returns:
+            A function that unsubscribes the callback (idempotent).
+        """
+        token = self._next_listener
+        self._next_listener += 1
+        self._listeners[token] = (prefix, callback)
+
+        def unsubscribe() -> None:
+            self._listeners.pop(token, None)
+
+        return unsubscribe
