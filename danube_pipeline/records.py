@@ -301,7 +301,7 @@ class DecodedSegment:
         header: the segment header.
         records: every record, offsets contiguous from ``header.start_offset``.
         offset_index: sparse ``[offset, byte_position]`` pairs (seed ``000`` §5.1
-            ``offset_index``): the first record and then every ``index_interval``-th.
+            ``offset_index``): the first record and then every ``index_interval_records``-th.
         size_bytes: total bytes.
     """
 
@@ -322,13 +322,13 @@ class DecodedSegment:
         return self.records[-1].offset
 
 
-def decode_segment(data: bytes | memoryview, *, where: str = "segment", index_interval: int = 1000) -> DecodedSegment:
+def decode_segment(data: bytes | memoryview, *, where: str = "segment", index_interval_records: int = 1000) -> DecodedSegment:
     """Decode and verify a complete segment (header, every CRC, contiguous offsets).
 
     Args:
         data: the segment or ``.dnb1`` object bytes.
         where: a name for error messages (file path or object id).
-        index_interval: records between entries of the sparse offset index.
+        index_interval_records: records between entries of the sparse offset index.
 
     Raises:
         CorruptRecordError: bad header, torn or corrupt record.
@@ -341,7 +341,7 @@ def decode_segment(data: bytes | memoryview, *, where: str = "segment", index_in
     for i, (pos, record) in enumerate(iter_records(data, where=where)):
         if record.offset != expected:
             raise OffsetRangeError(expected, record.offset, where)
-        if i % index_interval == 0:
+        if i % index_interval_records == 0:
             index.append([record.offset, pos])
         records.append(record)
         expected += 1

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OFFSET_INDEX_INTERVAL = 1000
+OFFSET_INDEX_INTERVAL_RECORDS = 1000
 """Records between entries of a descriptor's sparse ``offset_index``."""
 
 
@@ -158,7 +158,7 @@ async def tier_sealed_segments(
                 ),
             )
         data = await admin.read_segment_bytes(topic.path, seg.start_offset)
-        decoded = decode_segment(data, where=f"{topic.path}/{oid}", index_interval=OFFSET_INDEX_INTERVAL)
+        decoded = decode_segment(data, where=f"{topic.path}/{oid}", index_interval_records=OFFSET_INDEX_INTERVAL_RECORDS)
         if not decoded.records:
             raise CorruptRecordError(f"{topic.path}/{oid}", 0, "segment listed as non-empty holds no records")
         if decoded.start_offset != seg.start_offset or decoded.end_offset != seg.end_offset:
