@@ -2,13 +2,17 @@
 
 ``segment_objects`` → ``iceberg_table`` → ``compacted_table``: sealed WAL segments become
 objects plus etcd descriptors, then one Iceberg snapshot per object, then Spark compacts the
-table's small files. Each materialization records metadata (offsets, bytes, snapshot ids,
-file counts) so the Dagster UI tells the story without opening logs.
+table's small files. Each materialization records metadata (offsets, bytes, row counts,
+snapshot ids, file counts) so the Dagster UI tells the story without opening logs; a value that
+is not known (no descriptor, an empty table) is left out rather than written as a sentinel.
+The asset checks of :mod:`assets.checks` run in the same run as their asset.
 """
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
 
 from assets.partitions import topics_partitions
 from assets.resources import (
@@ -18,26 +22,45 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
 from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
+from danube_pipeline.schema_registry import SchemaRegistry
 from danube_pipeline.spark import compact_table
+from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
 
 TIERING_GROUP = "tiering"
+
+TIERING_RETRY_POLICY = RetryPolicy(max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL)
+"""Op retries of the tiering steps, inside one run: attempts 2, 3 and 4 start 2 s, 6 s and
+14 s after the previous one failed (``(2**n - 1) * delay``).
+
+Both steps are idempotent (a completed descriptor or a committed end offset makes a repeat
+skip what is done), so retrying a step is always safe. Op retries ride out short outages (an
+etcd leader election, a broker restart, an object store or catalog that refuses writes for a
+moment) without a new run. A run that fails anyway (the retries ran out, or its process died,
+which op retries cannot help) is re-executed from the failed step by the daemon's run retries:
+see ``TIERING_RUN_MAX_RETRIES`` in :mod:`assets.sensors`.
+"""
 
 
 def _topic(context: AssetExecutionContext) -> TopicName:
     return TopicName.from_partition_key(context.partition_key)
 
 
+def _known(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without the entries whose value is ``None`` (unknown, so not shown)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
 @asset(
     partitions_def=topics_partitions,
     group_name=TIERING_GROUP,
     kinds={"etcd", "python"},
+    retry_policy=TIERING_RETRY_POLICY,
     description=(
         "Sealed WAL segments of the topic as objects topics/{ns}/{topic}/data-{start}-{end}.dnb1 "
         "in object storage, each with a completed descriptor under "
-        "/danube-data/storage/topics/{ns}/{topic}/objects/ in etcd (seed 000 §5)."
+        "/danube-data/storage/topics/{ns}/{topic}/objects/ in etcd (docs/etcd-layout.md §5.1, §5.2)."
     ),
 )
 def segment_objects(
@@ -60,20 +83,22 @@ def segment_objects(
         f"{report.objects_skipped} already tiered"
     )
     return MaterializeResult(
-        metadata={
-            "topic": topic.path,
-            "sealed_segments": report.sealed_segments,
-            "objects_written": report.objects_written,
-            "objects_skipped": report.objects_skipped,
-            "bytes_written": MetadataValue.int(report.bytes_written),
-            "records_written": report.records_written,
-            "first_offset": MetadataValue.int(report.first_offset if report.first_offset is not None else -1),
-            "last_offset": MetadataValue.int(report.last_offset if report.last_offset is not None else -1),
-            "descriptors_total": report.descriptors_total,
-            "objects_cur": report.cursor or "",
-            "written": MetadataValue.json(report.written),
-            "object_store": objects.url(f"topics/{topic.namespace}/{topic.topic}"),
-        }
+        metadata=_known(
+            {
+                "topic": topic.path,
+                "sealed_segments": report.sealed_segments,
+                "objects_written": report.objects_written,
+                "objects_skipped": report.objects_skipped,
+                "bytes_written": MetadataValue.int(report.bytes_written),
+                "records_written": report.records_written,
+                "first_offset": report.first_offset,
+                "last_offset": report.last_offset,
+                "descriptors_total": report.descriptors_total,
+                "objects_cur": report.cursor,
+                "object_ids_written": MetadataValue.json(report.object_ids_written),
+                "object_store": objects.url(f"topics/{topic.namespace}/{topic.topic}"),
+            }
+        )
     )
 
 
@@ -82,6 +107,7 @@ def segment_objects(
     group_name=TIERING_GROUP,
     deps=[segment_objects],
     kinds={"iceberg", "python"},
+    retry_policy=TIERING_RETRY_POLICY,
     description=(
         "The topic's Iceberg table (namespace = Danube namespace): one snapshot per segment "
         "object, exactly once (snapshot summaries carry danube.end-offset)."
@@ -94,8 +120,6 @@ def iceberg_table(
     iceberg_catalog: IcebergCatalogResource,
 ) -> MaterializeResult:
     """Append every completed segment object not yet committed to the topic's table."""
-    from danube_pipeline.schema_registry import SchemaRegistry
-
     topic = _topic(context)
     objects = object_store.store()
     catalog = iceberg_catalog.load()
@@ -108,23 +132,24 @@ def iceberg_table(
 
     report = asyncio.run(run())
     context.log.info(
-        f"{report.table}: {report.rows_appended} rows in {report.objects_appended} snapshots, "
-        f"committed through offset {report.committed_end_offset}"
+        f"{report.table}: {report.rows_appended} rows in {report.objects_appended} snapshots "
+        f"({report.row_count} rows in the table), committed through offset {report.committed_end_offset}"
     )
     return MaterializeResult(
-        metadata={
-            "table": f"{iceberg_catalog.catalog_name()}.{report.table}",
-            "rows_appended": MetadataValue.int(report.rows_appended),
-            "objects_appended": report.objects_appended,
-            "objects_skipped": report.objects_skipped,
-            "snapshot_id": MetadataValue.text(str(report.snapshot_id) if report.snapshot_id else ""),
-            "snapshots_created": MetadataValue.json([str(s) for s in report.snapshots]),
-            "committed_end_offset": MetadataValue.int(
-                report.committed_end_offset if report.committed_end_offset is not None else -1
-            ),
-            "data_files": report.data_files,
-            "schema_ids": MetadataValue.json(report.schema_ids),
-        }
+        metadata=_known(
+            {
+                "table": f"{iceberg_catalog.catalog_name()}.{report.table}",
+                "row_count": MetadataValue.int(report.row_count) if report.row_count is not None else None,
+                "rows_appended": MetadataValue.int(report.rows_appended),
+                "objects_appended": report.objects_appended,
+                "objects_skipped": report.objects_skipped,
+                "snapshot_id": MetadataValue.text(str(report.snapshot_id)) if report.snapshot_id else None,
+                "snapshots_created": MetadataValue.json([str(s) for s in report.snapshots]),
+                "committed_end_offset": report.committed_end_offset,
+                "data_files": report.data_files,
+                "schema_ids": MetadataValue.json(report.schema_ids),
+            }
+        )
     )
 
 
@@ -152,20 +177,23 @@ def compacted_table(
     with spark.session() as session:
         result = compact_table(session, topic, catalog_name=spark.resolved_catalog_name())
     table = catalog.load_table(ident)
-    committed = iceberg.committed_end_offset(table)
     context.log.info(
         f"{'.'.join(ident)}: {result.data_files_before} → {result.data_files_after} data files "
         f"({result.rewritten_data_files} rewritten into {result.added_data_files})"
     )
+    row_count = iceberg.snapshot_row_count(table)
     return MaterializeResult(
-        metadata={
-            "table": f"{spark.resolved_catalog_name()}.{'.'.join(ident)}",
-            "data_files_before": result.data_files_before,
-            "data_files_after": result.data_files_after,
-            "rewritten_data_files": result.rewritten_data_files,
-            "added_data_files": result.added_data_files,
-            "rewritten_bytes": MetadataValue.int(result.rewritten_bytes),
-            "snapshot_id": MetadataValue.text(str(result.snapshot_id) if result.snapshot_id else ""),
-            "committed_end_offset": MetadataValue.int(committed if committed is not None else -1),
-        }
+        metadata=_known(
+            {
+                "table": f"{spark.resolved_catalog_name()}.{'.'.join(ident)}",
+                "row_count": MetadataValue.int(row_count) if row_count is not None else None,
+                "data_files_before": result.data_files_before,
+                "data_files_after": result.data_files_after,
+                "rewritten_data_files": result.rewritten_data_files,
+                "added_data_files": result.added_data_files,
+                "rewritten_bytes": MetadataValue.int(result.rewritten_bytes),
+                "snapshot_id": MetadataValue.text(str(result.snapshot_id)) if result.snapshot_id else None,
+                "committed_end_offset": iceberg.committed_end_offset(table),
+            }
+        )
     )

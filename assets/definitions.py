@@ -6,15 +6,17 @@ command line::
     DAGSTER_HOME=$PWD/dagster_home dagster asset materialize -m assets.definitions \\
         --select segment_objects,iceberg_table --partition default.flights
 
-Resources resolve their endpoints from the ``DANUBE_*`` environment at run time
-(:mod:`danube_pipeline.settings`).
+Resources take their endpoints and paths from the ``DANUBE_*`` environment through ``EnvVar``
+(resolved when a run or sensor starts; ``danube_pipeline.settings.environment`` sets them all
+for a local deployment, and ``danube-pipeline demo`` / ``dev`` export them).
 """
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import ConfigurableResource, Definitions, EnvVar
 
 from assets.assets import compacted_table, iceberg_table, segment_objects
+from assets.checks import tiering_checks
 from assets.jobs import compaction_job, tiering_job
 from assets.resources import (
     BrokerResource,
@@ -27,19 +29,30 @@ from assets.schedules import compaction_schedule
 from assets.sensors import sealed_segments_sensor, topic_partitions_sensor
 
 
-def default_resources() -> dict[str, object]:
-    """The resources keyed as the assets and sensors ask for them, all from the environment."""
+def default_resources() -> dict[str, ConfigurableResource]:
+    """The resources keyed as the assets, checks and sensors ask for them.
+
+    Returns:
+        ``etcd``, ``broker``, ``object_store``, ``iceberg_catalog`` and ``spark``, each
+        reading its endpoints from ``DANUBE_ETCD_ENDPOINTS``, ``DANUBE_BROKER_ADDRESSES``,
+        ``DANUBE_OBJECT_STORE_URL``, ``DANUBE_CATALOG_NAME``, ``DANUBE_CATALOG_URI`` and
+        ``DANUBE_WAREHOUSE`` when a run starts.
+    """
+    catalog_name = EnvVar("DANUBE_CATALOG_NAME")
+    catalog_uri = EnvVar("DANUBE_CATALOG_URI")
+    warehouse = EnvVar("DANUBE_WAREHOUSE")
     return {
-        "etcd": EtcdResource(),
-        "broker": BrokerResource(),
-        "object_store": ObjectStoreResource(),
-        "iceberg_catalog": IcebergCatalogResource(),
-        "spark": SparkResource(),
+        "etcd": EtcdResource(endpoints=EnvVar("DANUBE_ETCD_ENDPOINTS")),
+        "broker": BrokerResource(bootstrap_addresses=EnvVar("DANUBE_BROKER_ADDRESSES")),
+        "object_store": ObjectStoreResource(root_url=EnvVar("DANUBE_OBJECT_STORE_URL")),
+        "iceberg_catalog": IcebergCatalogResource(name=catalog_name, uri=catalog_uri, warehouse=warehouse),
+        "spark": SparkResource(catalog_name=catalog_name, catalog_uri=catalog_uri, warehouse=warehouse),
     }
 
 
 defs = Definitions(
     assets=[segment_objects, iceberg_table, compacted_table],
+    asset_checks=tiering_checks,
     jobs=[tiering_job, compaction_job],
     schedules=[compaction_schedule],
     sensors=[topic_partitions_sensor, sealed_segments_sensor],

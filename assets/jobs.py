@@ -1,22 +1,27 @@
-"""Jobs over the tiering assets."""
+"""Jobs over the tiering assets.
+
+An asset selection includes the asset checks of the selected assets (:mod:`assets.checks`), so
+``tiering_job`` runs them after their assets. Both jobs are partitioned by topic, as their
+assets are.
+"""
 
 from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job
 
 from assets.assets import compacted_table, iceberg_table, segment_objects
-from assets.partitions import topics_partitions
 
 tiering_job = define_asset_job(
     "tiering_job",
     selection=AssetSelection.assets(segment_objects, iceberg_table),
-    partitions_def=topics_partitions,
-    description="Sealed segments → objects + descriptors → Iceberg snapshots, for one topic.",
+    description=(
+        "Sealed segments → objects + descriptors → Iceberg snapshots for one topic, then the "
+        "checks of both assets."
+    ),
 )
 
 compaction_job = define_asset_job(
     "compaction_job",
     selection=AssetSelection.assets(compacted_table),
-    partitions_def=topics_partitions,
     description="Spark rewrite_data_files on one topic's Iceberg table.",
 )

@@ -1,9 +1,10 @@
 """Dagster resources: the four systems the assets talk to, plus Spark.
 
-Every field is optional: left unset, it resolves at run time from the ``DANUBE_*`` environment
-through :mod:`danube_pipeline.settings` (so one ``DANUBE_HOME`` or the demo's environment
-points a run at its etcd, broker, object store and catalog). Set a field, or pass
-``EnvVar("…")``, to pin it in the Definitions or in run config.
+:mod:`assets.definitions` binds every endpoint and path to its ``DANUBE_*`` variable with
+``EnvVar`` (``EtcdResource(endpoints=EnvVar("DANUBE_ETCD_ENDPOINTS"))``), so Dagster resolves
+them when a run starts and shows them in the UI. A field left unset (a resource built in a
+test or a script) falls back to :mod:`danube_pipeline.settings`, which reads the same
+variables and fills in local defaults under ``DANUBE_HOME``.
 
 The assets never import ``broker/``: they reach the broker only through its gRPC admin API.
 """
@@ -34,8 +35,8 @@ def _split(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
-class EtcdResource(ConfigurableResource):  # type: ignore[misc]
-    """The etcd cluster holding Danube's metadata (seed ``000``)."""
+class EtcdResource(ConfigurableResource):
+    """The etcd cluster holding Danube's metadata (key layout: ``docs/etcd-layout.md``)."""
 
     endpoints: str | None = Field(
         default=None,
@@ -44,36 +45,62 @@ class EtcdResource(ConfigurableResource):  # type: ignore[misc]
     connect_timeout_s: float = Field(default=5.0, description="Seconds to wait for etcd when connecting.")
 
     def endpoint_list(self) -> list[str]:
-        """The endpoints as ``host:port`` strings."""
+        """The endpoints to connect to.
+
+        Returns:
+            ``host:port`` strings: :attr:`endpoints` split at commas, or
+            ``settings.etcd_endpoints()`` when it is unset.
+        """
         return _split(self.endpoints) if self.endpoints else settings.etcd_endpoints()
 
     async def connect(self) -> MetadataStore:
-        """A connected :class:`MetadataStore`; use it as ``async with await etcd.connect() as store``."""
+        """Connect to etcd; use it as ``async with await etcd.connect() as store``.
+
+        Returns:
+            A connected :class:`MetadataStore`.
+
+        Raises:
+            MetadataStoreError: no endpoint answered within :attr:`connect_timeout_s` seconds.
+        """
         from danube_pipeline.metadata.store import MetadataStore
 
         return await MetadataStore.connect(self.endpoint_list(), connect_timeout_s=self.connect_timeout_s)
 
 
-class BrokerResource(ConfigurableResource):  # type: ignore[misc]
-    """Seed brokers for the admin gRPC API (list and read sealed segments)."""
+class BrokerResource(ConfigurableResource):
+    """Bootstrap brokers for the admin gRPC API (list and read sealed segments).
 
-    seed_addresses: str | None = Field(
+    The client learns the whole cluster from whichever bootstrap broker answers first.
+    """
+
+    bootstrap_addresses: str | None = Field(
         default=None,
-        description="Comma-separated host:port seed brokers; default $DANUBE_BROKER_ADDRESSES or 127.0.0.1:6650.",
+        description=(
+            "Comma-separated host:port bootstrap brokers; default $DANUBE_BROKER_ADDRESSES or 127.0.0.1:6650."
+        ),
     )
 
     def address_list(self) -> list[str]:
-        """The seed addresses as ``host:port`` strings."""
-        return _split(self.seed_addresses) if self.seed_addresses else settings.broker_addresses()
+        """The bootstrap addresses.
+
+        Returns:
+            ``host:port`` strings: :attr:`bootstrap_addresses` split at commas, or
+            ``settings.broker_addresses()`` when it is unset.
+        """
+        return _split(self.bootstrap_addresses) if self.bootstrap_addresses else settings.broker_addresses()
 
     def client(self) -> DanubeClient:
-        """A new :class:`DanubeClient`; use it as ``async with broker.client() as client``."""
+        """A new client; use it as ``async with broker.client() as client``.
+
+        Returns:
+            A :class:`DanubeClient` on :meth:`address_list`, not connected until entered.
+        """
         from danube_pipeline.client import DanubeClient
 
         return DanubeClient(self.address_list())
 
 
-class ObjectStoreResource(ConfigurableResource):  # type: ignore[misc]
+class ObjectStoreResource(ConfigurableResource):
     """Where sealed segments are tiered: ``file://`` by default, ``s3://`` for S3 or MinIO."""
 
     root_url: str | None = Field(
@@ -86,7 +113,12 @@ class ObjectStoreResource(ConfigurableResource):  # type: ignore[misc]
     s3_region: str | None = Field(default=None, description="S3 region.")
 
     def storage_options(self) -> dict[str, Any]:
-        """fsspec ``storage_options`` for the configured backend."""
+        """fsspec ``storage_options`` for the configured backend.
+
+        Returns:
+            ``endpoint_url``, ``key``, ``secret`` and ``client_kwargs.region_name`` for the S3
+            fields that are set; empty when none is.
+        """
         options: dict[str, Any] = {}
         if self.s3_endpoint_url:
             options["endpoint_url"] = self.s3_endpoint_url
@@ -99,12 +131,17 @@ class ObjectStoreResource(ConfigurableResource):  # type: ignore[misc]
         return options
 
     def store(self) -> ObjectStore:
-        """The :class:`ObjectStore`."""
+        """Open the object store.
+
+        Returns:
+            An :class:`ObjectStore` on :attr:`root_url` (or ``settings.object_store_url()``),
+            with :meth:`storage_options` for ``s3://`` URLs.
+        """
         url = self.root_url or settings.object_store_url()
         return ObjectStore(url, storage_options=self.storage_options() if url.startswith("s3") else None)
 
 
-class IcebergCatalogResource(ConfigurableResource):  # type: ignore[misc]
+class IcebergCatalogResource(ConfigurableResource):
     """The Iceberg SQL catalog shared by pyiceberg and Spark (see :mod:`danube_pipeline.spark`)."""
 
     name: str | None = Field(default=None, description="Catalog name; default $DANUBE_CATALOG_NAME or danube.")
@@ -116,20 +153,27 @@ class IcebergCatalogResource(ConfigurableResource):  # type: ignore[misc]
     )
 
     def catalog_name(self) -> str:
+        """The catalog name: :attr:`name`, or ``settings.catalog_name()`` when unset."""
         return self.name or settings.catalog_name()
 
     def catalog_uri(self) -> str:
+        """The SQLAlchemy URI: :attr:`uri`, or ``settings.catalog_uri()`` when unset."""
         return self.uri or settings.catalog_uri()
 
     def warehouse_url(self) -> str:
+        """The warehouse URL: :attr:`warehouse`, or ``settings.warehouse_url()`` when unset."""
         return self.warehouse or settings.warehouse_url()
 
     def load(self) -> SqlCatalog:
-        """Open the pyiceberg ``SqlCatalog``."""
+        """Open the catalog.
+
+        Returns:
+            The pyiceberg ``SqlCatalog`` (see :func:`danube_pipeline.iceberg.load_catalog`).
+        """
         return load_catalog(name=self.catalog_name(), uri=self.catalog_uri(), warehouse=self.warehouse_url())
 
 
-class SparkResource(ConfigurableResource):  # type: ignore[misc]
+class SparkResource(ConfigurableResource):
     """A local Spark session with Iceberg's ``SparkCatalog`` on the shared JDBC catalog.
 
     Catalog fields default like :class:`IcebergCatalogResource`'s, so both see the same tables.
@@ -146,10 +190,18 @@ class SparkResource(ConfigurableResource):  # type: ignore[misc]
     stop_after_use: bool = Field(default=True, description="Stop the session when the asset is done.")
 
     def resolved_catalog_name(self) -> str:
+        """The Spark catalog name: :attr:`catalog_name`, or ``settings.catalog_name()``."""
         return self.catalog_name or settings.catalog_name()
 
     def conf(self) -> dict[str, str]:
-        """The Spark configuration (see :func:`danube_pipeline.spark.spark_conf`)."""
+        """The Spark configuration.
+
+        Returns:
+            :func:`danube_pipeline.spark.spark_conf` of this resource's fields.
+
+        Raises:
+            SparkSetupError: a jar Spark needs is missing.
+        """
         return spark_conf(
             catalog_name=self.resolved_catalog_name(),
             catalog_uri=self.catalog_uri or settings.catalog_uri(),
@@ -160,7 +212,15 @@ class SparkResource(ConfigurableResource):  # type: ignore[misc]
 
     @contextmanager
     def session(self) -> Iterator[SparkSession]:
-        """A Spark session for the duration of the block."""
+        """A Spark session for the duration of the block, stopped afterwards if
+        :attr:`stop_after_use`.
+
+        Yields:
+            The session.
+
+        Raises:
+            SparkSetupError: a jar Spark needs is missing.
+        """
         spark = build_spark_session(self.conf())
         try:
             yield spark

@@ -15,6 +15,7 @@ from assets.partitions import TOPICS_PARTITIONS_NAME
     description="Every hour, one compaction_job run per topic partition.",
 )
 def compaction_schedule(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
+    """One ``compaction_job`` run per topic partition, keyed by the partition within the tick."""
     partitions = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
     if not partitions:
         yield SkipReason("no topic partitions yet")

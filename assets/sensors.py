@@ -3,10 +3,8 @@
 import asyncio
 
 from dagster import (
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -16,16 +14,30 @@ from dagster import (
 from assets.jobs import tiering_job
 from assets.partitions import TOPICS_PARTITIONS_NAME, topics_partitions
 from assets.resources import BrokerResource, EtcdResource
-from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
+from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering
 
 #: Tags of every run the sealed-segment sensor requests.
 TOPIC_TAG = "danube/topic"
 SEALED_END_TAG = "danube/sealed_end"
-#: Runs the sensor requests for one (topic, last sealed end offset) after the first fails.
-MAX_TIERING_RETRIES = 5
-_FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+UNTIERED_SEGMENTS_TAG = "danube/untiered_segments"
+#: Dagster's run tag for the daemon's run retries (``run_retries`` in dagster_home/dagster.yaml).
+MAX_RETRIES_TAG = "dagster/max_retries"
+
+TIERING_RUN_MAX_RETRIES = 2
+"""Times the daemon re-executes a failed tiering run (from its failed step).
+
+Two layers of retries, because they cover different failures:
+
+* op retries (``TIERING_RETRY_POLICY`` on the assets) repeat a failed step inside the same
+  run, after 2 s, 6 s and 14 s: enough for etcd to elect a leader or a broker to restart,
+  and cheap, since nothing else of the run is repeated;
+* run retries repeat a run that failed as a whole: its steps ran out of op retries, or the
+  run's process died (killed, out of memory, host lost), which no op retry survives. Dagster
+  launches a sensor's run key only once, so without run retries the segments of a failed
+  run would wait for the next sealed segment to get a new run key.
+"""
 
 
 @sensor(
@@ -35,6 +47,8 @@ _FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatu
     description="Adds a `topics` partition (ns.topic) for every topic root key /topics/{ns}/{topic} in etcd.",
 )
 def topic_partitions_sensor(context: SensorEvaluationContext, etcd: EtcdResource) -> SensorResult | SkipReason:
+    """Request a ``topics`` partition for every topic in etcd that has none yet."""
+
     async def run() -> list[TopicName]:
         async with await etcd.connect() as store:
             return await list_topic_roots(store)
@@ -55,14 +69,20 @@ def topic_partitions_sensor(context: SensorEvaluationContext, etcd: EtcdResource
     default_status=DefaultSensorStatus.RUNNING,
     description=(
         "Requests a tiering_job run for a topic when the broker lists a sealed segment that has "
-        "no completed descriptor in etcd (run key: partition:last sealed end offset). After a "
-        f"run ends with segments still untiered it asks again, up to {MAX_TIERING_RETRIES} times "
-        "(run key suffix :retry-N)."
+        "no completed descriptor in etcd (run key: partition:last sealed end offset). A failed "
+        f"step is retried within the run; a failed run is re-executed by the daemon up to "
+        f"{TIERING_RUN_MAX_RETRIES} times (tag {MAX_RETRIES_TAG})."
     ),
 )
 def sealed_segments_sensor(
     context: SensorEvaluationContext, etcd: EtcdResource, broker: BrokerResource
 ) -> SensorResult | SkipReason:
+    """Request one tiering run per topic with untiered sealed segments.
+
+    The run key is ``{partition}:{last sealed end offset}``: Dagster launches it once, so a
+    topic gets one run per newly sealed range; retries are Dagster's (see
+    :data:`TIERING_RUN_MAX_RETRIES`), not new run keys.
+    """
     partitions = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
     if not partitions:
         return SkipReason("no topic partitions yet")
@@ -80,50 +100,21 @@ def sealed_segments_sensor(
                 if not pending:
                     continue
                 last_end = max(s.end_offset for s in pending)
-                run_key = _run_key(context, topic, last_end)
-                if run_key is not None:
-                    requests.append(
-                        RunRequest(
-                            run_key=run_key,
-                            partition_key=key,
-                            tags={
-                                TOPIC_TAG: topic.path,
-                                SEALED_END_TAG: str(last_end),
-                                "danube/untiered_segments": str(len(pending)),
-                            },
-                        )
+                requests.append(
+                    RunRequest(
+                        run_key=f"{key}:{last_end}",
+                        partition_key=key,
+                        tags={
+                            TOPIC_TAG: topic.path,
+                            SEALED_END_TAG: str(last_end),
+                            UNTIERED_SEGMENTS_TAG: str(len(pending)),
+                            MAX_RETRIES_TAG: str(TIERING_RUN_MAX_RETRIES),
+                        },
                     )
+                )
         return requests
 
     requests = asyncio.run(run())
     if not requests:
         return SkipReason(f"every sealed segment of {len(partitions)} topics is tiered")
     return SensorResult(run_requests=requests)
-
-
-def _run_key(context: SensorEvaluationContext, topic: TopicName, last_end: int) -> str | None:
-    """The run key to request for ``topic`` whose sealed segments up to ``last_end`` are not all
-    tiered, or ``None`` to wait.
-
-    The first request is ``{partition}:{last_end}``. Dagster never launches a run key twice, so
-    once runs with these tags have finished and segments are still untiered (the run failed,
-    was cancelled, or succeeded while a descriptor was lost), the next request is
-    ``{partition}:{last_end}:retry-{N}`` with N the number of finished runs, up to
-    :data:`MAX_TIERING_RETRIES`. While such a run is queued or running, wait for it.
-    """
-    runs = context.instance.get_runs(
-        filters=RunsFilter(tags={TOPIC_TAG: topic.path, SEALED_END_TAG: str(last_end)})
-    )
-    if any(run.status not in _FINISHED for run in runs):
-        return None
-    attempts = len(runs)
-    base = f"{topic.partition_key}:{last_end}"
-    if attempts == 0:
-        return base
-    if attempts > MAX_TIERING_RETRIES:
-        context.log.warning(
-            f"{topic.path}: {attempts} tiering runs up to offset {last_end} ended with segments "
-            "untiered; not retrying again. Fix the cause, then re-execute from the UI."
-        )
-        return None
-    return f"{base}:retry-{attempts}"

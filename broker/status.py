@@ -1,9 +1,10 @@
 """The one place that turns exceptions into gRPC statuses on the broker side.
 
 A :class:`~danube_pipeline.errors.DanubeError` becomes its class's ``grpc_code``, its message
-as details, and trailing metadata ``danube-error-class: <ClassName>`` so the client rebuilds
-the same typed exception (``danube_pipeline.errors.error_from_status``). Anything else is a
-bug: it is logged with its traceback and answered ``INTERNAL``.
+as details, and trailing metadata carrying its class name and constructor arguments
+(:func:`danube_pipeline.errors.encode_error_metadata`), so the client rebuilds the same typed
+exception with the same fields (``danube_pipeline.errors.error_from_status``). Anything else is
+a bug: it is logged with its traceback and answered ``INTERNAL``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY, DanubeError
+from danube_pipeline.errors import DanubeError, encode_error_metadata
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,7 @@ async def abort_with(context: aio.ServicerContext[Any, Any], exc: BaseException)
         grpc.aio.AbortError: always (that is how grpc.aio ends an RPC with a status).
     """
     if isinstance(exc, DanubeError):
-        await context.abort(
-            exc.grpc_code,
-            str(exc),
-            trailing_metadata=((ERROR_CLASS_METADATA_KEY, type(exc).__name__),),
-        )
+        await context.abort(exc.grpc_code, str(exc), trailing_metadata=encode_error_metadata(exc))
     log.error("unexpected error in RPC", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

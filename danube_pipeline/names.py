@@ -1,6 +1,6 @@
 """Topic, namespace and subscription names.
 
-A topic name is ``/{namespace}/{topic}`` (seed ``000``, "Key Naming Conventions": Topic Paths).
+A topic name is ``/{namespace}/{topic}`` (``docs/etcd-layout.md``, "Conventions").
 Both parts are 1 to 128 characters from ``[A-Za-z0-9_-]`` so they embed unescaped in etcd key
 paths, object-store paths, Iceberg identifiers and Dagster partition keys.
 """

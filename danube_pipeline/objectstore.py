@@ -4,8 +4,8 @@
 reaches S3 or an S3-compatible store (MinIO, moto) through ``s3fs`` with ``storage_options``
 such as ``{"endpoint_url": …, "key": …, "secret": …}``.
 
-Segment objects keep the bytes of the sealed WAL segment unchanged (seed ``000`` §5.1) and live
-at ``topics/{namespace}/{topic}/data-{start}-{end}.dnb1`` under the store's root.
+Segment objects keep the bytes of the sealed WAL segment unchanged (``docs/etcd-layout.md``
+§5.1) and live at ``topics/{namespace}/{topic}/data-{start}-{end}.dnb1`` under the store's root.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ __all__ = ["ObjectInfo", "ObjectStore", "segment_object_path"]
 
 
 def segment_object_path(topic: TopicName, object_id: str) -> str:
-    """``topics/{namespace}/{topic}/{object_id}``: where a segment object lives in the store."""
+    """Where a segment object lives in the store, relative to its root.
+
+    Args:
+        topic: the object's topic.
+        object_id: the object's file name, ``data-{start}-{end}.dnb1``.
+
+    Returns:
+        ``topics/{namespace}/{topic}/{object_id}``.
+    """
     return f"topics/{topic.namespace}/{topic.topic}/{object_id}"
 
 
@@ -36,13 +44,13 @@ class ObjectInfo:
 
     Attributes:
         path: the object's path relative to the store's root.
-        size: bytes.
+        size_bytes: the object's length in bytes.
         etag: MD5 hex of the content (what S3 reports for a single-part PUT), or ``None``
             when the backend does not report one and it was not computed.
     """
 
     path: str
-    size: int
+    size_bytes: int
     etag: str | None
 
 
@@ -77,7 +85,17 @@ class ObjectStore:
         return f"{self._root}/{path}"
 
     def url(self, path: str) -> str:
-        """The object's full URL, e.g. ``file:///…/topics/default/flights/data-0-99.dnb1``."""
+        """The object's full URL.
+
+        Args:
+            path: relative object path, e.g. ``topics/default/flights/data-0-99.dnb1``.
+
+        Returns:
+            ``{root_url}/{path}``, e.g. ``file:///…/topics/default/flights/data-0-99.dnb1``.
+
+        Raises:
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts.
+        """
         self._full(path)
         return f"{self.root_url}/{path.lstrip('/')}"
 
@@ -88,11 +106,18 @@ class ObjectStore:
         then ``rename``), so a reader never sees a partial object. Object stores are atomic per
         PUT already.
 
+        Args:
+            path: relative object path.
+            data: the object's content.
+
         Returns:
-            The written object's :class:`ObjectInfo` (etag = MD5 hex of ``data``).
+            The written object's :class:`ObjectInfo` (``size_bytes = len(data)``, etag = MD5
+            hex of ``data``).
 
         Raises:
-            OSError: the backend refused the write.
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts.
+            OSError: the backend refused the write (e.g. ``NotADirectoryError`` when the
+                root lies under a regular file).
         """
         full = self._full(path)
         etag = hashlib.md5(data).hexdigest()
@@ -125,12 +150,19 @@ class ObjectStore:
                 pass
             self._fs.pipe_file(full, data)
             self._fs.invalidate_cache(full)
-        return ObjectInfo(path=path.lstrip("/"), size=len(data), etag=etag)
+        return ObjectInfo(path=path.lstrip("/"), size_bytes=len(data), etag=etag)
 
     def get_bytes(self, path: str) -> bytes:
         """The object's content.
 
+        Args:
+            path: relative object path.
+
+        Returns:
+            The whole object, ``size_bytes`` bytes.
+
         Raises:
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts.
             FileNotFoundError: no object at ``path``.
         """
         data = self._fs.cat_file(self._full(path))
@@ -143,6 +175,13 @@ class ObjectStore:
             path: relative object path.
             compute_etag: when the backend reports no etag (local files), read the object and
                 compute its MD5.
+
+        Returns:
+            The object's :class:`ObjectInfo`, or ``None`` when nothing (or a directory) is
+            at ``path``.
+
+        Raises:
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts.
         """
         full = self._full(path)
         try:
@@ -159,14 +198,28 @@ class ObjectStore:
                 etag = None
         if etag is None and compute_etag:
             etag = hashlib.md5(self.get_bytes(path)).hexdigest()
-        return ObjectInfo(path=path.lstrip("/"), size=int(raw["size"]), etag=etag)
+        return ObjectInfo(path=path.lstrip("/"), size_bytes=int(raw["size"]), etag=etag)
 
     def exists(self, path: str) -> bool:
-        """Whether an object exists at ``path``."""
+        """Whether an object exists at ``path``.
+
+        Args:
+            path: relative object path.
+
+        Returns:
+            ``True`` if :meth:`info` finds an object there.
+        """
         return self.info(path) is not None
 
     def delete(self, path: str) -> None:
-        """Remove the object at ``path`` (no error if absent)."""
+        """Remove the object at ``path`` (no error if absent).
+
+        Args:
+            path: relative object path.
+
+        Raises:
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts.
+        """
         full = self._full(path)
         try:
             self._fs.rm_file(full)
@@ -174,7 +227,15 @@ class ObjectStore:
             pass
 
     def list(self, prefix: str = "") -> list[str]:
-        """Relative paths of every object under ``prefix``, sorted."""
+        """Every object under ``prefix``.
+
+        Args:
+            prefix: relative folder, e.g. ``topics/default/flights``; ``""`` for the whole store.
+
+        Returns:
+            Relative object paths, sorted; temporary files (names starting with ``.``) are left
+            out.
+        """
         base = f"{self._root}/{prefix.strip('/')}" if prefix.strip("/") else self._root
         try:
             found = self._fs.find(base)

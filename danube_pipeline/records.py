@@ -2,7 +2,7 @@
 
 A *segment* is one file: a 32-byte header followed by records. The broker's WAL writes
 segments; a sealed segment is immutable and is uploaded byte for byte as the object
-``data-{start}-{end}.dnb1`` (seed ``000`` §5.1), so the same decoder reads both.
+``data-{start}-{end}.dnb1`` (``docs/etcd-layout.md`` §5.1), so the same decoder reads both.
 
 Segment header (little endian, 32 bytes)::
 
@@ -22,7 +22,8 @@ Record body::
 Offsets within a segment are contiguous, starting at the header's ``start_offset``. A record
 whose frame runs past the end of the data, whose CRC32C does not match, or whose offset breaks
 the sequence ends the valid prefix: :func:`scan_records` reports where, so the WAL can
-truncate a torn tail (seed ``003`` §IV, "WAL Commit").
+truncate a torn tail: nothing after it was acknowledged, since every ack follows an
+``fdatasync`` of everything before it.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ class Record:
     Attributes:
         offset: position in the topic, contiguous from 0.
         publish_time_us: microseconds since the Unix epoch.
-        producer_id: the u64 id of seed ``000`` §3.3.
+        producer_id: the u64 producer id (``docs/etcd-layout.md`` §3.3).
         producer_name: the producer's name.
-        schema_id: global schema id (seed ``000`` §4.1); 0 = no schema.
+        schema_id: global schema id (``docs/etcd-layout.md`` §4.1); 0 = no schema.
         schema_version: version within the subject; 0 = no schema.
         attributes: user key/value pairs.
         payload: the message bytes.
@@ -300,7 +301,7 @@ class DecodedSegment:
     Attributes:
         header: the segment header.
         records: every record, offsets contiguous from ``header.start_offset``.
-        offset_index: sparse ``[offset, byte_position]`` pairs (seed ``000`` §5.1
+        offset_index: sparse ``[offset, byte_position]`` pairs (``docs/etcd-layout.md`` §5.1
             ``offset_index``): the first record and then every ``index_interval_records``-th.
         size_bytes: total bytes.
     """
@@ -349,5 +350,5 @@ def decode_segment(data: bytes | memoryview, *, where: str = "segment", index_in
 
 
 def object_id(start_offset: int, end_offset: int) -> str:
-    """The object name of seed ``000`` §5.1: ``data-{start}-{end}.dnb1``."""
+    """The object name of ``docs/etcd-layout.md`` §5.1: ``data-{start}-{end}.dnb1``."""
     return f"data-{start_offset}-{end_offset}{OBJECT_SUFFIX}"

@@ -1,6 +1,6 @@
-"""A minimal Avro schema registry over the seed-``000`` §4 etcd keys.
+"""A minimal Avro schema registry over the ``/schemas/`` etcd keys (``docs/etcd-layout.md`` §4).
 
-Layout (seed ``000`` §4):
+Layout (§4):
 
 * ``/schemas/_global/next_schema_id`` (§4.1): the next free schema id.
 * ``/schemas/{subject}/metadata`` (§4.2): :class:`~danube_pipeline.metadata.values.SchemaMetadata`,
@@ -46,7 +46,7 @@ class RegisteredSchema:
 
     Attributes:
         subject: the subject name, e.g. ``product-catalog``.
-        schema_id: the subject's id (seed ``000`` §4.2 ``id``), shared by all its versions.
+        schema_id: the subject's id (``docs/etcd-layout.md`` §4.2 ``id``), shared by all its versions.
         version: 1, 2, 3... within the subject.
         schema_type: ``"Avro"``.
         raw_schema: the schema text as registered.
@@ -111,7 +111,7 @@ def _registered(subject: str, schema_id: int, version: SchemaVersion) -> Registe
 
 
 class SchemaRegistry:
-    """Register and look up Avro schemas in etcd (seed ``000`` §4)."""
+    """Register and look up Avro schemas in etcd (``docs/etcd-layout.md`` §4)."""
 
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
@@ -223,7 +223,7 @@ class SchemaRegistry:
         return _registered(meta.subject, meta.id, SchemaVersion.from_json(kv.value))
 
     async def get_by_id(self, schema_id: int, *, version: int | None = None) -> RegisteredSchema:
-        """Look a schema up by its id (seed ``000`` §4.4 index, then §4.3).
+        """Look a schema up by its id (``docs/etcd-layout.md`` §4.4 index, then §4.3).
 
         Args:
             schema_id: the subject's schema id.

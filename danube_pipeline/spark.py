@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from danube_pipeline import settings
 from danube_pipeline.errors import DanubeError
@@ -61,6 +61,9 @@ def iceberg_spark_runtime_jar() -> Path:
     ``$DANUBE_ICEBERG_SPARK_JAR`` if set, else the jar inside the installed
     ``snowpark-connect-deps-iceberg`` package.
 
+    Returns:
+        The jar's path.
+
     Raises:
         SparkSetupError: the env var names a missing file, or the package is not installed.
     """
@@ -94,6 +97,9 @@ def sqlite_jdbc_jar() -> Path:
 
     ``$DANUBE_SQLITE_JDBC_JAR`` if set, else ``/usr/share/java/sqlite-jdbc.jar``.
 
+    Returns:
+        The jar's path.
+
     Raises:
         SparkSetupError: the jar does not exist.
     """
@@ -113,6 +119,15 @@ def jdbc_uri(catalog_uri: str) -> str:
     ``sqlite:////abs/catalog.db`` → ``jdbc:sqlite:/abs/catalog.db``;
     ``postgresql+psycopg2://u:p@h:5432/db`` → ``jdbc:postgresql://h:5432/db`` (credentials
     belong in ``jdbc.user``/``jdbc.password``); a ``jdbc:`` URI is returned unchanged.
+
+    Args:
+        catalog_uri: a SQLAlchemy URI (``sqlite:///…``, ``postgresql…://…``) or a JDBC URI.
+
+    Returns:
+        The JDBC URI.
+
+    Raises:
+        ValueError: the URI is neither SQLite, PostgreSQL nor JDBC.
     """
     if catalog_uri.startswith("jdbc:"):
         return catalog_uri
@@ -144,8 +159,12 @@ def spark_conf(
         shuffle_partitions: ``spark.sql.shuffle.partitions`` (small: local data).
         extra_jars: more jars for ``spark.jars`` (e.g. ``iceberg-aws-bundle`` for S3).
 
+    Returns:
+        ``{spark conf key: value}``, e.g. ``spark.sql.catalog.danube.uri``.
+
     Raises:
         SparkSetupError: a jar is missing.
+        ValueError: the catalog URI cannot be converted to JDBC.
     """
     name = catalog_name or settings.catalog_name()
     uri = catalog_uri or settings.catalog_uri()
@@ -184,15 +203,25 @@ def spark_conf(
     return conf
 
 
-def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: object) -> SparkSession:
-    """Get or create a Spark session with ``conf`` (default :func:`spark_conf` of ``kwargs``).
+def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) -> SparkSession:
+    """Get or create a Spark session.
 
     Jars are fixed when the JVM starts: a second call in one process with different jars
     gets the first session's jars.
+
+    Args:
+        conf: the Spark configuration; default :func:`spark_conf` of ``kwargs``.
+        **kwargs: keyword arguments of :func:`spark_conf`, used when ``conf`` is ``None``.
+
+    Returns:
+        The session, its log level set to ``WARN``.
+
+    Raises:
+        SparkSetupError: a jar is missing (when ``conf`` is built here).
     """
     from pyspark.sql import SparkSession
 
-    conf = dict(conf) if conf is not None else spark_conf(**kwargs)  # type: ignore[arg-type]
+    conf = dict(conf) if conf is not None else spark_conf(**kwargs)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -239,6 +268,15 @@ def compact_table(
     options => map('min-input-files', '2'))``. The rewrite commits a ``replace`` snapshot that
     carries no ``danube.*`` summary properties, so :func:`danube_pipeline.iceberg.committed_end_offset`
     looks past it.
+
+    Args:
+        spark: a session from :func:`build_spark_session` on the table's catalog.
+        topic: the topic whose table to compact.
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+        min_input_files: rewrite a file group only when it has at least this many files.
+
+    Returns:
+        A :class:`CompactionResult`.
 
     Raises:
         pyspark.errors.AnalysisException: the table does not exist.

@@ -1,9 +1,13 @@
 """The tiering steps behind the assets, as plain async functions over the real systems.
 
 * :func:`tier_sealed_segments`: sealed WAL segments → objects in object storage plus their
-  descriptors in etcd (seed ``000`` §5.1, §5.2).
+  descriptors in etcd (``docs/etcd-layout.md`` §5.1, §5.2).
 * :func:`commit_objects_to_table`: segment objects → one Iceberg snapshot per object, exactly
-  once (seed ``003`` §II, "Atomic Commits").
+  once: each snapshot's summary records the last offset it holds, and a commit succeeds only if
+  the table's current snapshot is still the one the writer read (the catalog's atomic swap of
+  the metadata pointer; Iceberg spec, "Optimistic Concurrency").
+* :func:`descriptor_gaps`, :func:`descriptor_record_count`, :func:`object_mismatches`: what
+  the asset checks compare (descriptors against each other, the object store and the table).
 
 They meet the broker only through its gRPC admin API and never read its disk.
 """
@@ -57,7 +61,15 @@ class SchemaLookup(Protocol):
 
 
 def untiered_segments(sealed: Sequence[SegmentInfo], descriptors: Sequence[ObjectDescriptor]) -> list[SegmentInfo]:
-    """Sealed, non-empty segments that have no completed descriptor, in offset order."""
+    """Sealed, non-empty segments that have no completed descriptor.
+
+    Args:
+        sealed: the topic's sealed segments, as the broker lists them.
+        descriptors: the topic's object descriptors (completed or not).
+
+    Returns:
+        The segments whose start offset no completed descriptor has, in offset order.
+    """
     done = {d.start_offset for d in descriptors if d.completed}
     return [
         s
@@ -68,7 +80,23 @@ def untiered_segments(sealed: Sequence[SegmentInfo], descriptors: Sequence[Objec
 
 @dataclass
 class TieringReport:
-    """What :func:`tier_sealed_segments` did."""
+    """What :func:`tier_sealed_segments` did.
+
+    Attributes:
+        topic: ``/ns/topic``.
+        sealed_segments: non-empty sealed segments the broker listed.
+        objects_written: objects uploaded by this call (with their descriptors completed).
+        objects_skipped: segments already tiered (completed descriptor, object of that size).
+        bytes_written: bytes uploaded by this call.
+        records_written: records in the objects uploaded by this call.
+        first_offset: the first offset of the topic's first completed descriptor afterwards,
+            ``None`` when there is none.
+        last_offset: the end offset of the topic's last completed descriptor afterwards,
+            ``None`` when there is none.
+        descriptors_total: completed descriptors of the topic afterwards.
+        cursor: ``objects/cur``'s padded start offset afterwards, ``None`` if unset.
+        object_ids_written: ``data-{start}-{end}.dnb1`` of each object uploaded, in order.
+    """
 
     topic: str
     sealed_segments: int = 0
@@ -80,7 +108,7 @@ class TieringReport:
     last_offset: int | None = None
     descriptors_total: int = 0
     cursor: str | None = None
-    written: list[str] = field(default_factory=list)
+    object_ids_written: list[str] = field(default_factory=list)
 
 
 async def tier_sealed_segments(
@@ -103,6 +131,16 @@ async def tier_sealed_segments(
 
     Idempotent: a segment whose completed descriptor exists and whose object exists with the
     stated size is skipped; one whose object is missing or the wrong size is uploaded again.
+
+    Args:
+        topic: the topic to tier.
+        store: the connected metadata store.
+        admin: the broker admin API (``DanubeClient.admin``).
+        objects: the object store segment objects are written to.
+        now_s: ``created_at`` of new descriptors, seconds since the Unix epoch; default now.
+
+    Returns:
+        A :class:`TieringReport`.
 
     Raises:
         OffsetRangeError: a segment does not follow the previous descriptor, or its bytes do
@@ -130,7 +168,7 @@ async def tier_sealed_segments(
             if existing.end_offset != seg.end_offset:
                 raise OffsetRangeError(existing.end_offset, seg.end_offset, f"{topic.path} descriptor {oid}")
             info = objects.info(path)
-            if info is not None and info.size == existing.size:
+            if info is not None and info.size_bytes == existing.size:
                 report.objects_skipped += 1
                 continue
             log.warning("%s: object %s missing or wrong size (%s); uploading again", topic.path, path, info)
@@ -171,7 +209,7 @@ async def tier_sealed_segments(
             etag=info.etag,
             object_id=oid,
             offset_index=decoded.offset_index,
-            size=info.size,
+            size=info.size_bytes,
             start_offset=seg.start_offset,
         )
         completed_ends[seg.start_offset] = seg.end_offset
@@ -183,10 +221,10 @@ async def tier_sealed_segments(
             ]
         )
         report.objects_written += 1
-        report.bytes_written += info.size
+        report.bytes_written += info.size_bytes
         report.records_written += len(decoded.records)
-        report.written.append(oid)
-        log.info("%s: tiered %s (%d records, %d bytes)", topic.path, oid, len(decoded.records), info.size)
+        report.object_ids_written.append(oid)
+        log.info("%s: tiered %s (%d records, %d bytes)", topic.path, oid, len(decoded.records), info.size_bytes)
 
     descriptors, cur = await read_descriptors(store, topic)
     done = [d for d in descriptors if d.completed]
@@ -203,7 +241,22 @@ async def tier_sealed_segments(
 
 @dataclass
 class TableReport:
-    """What :func:`commit_objects_to_table` did."""
+    """What :func:`commit_objects_to_table` did.
+
+    Attributes:
+        table: ``ns.topic``, the table's identifier in the catalog.
+        objects_appended: objects appended by this call, one snapshot each.
+        objects_skipped: completed objects already in the table.
+        rows_appended: rows appended by this call.
+        snapshot_id: the table's current snapshot afterwards, ``None`` without a table.
+        committed_end_offset: the table's committed end offset afterwards, ``None`` when
+            nothing was ever appended.
+        row_count: rows in the whole table afterwards (its snapshot summary's
+            ``total-records``), ``None`` without a table or when the summary lacks it.
+        data_files: live data files afterwards.
+        snapshots: ids of the snapshots this call created, in order.
+        schema_ids: registry schema ids of the records appended.
+    """
 
     table: str
     objects_appended: int = 0
@@ -211,6 +264,7 @@ class TableReport:
     rows_appended: int = 0
     snapshot_id: int | None = None
     committed_end_offset: int | None = None
+    row_count: int | None = None
     data_files: int = 0
     snapshots: list[int] = field(default_factory=list)
     schema_ids: list[int] = field(default_factory=list)
@@ -259,6 +313,16 @@ async def commit_objects_to_table(
     from the first object's schema (the registry's latest version of the schema id its records
     carry; ``_payload`` when they carry none).
 
+    Args:
+        topic: the topic whose table it is.
+        store: the connected metadata store (descriptors).
+        objects: the object store holding the segment objects.
+        catalog: the shared Iceberg catalog.
+        registry: the schema registry (``SchemaRegistry``).
+
+    Returns:
+        A :class:`TableReport`.
+
     Raises:
         OffsetRangeError: the descriptors or the table leave a gap.
         CorruptRecordError: an object does not match its descriptor or fails decoding.
@@ -279,7 +343,7 @@ async def commit_objects_to_table(
         path = segment_object_path(topic, d.object_id)
         data = objects.get_bytes(path)
         where = f"{topic.path}/{d.object_id}"
-        if len(data) != d.size:
+        if len(data) != d.size:  # d.size: the descriptor's recorded size in bytes (§5.1)
             raise CorruptRecordError(where, len(data), f"object is {len(data)} bytes, descriptor says {d.size}")
         if d.etag and hashlib.md5(data).hexdigest() != d.etag:
             raise CorruptRecordError(where, 0, f"MD5 does not match the descriptor's etag {d.etag}")
@@ -320,12 +384,23 @@ async def commit_objects_to_table(
         snapshot = table.current_snapshot()
         report.snapshot_id = snapshot.snapshot_id if snapshot else None
         report.committed_end_offset = iceberg.committed_end_offset(table)
+        report.row_count = iceberg.snapshot_row_count(table)
         report.data_files = iceberg.data_file_count(table)
     return report
 
 
 async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
-    """Topics whose root key ``/topics/{ns}/{topic}`` exists (sub-keys are ignored)."""
+    """Topics whose root key ``/topics/{ns}/{topic}`` exists (``docs/etcd-layout.md`` §3.1).
+
+    Args:
+        store: the connected metadata store.
+
+    Returns:
+        The topics, in key order; sub-keys and malformed names are ignored.
+
+    Raises:
+        MetadataStoreError: etcd failed.
+    """
     kvs, _ = await store.get_prefix(keys.TOPICS + "/")
     found: list[TopicName] = []
     for kv in kvs:
@@ -342,10 +417,125 @@ async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
 async def segments_needing_tiering(
     topic: TopicName, *, store: MetadataStore, admin: SegmentAdmin
 ) -> list[SegmentInfo]:
-    """Sealed segments of ``topic`` without a completed descriptor (for the sensor)."""
+    """Sealed segments of ``topic`` without a completed descriptor (for the sensor).
+
+    Args:
+        topic: the topic.
+        store: the connected metadata store.
+        admin: the broker admin API.
+
+    Returns:
+        The untiered segments in offset order; empty when the broker does not know the topic.
+
+    Raises:
+        MetadataStoreError: etcd failed.
+        RemoteError: the broker failed.
+    """
     try:
         sealed = await admin.list_sealed_segments(topic.path)
     except TopicNotFoundError:
         return []
     descriptors, _ = await read_descriptors(store, topic)
     return untiered_segments(sealed, descriptors)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def completed_descriptors(descriptors: Sequence[ObjectDescriptor]) -> list[ObjectDescriptor]:
+    """The completed descriptors, in offset order.
+
+    Args:
+        descriptors: a topic's object descriptors (completed or not).
+
+    Returns:
+        Those with ``completed=true``, sorted by ``start_offset``.
+    """
+    return sorted((d for d in descriptors if d.completed), key=lambda d: d.start_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptorGap:
+    """A completed descriptor that does not start right after the one before it.
+
+    Attributes:
+        object_id: the descriptor's object, ``data-{start}-{end}.dnb1``.
+        expected_start_offset: the previous completed descriptor's end offset + 1.
+        start_offset: where the descriptor starts instead (lower: overlap; higher: gap).
+    """
+
+    object_id: str
+    expected_start_offset: int
+    start_offset: int
+
+
+def descriptor_gaps(descriptors: Sequence[ObjectDescriptor]) -> list[DescriptorGap]:
+    """Where the completed descriptors are not contiguous (``docs/etcd-layout.md`` §5.1).
+
+    Args:
+        descriptors: a topic's object descriptors (incomplete ones are ignored).
+
+    Returns:
+        One :class:`DescriptorGap` per completed descriptor whose start offset is not the
+        previous completed descriptor's end offset + 1; empty when they are contiguous.
+    """
+    done = completed_descriptors(descriptors)
+    return [
+        DescriptorGap(d.object_id, prev.end_offset + 1, d.start_offset)
+        for prev, d in zip(done, done[1:])
+        if d.start_offset != prev.end_offset + 1
+    ]
+
+
+def descriptor_record_count(descriptors: Sequence[ObjectDescriptor]) -> int:
+    """Records the completed descriptors cover, ``end_offset - start_offset + 1`` each.
+
+    Args:
+        descriptors: a topic's object descriptors (incomplete ones are ignored).
+
+    Returns:
+        The record count.
+    """
+    return sum(d.end_offset - d.start_offset + 1 for d in completed_descriptors(descriptors))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMismatch:
+    """A completed descriptor whose object is missing or not the size it records.
+
+    Attributes:
+        object_id: ``data-{start}-{end}.dnb1``.
+        recorded_size_bytes: the size the descriptor records.
+        stored_size_bytes: the object's size in the store, ``None`` when it is missing.
+    """
+
+    object_id: str
+    recorded_size_bytes: int
+    stored_size_bytes: int | None
+
+
+def object_mismatches(
+    topic: TopicName, descriptors: Sequence[ObjectDescriptor], objects: ObjectStore
+) -> list[ObjectMismatch]:
+    """Completed descriptors whose object is missing or has another size than recorded.
+
+    Incomplete descriptors are ignored: their object may legitimately not be written yet.
+
+    Args:
+        topic: the topic the descriptors belong to.
+        descriptors: its object descriptors.
+        objects: the object store the objects were written to.
+
+    Returns:
+        One :class:`ObjectMismatch` per missing or resized object, in offset order.
+
+    Raises:
+        OSError: the object store failed.
+    """
+    found: list[ObjectMismatch] = []
+    for d in completed_descriptors(descriptors):
+        info = objects.info(segment_object_path(topic, d.object_id))
+        stored = info.size_bytes if info is not None else None
+        if stored != d.size:
+            found.append(ObjectMismatch(d.object_id, d.size, stored))
+    return found

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ import grpc
 import io
 import pytest
 
+from helpers import stays_sync
+
 from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
-from danube_pipeline.metadata.values import JsonRecord, JsonValue
-from danube_pipeline.modes import SubscriptionType
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
@@ -349,9 +348,8 @@ def test_shared_consumers_split_messages(stubs: Stubs) -> None:
     try:
         stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"w"] * 20)))
         got_a, got_b = ca.wait_for(10), cb.wait_for(10)
-        time.sleep(0.2)
         # nobody acked, so each holds exactly its receiver_queue_size
-        assert len(ca.snapshot()) == 10 and len(cb.snapshot()) == 10
+        stays_sync(lambda: len(ca.snapshot()) == 10 and len(cb.snapshot()) == 10, for_s=0.2, what="windows full")
         offsets_a = {m.offset for m in got_a}
         offsets_b = {m.offset for m in got_b}
         assert offsets_a.isdisjoint(offsets_b)
@@ -377,8 +375,8 @@ def test_failover_standby_takes_over_unacked(stubs: Stubs) -> None:
         stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"f"] * 6)))
         got = c1.wait_for(6)
         stubs.consumer.Ack(pb.AckRequest(consumer_id=first, offsets=[m.offset for m in got[:3]]))
-        time.sleep(0.2)
-        assert c2.snapshot() == []  # standby receives nothing while the active one is there
+        # the standby receives nothing while the active one is there
+        stays_sync(lambda: c2.snapshot() == [], for_s=0.2, what="standby idle")
         stubs.consumer.CloseConsumer(pb.CloseConsumerRequest(consumer_id=first))
         taken = c2.wait_for(3)
         assert [m.offset for m in taken] == [3, 4, 5]
@@ -444,161 +442,3 @@ def test_topic_lookup_and_cluster_metadata(stubs: Stubs, broker: BrokerProcess) 
 
 # ---------------------------------------------------------------- in-process regressions
 # These drive broker objects directly (real WAL on a tmp dir, no etcd, no broker process).
-
-
-class _DictCache:
-    """An in-memory :class:`~danube_pipeline.metadata.protocols.MetadataReader`."""
-
-    def __init__(self, values: dict[str, JsonValue] | None = None) -> None:
-        self.values = values or {}
-
-    def get(self, key: str) -> JsonValue | None:
-        return self.values.get(key)
-
-
-class _RecordingStore:
-    """A :class:`~danube_pipeline.metadata.protocols.MetadataWriter` that records every put."""
-
-    def __init__(self) -> None:
-        self.puts: list[tuple[str, JsonValue | JsonRecord]] = []
-
-    async def put(self, key: str, value: JsonValue | JsonRecord) -> int:
-        self.puts.append((key, value))
-        return len(self.puts)
-
-
-def _pending(i: int) -> Any:
-    from broker.wal import PendingMessage
-
-    return PendingMessage(payload=f"m{i}".encode(), publish_time_us=1, producer_name="p")
-
-
-@pytest.mark.asyncio
-async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the WAL write of batch N fails, SendStream must not publish later batches: they
-    would persist after the gap and a client resending from N would duplicate and reorder.
-
-    FAKE fault injection: ``os.fdatasync`` (as used by broker.wal) raises ENOSPC on its second
-    call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
-    """
-    import broker.wal.log as walmod
-    from broker.producer import OutgoingMessage, Producer
-    from broker.services import ProducerServicer
-    from broker.topic import Topic
-    from broker.wal import WriteAheadLog
-
-    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
-    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache())
-    producer = Producer(id=1, name="p", access_mode=0, topic=topic)
-
-    class OneTopicBroker:
-        """A :class:`broker.services.ProducerBroker` with one producer on one topic."""
-
-        broker_id = 1
-
-        async def create_producer(self, topic_path: str, producer_name: str, **options: Any) -> Producer:
-            return producer
-
-        def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
-            return topic.publish(producer, messages)
-
-        async def close_producer(self, producer_id: int) -> None:
-            pass
-
-    real = os.fdatasync
-    calls = {"n": 0}
-
-    def flaky(fd: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError(28, "No space left on device")
-        real(fd)
-
-    monkeypatch.setattr(walmod.os, "fdatasync", flaky)
-
-    def request(seq: int) -> pb.SendBatchRequest:
-        return pb.SendBatchRequest(producer_id=1, sequence_id=seq, messages=messages(f"s{seq}".encode()))
-
-    async def requests() -> Any:
-        yield request(0)
-        await asyncio.sleep(0.1)
-        yield request(1)  # its write fails
-        await asyncio.sleep(0.1)
-        yield request(2)  # arrives after the failure
-
-    gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(OneTopicBroker()), requests(), None)
-    answers = [(await gen.__anext__()).sequence_id]
-    await asyncio.sleep(0.5)  # the transport is slow to take the next answer
-    with pytest.raises(OSError):
-        async for answer in gen:
-            answers.append(answer.sequence_id)
-    await asyncio.sleep(0.1)
-    try:
-        assert answers == [0]
-        assert [r.payload for r in wal.read(0, 100)] == [b"s0"]
-        assert wal.next_offset == 1
-    finally:
-        await wal.close()
-
-
-@pytest.mark.asyncio
-async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path) -> None:
-    """A stored cursor older than the WAL start (e.g. after a topic move the WAL starts at
-    last_committed_offset + 1): the ack floor must follow the read position, so the cursor
-    advances and acked offsets are not kept forever."""
-    from broker.subscription import Subscription
-    from broker.wal import WriteAheadLog
-
-    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
-    stored: list[int] = []
-
-    async def persist(cursor: int) -> None:
-        stored.append(cursor)
-
-    sub = Subscription(
-        topic="/ns/t", name="s", subscription_type=SubscriptionType.EXCLUSIVE, wal=wal,
-        start_offset=50, persisted_cursor=49, persist_cursor=persist, cursor_flush_acks=10,
-    )
-    consumer = sub.add_consumer(1, "c", SubscriptionType.EXCLUSIVE, 1000)
-    try:
-        await wal.append([_pending(i) for i in range(100)])  # offsets 100..199
-        got: list[int] = []
-
-        async def receive() -> None:
-            async for batch in consumer.batches():
-                got.extend(d.record.offset for d in batch)
-                sub.ack([d.record.offset for d in batch])
-                if len(got) >= 100:
-                    return
-
-        await asyncio.wait_for(receive(), 5)
-        await sub.flush_cursor()
-        assert got == list(range(100, 200))
-        assert sub.cursor == 199
-        assert sub.acked == set()
-        assert stored[-1] == 199
-    finally:
-        await sub.close()
-        await wal.close()
-
-
-@pytest.mark.asyncio
-async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start(tmp_path: Path) -> None:
-    from broker.topic import Topic
-    from broker.wal import WriteAheadLog
-
-    name = TopicName.parse("/ns/t")
-    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
-    store = _RecordingStore()
-    cache = _DictCache({keys.subscription_cursor(name, "s"): 49})
-    topic = Topic(name, wal, store=store, cache=cache)
-    try:
-        await topic.subscribe(
-            subscription="s", subscription_type=SubscriptionType.EXCLUSIVE, consumer_id=1,
-            consumer_name="c", earliest=False, receiver_queue_size=10,
-        )
-        sub = topic.subscriptions["s"]
-        assert sub.read_position == 100 and sub.ack_floor == 100
-        assert (keys.subscription_cursor(name, "s"), 99) in store.puts
-    finally:
-        await topic.close()

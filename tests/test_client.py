@@ -15,6 +15,8 @@ import fastavro
 import grpc
 import pytest
 
+from helpers import eventually
+
 from danube_pipeline.client import (
     AvroSchema,
     DanubeClient,
@@ -120,7 +122,7 @@ async def test_accumulator_closes_batches_by_count_bytes_and_linger() -> None:
     assert [len(b.messages) for b in ready] == [3, 1]
     with pytest.raises(MessageTooLargeError):
         acc.append(b"123456789", {})
-    await asyncio.sleep(0.05)  # linger closes the open batch
+    await eventually(lambda: len(ready) == 3, timeout_s=5, what="linger closes the open batch")
     assert [len(b.messages) for b in ready] == [3, 1, 1]
 
 
@@ -247,30 +249,30 @@ async def test_avro_schema_ids_travel_with_messages_and_bad_payload_is_refused(
 
 @pytest.mark.integration
 @pytest.mark.asyncio
-async def test_dead_seed_plus_live_seed_bootstraps(start_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_dead_plus_live_bootstrap_address_bootstraps(start_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     broker = start_broker()
     dead = f"127.0.0.1:{free_port()}"
-    # Keep the given order so the dead seed is really tried first.
+    # Keep the given order so the dead address is really tried first.
     monkeypatch.setattr("danube_pipeline.client._metadata.random.shuffle", lambda seq: None)
     async with DanubeClient([dead, broker.address], retry_backoff_ms=10) as client:
         metadata = client._metadata
         assert metadata.brokers == {broker.broker_id: broker.address}
-        assert metadata.refresh_count == 1  # one refresh, one pass: dead seed, then live seed
+        assert metadata.refresh_count == 1  # one refresh, one pass: dead address, then live one
         assert metadata.rpc_counts["ClusterMetadata"] == 2
-        assert dead not in client._pool.addresses()  # seeds are discarded after bootstrap
+        assert dead not in client._pool.addresses()  # bootstrap-only addresses are discarded
         info = await client.admin.cluster_metadata()
         assert [(b.broker_id, b.address) for b in info.brokers] == [(broker.broker_id, broker.address)]
 
 
 @pytest.mark.unit
 @pytest.mark.asyncio
-async def test_only_dead_seeds_fail_after_the_retry_passes() -> None:
+async def test_only_dead_bootstrap_addresses_fail_after_the_retry_passes() -> None:
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     client = DanubeClient(dead, metadata_retries=2, retry_backoff_ms=10, request_timeout_ms=2_000)
     try:
         with pytest.raises(BrokerUnavailableError):
             await client.connect()
-        # 1 + metadata_retries passes, each over both seeds; one refresh.
+        # 1 + metadata_retries passes, each over both addresses; one refresh.
         assert client._metadata.refresh_count == 1
         assert client._metadata.rpc_counts["ClusterMetadata"] == 3 * 2
         assert client._metadata.brokers == {}
@@ -449,7 +451,7 @@ class _SlowAckConsumerStub:
                 return self
 
             async def __anext__(self):
-                await asyncio.sleep(3600)
+                await asyncio.Event().wait()  # a stream that never delivers
 
             def cancel(self) -> None:
                 pass
@@ -457,8 +459,9 @@ class _SlowAckConsumerStub:
         return _Call()
 
     async def Ack(self, req, timeout=None):  # noqa: N802
-        self.ack_started.set()
-        await asyncio.sleep(0.05)
+        if not self.ack_started.is_set():
+            self.ack_started.set()
+            await asyncio.Event().wait()  # the first Ack stays in flight until cancelled
         self.received.extend(req.offsets)
         return pb.AckResponse()
 

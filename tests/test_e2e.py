@@ -38,6 +38,13 @@ def test_demo_on_a_slice_of_flights(tmp_path, monkeypatch):
     assert summary.wal_syncs < LIMIT  # group commit: fewer syncs than messages
     assert summary.data_files_before_compaction >= summary.sealed_segments
     assert summary.data_files_after_compaction < summary.data_files_before_compaction
+    assert summary.asset_checks == [
+        ("iceberg_table", "no_duplicate_offsets", True),
+        ("iceberg_table", "offsets_match_descriptors", True),
+        ("iceberg_table", "row_count_matches_descriptors", True),
+        ("segment_objects", "descriptors_contiguous", True),
+        ("segment_objects", "objects_exist_with_recorded_size", True),
+    ]
 
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)

@@ -157,7 +157,7 @@ def test_arrow_table_decodes_payloads() -> None:
 
 
 def test_u64_producer_id_keeps_its_bits() -> None:
-    big = 10285063371164059634  # a producer id from seed 000
+    big = 10285063371164059634  # a random u64 producer id above 2**63
     record = Record(0, 0, big, "p", 0, 0, b"x", {})
     table = iceberg.arrow_table_for_records([record], None)
     stored = table.column("_producer_id")[0].as_py()
@@ -255,10 +255,29 @@ def test_object_store_roundtrip(tmp_path: Path) -> None:
     assert path == "topics/default/flights/data-0-9.dnb1"
     assert store.info(path) is None and not store.exists(path)
     info = store.put_bytes(path, b"hello")
-    assert info.size == 5 and info.etag == "5d41402abc4b2a76b9719d911017c592"
+    assert info.size_bytes == 5 and info.etag == "5d41402abc4b2a76b9719d911017c592"
     assert store.get_bytes(path) == b"hello"
     assert store.info(path, compute_etag=True) == info
     assert store.url(path).endswith("/objects/topics/default/flights/data-0-9.dnb1")
     assert store.list("topics") == [path]
     with pytest.raises(ValueError):
         store.put_bytes("../escape", b"x")
+
+
+def test_snapshot_row_count_is_the_whole_table(catalog: Any) -> None:
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    assert iceberg.snapshot_row_count(table) == 0
+    iceberg.append_records(table, _records(0, 9), SCHEMA, "data-0-9.dnb1")
+    iceberg.append_records(table, _records(10, 14), SCHEMA, "data-10-14.dnb1")
+    assert iceberg.snapshot_row_count(table) == 15 == iceberg.row_count(table)
+
+
+def test_duplicate_offsets(catalog: Any) -> None:
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    iceberg.append_records(table, _records(0, 9), SCHEMA, "data-0-9.dnb1")
+    assert iceberg.duplicate_offsets(table) == {}
+    # rows 3 and 4 again, appended behind the exactly-once append's back
+    table.append(table.scan(row_filter="_offset >= 3 and _offset <= 4").to_arrow())
+    table.append(table.scan(row_filter="_offset == 4").to_arrow())
+    assert iceberg.duplicate_offsets(table) == {3: 2, 4: 4}
+    assert iceberg.snapshot_row_count(table) == 10 + 2 + 2

@@ -1,8 +1,8 @@
-"""After a produce/consume round, etcd holds exactly the seed ``000`` layout.
+"""After a produce/consume round, etcd holds exactly the layout of ``docs/etcd-layout.md``.
 
-Every key must match one of the seed's key kinds (no stray keys), and every JSON value has the
-seed's field names in the seed's order, with the values this round implies. Field lists are
-copied from seed ``000`` (§1.2, §1.3, §1.6, §2.1, §3.3, §3.4, §4.2-§4.4).
+Every key must match one of the documented key kinds (no stray keys), and every JSON value has
+the documented field names in the documented order, with the values this round implies (§1.2,
+§1.3, §1.6, §2.1, §3.3, §3.4, §4.2-§4.4).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from danube_pipeline.metadata.store import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-SEED_KEY_PATTERNS = [
+DOCUMENTED_KEY_PATTERNS = [
     r"/cluster/[A-Za-z0-9_-]+",  # §1.1
     r"/cluster/register/\d+",  # §1.2
     r"/cluster/brokers/\d+/state",  # §1.3
@@ -44,7 +44,7 @@ SEED_KEY_PATTERNS = [
 N = 50
 
 
-async def test_keys_and_values_match_seed_000(etcd_endpoints, start_broker):
+async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start_broker):
     broker = start_broker()
     flights = list(iter_flights(N))
     async with DanubeClient([broker.address]) as client:
@@ -76,8 +76,8 @@ async def test_keys_and_values_match_seed_000(etcd_endpoints, start_broker):
         kvs, _ = await store.get_prefix("/")
     kv = {x.key: x.value for x in kvs}
 
-    stray = [k for k in kv if not any(re.fullmatch(p, k) for p in SEED_KEY_PATTERNS)]
-    assert stray == [], f"keys outside the seed 000 layout: {stray}"
+    stray = [k for k in kv if not any(re.fullmatch(p, k) for p in DOCUMENTED_KEY_PATTERNS)]
+    assert stray == [], f"keys outside the documented layout: {stray}"
 
     b = broker.broker_id
     # §1.1 cluster marker, §1.2 registration, §1.3 state, §1.4 assignment, §1.6 load, §1.7 leader
@@ -93,7 +93,7 @@ async def test_keys_and_values_match_seed_000(etcd_endpoints, start_broker):
     assert [r["resource"] for r in load["resources_usage"]] == ["CPU", "Memory"]
     assert load["topic_list"] == ["/default/flights"] and load["topics_len"] == 1
     assert kv["/cluster/leader"] == b
-    # §2.1 policy with the seed's defaults, §2.2 topic registry
+    # §2.1 policy with the documented defaults, §2.2 topic registry
     assert kv["/namespaces/default/policy"] == {
         "max_consumers_per_subscription": 0,
         "max_consumers_per_topic": 0,

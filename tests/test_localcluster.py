@@ -6,9 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from helpers import eventually_sync
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ from danube_pipeline.dev.localcluster import EtcdServer
 etcd = EtcdServer(Path(sys.argv[1]))
 etcd.start()
 print(etcd.pid, flush=True)
-time.sleep(120)
+time.sleep(120)  # the launcher is SIGKILLed long before
 """
 
 
@@ -41,10 +41,9 @@ def test_etcd_dies_with_a_sigkilled_launcher(tmp_path):
         assert _alive(etcd_pid)
         launcher.send_signal(signal.SIGKILL)  # no clean-up code runs
         launcher.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _alive(etcd_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(etcd_pid), "etcd outlived the process that started it"
+        eventually_sync(lambda: not _alive(etcd_pid), timeout_s=10, what="etcd outlived the process that started it")
     finally:
         if launcher.poll() is None:
             launcher.kill()
+        if launcher.stdout is not None:
+            launcher.stdout.close()

@@ -1,4 +1,4 @@
-"""The Avro schema registry against a real etcd: the seed-``000`` §4 keys and JSON values."""
+"""The Avro schema registry against a real etcd: the ``docs/etcd-layout.md`` §4 keys and JSON values."""
 
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ from danube_pipeline.schema_registry import SchemaRegistry, avro_fingerprint, pa
 
 pytestmark = pytest.mark.integration
 
-# Field names, in the order seed 000 shows them.
-SEED_METADATA_FIELDS = [  # §4.2
+# Field names, in the documented order.
+METADATA_FIELDS = [  # §4.2
     "compatibility_mode", "created_at", "created_by", "id", "latest_version",
     "subject", "topics_using", "updated_at", "versions",
 ]  # fmt: skip
-SEED_VERSION_FIELDS = [  # §4.3 (and the first entry of §4.2 "versions")
+VERSION_FIELDS = [  # §4.3 (and the first entry of §4.2 "versions")
     "created_at", "created_by", "version", "fingerprint", "is_deprecated", "schema_def", "tags",
 ]  # fmt: skip
-SEED_AVRO_DEF_FIELDS = ["fingerprint", "raw_schema"]  # §4.3 schema_def.Avro
-SEED_INDEX_FIELDS = ["schema_id", "subject"]  # §4.4
+AVRO_DEF_FIELDS = ["fingerprint", "raw_schema"]  # §4.3 schema_def.Avro
+INDEX_FIELDS = ["schema_id", "subject"]  # §4.4
 
 PRODUCT_V1 = json.dumps(
     {
@@ -87,7 +87,7 @@ def expected_fingerprint(raw: str) -> str:
 
 
 @pytest.mark.asyncio
-async def test_registration_writes_exactly_the_seed_keys_and_fields(
+async def test_registration_writes_exactly_the_documented_keys_and_fields(
     registry: SchemaRegistry, store: MetadataStore, etcd: EtcdServer
 ) -> None:
     reg = await registry.register_avro("product-catalog", PRODUCT_V1)
@@ -108,29 +108,29 @@ async def test_registration_writes_exactly_the_seed_keys_and_fields(
     assert raw_json(etcd, keys.SCHEMA_NEXT_ID) == 2  # §4.1: the NEXT free id
 
     meta = raw_json(etcd, keys.schema_metadata("product-catalog"))
-    assert list(meta) == SEED_METADATA_FIELDS
+    assert list(meta) == METADATA_FIELDS
     assert meta["compatibility_mode"] == "Backward"
     assert meta["created_by"] == "danube-client"
     assert (meta["id"], meta["latest_version"], meta["subject"]) == (1, 1, "product-catalog")
     assert meta["topics_using"] == []
     assert isinstance(meta["created_at"], int) and meta["updated_at"] == meta["created_at"]
-    assert len(meta["versions"]) == 1 and list(meta["versions"][0]) == SEED_VERSION_FIELDS
+    assert len(meta["versions"]) == 1 and list(meta["versions"][0]) == VERSION_FIELDS
 
     version = raw_json(etcd, keys.schema_version("product-catalog", 1))
-    assert list(version) == SEED_VERSION_FIELDS
+    assert list(version) == VERSION_FIELDS
     assert version == meta["versions"][0]
     assert version["version"] == 1
     assert version["is_deprecated"] is False and version["tags"] == []
     assert version["fingerprint"] == reg.fingerprint
     assert list(version["schema_def"]) == ["Avro"]
-    assert list(version["schema_def"]["Avro"]) == SEED_AVRO_DEF_FIELDS
+    assert list(version["schema_def"]["Avro"]) == AVRO_DEF_FIELDS
     assert version["schema_def"]["Avro"] == {
         "fingerprint": reg.fingerprint,
         "raw_schema": PRODUCT_V1,
     }
 
     index = raw_json(etcd, keys.schema_by_id(1))
-    assert list(index) == SEED_INDEX_FIELDS
+    assert list(index) == INDEX_FIELDS
     assert index == {"schema_id": 1, "subject": "product-catalog"}
 
 

@@ -1,7 +1,8 @@
 """Spark compaction on the catalog pyiceberg writes to, for real.
 
 One local Spark session per test session (slow to start), on a SQLite catalog and a
-``file://`` warehouse in a temporary directory.
+``file://`` warehouse in a temporary directory. The configuration tests start no Spark and are
+unit tests.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.records import Record
 from danube_pipeline.spark import build_spark_session, compact_table, jdbc_uri, spark_conf
 
-pytestmark = pytest.mark.spark
-
 CATALOG = "danube"
 SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -34,6 +33,12 @@ SCHEMA: dict[str, Any] = {
         {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
     ],
 }
+
+
+def result_snapshot_id(spark_catalog: dict[str, Any], ident: tuple[str, str]) -> int:
+    snapshot = spark_catalog["catalog"].load_table(ident).current_snapshot()
+    assert snapshot is not None
+    return int(snapshot.snapshot_id)
 
 
 def _records(start: int, end: int) -> list[Record]:
@@ -65,11 +70,13 @@ def spark_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
         spark.stop()
 
 
+@pytest.mark.unit
 def test_jdbc_uri() -> None:
     assert jdbc_uri("sqlite:////tmp/x/catalog.db") == "jdbc:sqlite:/tmp/x/catalog.db"
     assert jdbc_uri("postgresql+psycopg2://u:p@db:5432/iceberg") == "jdbc:postgresql://db:5432/iceberg"
 
 
+@pytest.mark.unit
 def test_spark_conf_points_at_the_shared_catalog(tmp_path: Path) -> None:
     conf = spark_conf(catalog_name="c1", catalog_uri=f"sqlite:///{tmp_path}/c.db", warehouse="file:///w")
     assert conf["spark.sql.catalog.c1"] == "org.apache.iceberg.spark.SparkCatalog"
@@ -81,6 +88,7 @@ def test_spark_conf_points_at_the_shared_catalog(tmp_path: Path) -> None:
     assert conf["spark.ui.enabled"] == "false"
 
 
+@pytest.mark.spark
 def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) -> None:
     topic = TopicName("default", "readings")
     catalog = spark_catalog["catalog"]
@@ -100,6 +108,7 @@ def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) 
     assert snapshot is not None and snapshot.snapshot_id == result.snapshot_id
     assert snapshot.summary is not None and snapshot.summary[iceberg.SUMMARY_END_OFFSET] is None
     assert iceberg.data_file_count(reloaded) == result.data_files_after
+    assert iceberg.snapshot_row_count(reloaded) == 300  # Spark's replace snapshot keeps the total
     after_rows = sorted(reloaded.scan().to_arrow().to_pylist(), key=lambda r: r["_offset"])
     assert after_rows == before_rows
 
@@ -114,6 +123,7 @@ def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) 
     assert (count["n"], count["hi"]) == (350, 349)
 
 
+@pytest.mark.spark
 def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
     topic = TopicName("default", "asset_readings")
     table = iceberg.ensure_table(spark_catalog["catalog"], topic, SCHEMA)
@@ -143,4 +153,6 @@ def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
     assert meta["data_files_after"] == 1
     assert meta["rewritten_data_files"] == 2
     assert meta["committed_end_offset"] == 19
+    assert meta["row_count"] == 20
+    assert meta["snapshot_id"] == str(result_snapshot_id(spark_catalog, ("default", "asset_readings")))
     assert iceberg.row_count(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
+import threading
 from pathlib import Path
 
 import pytest
+from helpers import eventually, stays
 
 import broker.wal.log as walmod
 import broker.wal.segment as segmod
@@ -134,14 +135,11 @@ async def test_roll_by_age(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
     try:
         await wal.append([msg(0), msg(1)])
-        for _ in range(100):
-            if wal.sealed_segments():
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: bool(wal.sealed_segments()), timeout_s=5, what="sealed by age")
         sealed = wal.sealed_segments()
         assert [(s.start_offset, s.end_offset) for s in sealed] == [(0, 1)]
-        await asyncio.sleep(0.5)  # the empty active segment is never sealed
-        assert len(wal.sealed_segments()) == 1
+        # the empty active segment is never sealed
+        await stays(lambda: len(wal.sealed_segments()) == 1, for_s=0.5, what="one sealed segment")
     finally:
         await wal.close()
 
@@ -186,39 +184,46 @@ async def test_reads_across_sealed_and_active(tmp_path: Path) -> None:
         await wal.close()
 
 
-async def test_torn_tail_is_truncated(tmp_path: Path) -> None:
+def _torn_record(good_records: int) -> bytes:
+    return encode_record(msg(good_records).to_record(good_records))[:-7]
+
+
+def _torn_frame(good_records: int) -> bytes:
+    return encode_record(msg(good_records).to_record(good_records))[:5]
+
+
+def _garbage(good_records: int) -> bytes:
+    return os.urandom(100)
+
+
+def _wrong_offset(good_records: int) -> bytes:
+    return encode_record(msg(0).to_record(good_records + 7))  # a whole record out of sequence
+
+
+@pytest.mark.parametrize(
+    "tail", [_torn_record, _torn_frame, _garbage, _wrong_offset], ids=lambda f: f.__name__.strip("_")
+)
+@pytest.mark.parametrize("good_records", [0, 5])
+async def test_bad_tail_is_truncated(tmp_path: Path, tail: object, good_records: int) -> None:
+    """A torn or corrupt tail after the last good record was never acknowledged: recovery
+    cuts it off and appends continue at the last good offset + 1."""
     wal = await open_wal(tmp_path)
-    await wal.append([msg(i) for i in range(5)])
+    if good_records:
+        await wal.append([msg(i) for i in range(good_records)])
     path = wal.active_path
     await wal.close()
     good_size = path.stat().st_size
+    assert callable(tail)
     with open(path, "ab") as f:
-        f.write(encode_record(msg(5).to_record(5))[:-7])  # a torn last record
+        f.write(tail(good_records))
     wal = await open_wal(tmp_path)
     try:
         assert path.stat().st_size == good_size
-        assert wal.next_offset == 5
-        assert await wal.append([msg(50)]) == (5, 5)
+        assert wal.next_offset == good_records
+        assert await wal.append([msg(50)]) == (good_records, good_records)
         got = wal.read(0, 100)
-        assert [r.offset for r in got] == [0, 1, 2, 3, 4, 5]
+        assert [r.offset for r in got] == list(range(good_records + 1))
         assert got[-1].payload == msg(50).payload
-    finally:
-        await wal.close()
-
-
-async def test_garbage_tail_is_truncated(tmp_path: Path) -> None:
-    wal = await open_wal(tmp_path)
-    await wal.append([msg(i) for i in range(3)])
-    path = wal.active_path
-    await wal.close()
-    good_size = path.stat().st_size
-    with open(path, "ab") as f:
-        f.write(os.urandom(100))
-    wal = await open_wal(tmp_path)
-    try:
-        assert path.stat().st_size == good_size
-        assert await wal.append([msg(3)]) == (3, 3)
-        assert [r.offset for r in wal.read(0, 10)] == [0, 1, 2, 3]
     finally:
         await wal.close()
 
@@ -283,8 +288,7 @@ async def test_wait_for_offset_wakes_on_append(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
         waiter = asyncio.create_task(wal.wait_for_offset(0, timeout_s=5))
-        await asyncio.sleep(0.05)
-        assert not waiter.done()
+        await stays(lambda: not waiter.done(), for_s=0.05, what="waiting for offset 0")
         await wal.append([msg(0)])
         assert await waiter is True
         assert await wal.wait_for_offset(5, timeout_s=0.05) is False
@@ -309,28 +313,33 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     """close() while the age timer is inside a seal must let the seal finish: acked records
     written meanwhile go to the NEW active segment, never into the sealed file.
 
-    FAKE fault injection: ``fsync_dir`` is replaced by a slow version (it sleeps in the
-    seal's worker thread, after the rename) to hold the seal open at the moment close() is
-    called; a real directory fsync is too fast to hit this window deterministically.
+    FAKE fault injection: ``fsync_dir`` is replaced by one that blocks in the seal's worker
+    thread, after the rename, until close() has started; a real directory fsync is too fast to
+    hit this window deterministically.
     """
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
     assert await wal.append([msg(i) for i in range(5)]) == (0, 4)
     real_fsync_dir = walmod.fsync_dir
     in_seal = asyncio.Event()
+    release = threading.Event()
     loop = asyncio.get_running_loop()
 
-    def slow_fsync_dir(d: Path) -> None:
+    def held_fsync_dir(d: Path) -> None:
         loop.call_soon_threadsafe(in_seal.set)
-        time.sleep(0.5)
+        release.wait(10)
         real_fsync_dir(d)
 
-    patch_fsync_dir(monkeypatch, slow_fsync_dir)
+    patch_fsync_dir(monkeypatch, held_fsync_dir)
     await asyncio.wait_for(in_seal.wait(), 5)  # the age timer is mid-seal
     patch_fsync_dir(monkeypatch, real_fsync_dir)
     fut = wal.enqueue([msg(i) for i in range(5, 8)])
-    await wal.close()
+    closing = asyncio.create_task(wal.close())
+    await eventually(lambda: wal.closed, timeout_s=5, what="close() started")
+    release.set()
+    await asyncio.wait_for(closing, 10)
     assert fut.done() and fut.result() == (5, 7)
-    await asyncio.sleep(0.6)  # nothing may still be running in the background
+    # nothing may still be running in the background
+    assert not [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("wal-")]
     assert dir_names(tmp_path) == [sealed_name(0, 4), active_name(5)]
     assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
     assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
@@ -346,24 +355,28 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
     """Cancelling seal_active() while its worker thread runs must not leave the WAL pointing
     at the renamed file: the seal completes and later appends go to the new active segment.
 
-    FAKE fault injection: a slow ``fsync_dir`` (sleeping after the rename) holds the seal in
-    its worker thread so that the cancellation lands there deterministically.
+    FAKE fault injection: ``fsync_dir`` blocks after the rename until the test cancelled the
+    seal, so that the cancellation lands in the worker thread deterministically.
     """
     wal = await open_wal(tmp_path)
     try:
         await wal.append([msg(i) for i in range(5)])
         real_fsync_dir = walmod.fsync_dir
         in_seal = asyncio.Event()
+        release = threading.Event()
         loop = asyncio.get_running_loop()
 
-        def slow_fsync_dir(d: Path) -> None:
+        def held_fsync_dir(d: Path) -> None:
             loop.call_soon_threadsafe(in_seal.set)
-            time.sleep(0.3)
+            release.wait(10)
             real_fsync_dir(d)
 
-        patch_fsync_dir(monkeypatch, slow_fsync_dir)
+        patch_fsync_dir(monkeypatch, held_fsync_dir)
         task = asyncio.create_task(wal.seal_active())
         await asyncio.wait_for(in_seal.wait(), 5)
+        task.cancel()
+        await asyncio.sleep(0)  # deliver the cancellation while the thread is held
+        release.set()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -177,6 +177,11 @@ class WriteAheadLog:
     # ------------------------------------------------------------------ appending
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (appends fail from then on)."""
+        return self._closed
+
+    @property
     def next_offset(self) -> int:
         """The offset the next enqueued message will get."""
         return self._next_offset

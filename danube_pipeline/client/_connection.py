@@ -76,8 +76,7 @@ class ConnectionPool:
     def rank(self, address: str) -> int:
         """How cheap ``address`` is to contact: 0 connected, 1 channel open, 2 no channel.
 
-        Seed ``004`` ("Potential improvements"): contact brokers that are already connected
-        before opening new connections.
+        Brokers that are already connected are contacted before new connections are opened.
         """
         channel = self._channels.get(address)
         if channel is None:

@@ -56,7 +56,8 @@ class Context:
     ) -> T:
         """Run ``fn`` against the broker that serves ``topic``, retrying on stale metadata.
 
-        Makes at most ``1 + retries`` attempts. An error whose ``invalid_metadata`` is true
+        Makes at most ``1 + retries`` attempts (creating a missing topic is not one). An error
+        whose ``invalid_metadata`` is true
         refreshes the topic lookup before the next attempt; one that is only ``retriable``
         retries the same broker; any other error is raised at once.
 
@@ -78,21 +79,23 @@ class Context:
         """
         last: DanubeError | None = None
         created = False
-        sleep = False
-        for _ in range(1 + self.retries):
-            if sleep:
+        attempts = 1 + self.retries
+        attempt = 0
+        while attempt < attempts:
+            if attempt:
                 await asyncio.sleep(self.backoff_s)
-            sleep = True
+            attempt += 1
             try:
                 owner = await self.metadata.lookup(topic, refresh=refresh)
             except TopicNotFoundError as exc:
                 if not create_missing:
                     raise
+                last, refresh = exc, True
                 if not created:
+                    # Creating the topic is not a failed attempt: look it up again at once.
                     await self.create_topic(topic)
                     created = True
-                    sleep = False
-                last, refresh = exc, True
+                    attempt -= 1
                 continue
             try:
                 with rpc_errors(owner.address):

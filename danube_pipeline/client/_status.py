@@ -1,10 +1,12 @@
 """The one place where a gRPC failure becomes a :class:`~danube_pipeline.errors.DanubeError`.
 
-The broker sends the server-side error class name in trailing metadata under
-:data:`~danube_pipeline.errors.ERROR_CLASS_METADATA_KEY`; :func:`from_rpc_error` reads it and
-builds the matching typed exception with :func:`~danube_pipeline.errors.error_from_status`,
-so ``except TopicNotFoundError`` works on the client and the retry logic reads the class's
-``retriable`` / ``invalid_metadata`` flags (the aiokafka pattern).
+The broker sends the server-side error class name and its constructor arguments in trailing
+metadata (:data:`~danube_pipeline.errors.ERROR_CLASS_METADATA_KEY`,
+:data:`~danube_pipeline.errors.ERROR_FIELDS_METADATA_KEY`); :func:`from_rpc_error` reads them
+and rebuilds the typed exception through its own constructor with
+:func:`~danube_pipeline.errors.error_from_status`, so ``except TopicNotFoundError as e: e.topic``
+works on the client and the retry logic reads the class's ``retriable`` /
+``invalid_metadata`` flags (the aiokafka pattern).
 
 A transport failure (connection refused, broker gone) arrives as ``UNAVAILABLE`` without a
 class name; it becomes a :class:`~danube_pipeline.errors.BrokerUnavailableError` carrying the
@@ -15,26 +17,32 @@ no broker answer behind it (:data:`CLIENT_SIDE_INTERNAL_DETAILS`).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 
 import grpc
 
 from danube_pipeline.errors import (
     ERROR_CLASS_METADATA_KEY,
+    ERROR_FIELDS_METADATA_KEY,
     BrokerUnavailableError,
     DanubeError,
     error_from_status,
 )
 
 
-def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
+def _trailing(exc: grpc.aio.AioRpcError, key: str) -> str | None:
     metadata = exc.trailing_metadata()
     if not metadata:
         return None
-    for key, value in metadata:
-        if key == ERROR_CLASS_METADATA_KEY:
+    for k, value in metadata:
+        if k == key:
             return value.decode() if isinstance(value, bytes) else str(value)
     return None
+
+
+def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
+    return _trailing(exc, ERROR_CLASS_METADATA_KEY)
 
 
 #: How ``INTERNAL`` statuses raised by gRPC's own client start. "Internal error from Core" is
@@ -78,14 +86,10 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
     """
     code = exc.code()
     details = exc.details() or ""
-    error_class = _error_class(exc)
     if is_transport_failure(exc):
-        error_class = BrokerUnavailableError.__name__
-    err = error_from_status(code, details, error_class)
-    if isinstance(err, BrokerUnavailableError):
-        err.address = address
-        err.reason = details
-    return err
+        fields = json.dumps({"address": address, "reason": details})
+        return error_from_status(code, details, BrokerUnavailableError.__name__, fields)
+    return error_from_status(code, details, _error_class(exc), _trailing(exc, ERROR_FIELDS_METADATA_KEY))
 
 
 @contextlib.contextmanager

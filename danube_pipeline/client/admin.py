@@ -177,7 +177,7 @@ class AdminClient:
         return b"".join([chunk async for chunk in self.read_segment(topic, start_offset)])
 
     async def cluster_metadata(self) -> ClusterInfo:
-        """Refresh and return the cluster's brokers and leader (seed ``004``).
+        """Refresh and return the cluster's brokers and leader.
 
         Joins a metadata refresh already in flight instead of starting a second one.
 

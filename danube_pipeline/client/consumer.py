@@ -5,7 +5,7 @@ A background task reads ``MessageBatch`` answers into an :class:`asyncio.Queue`;
 ``Ack`` call every ``ack_batch_size`` acks, every ``ack_flush_ms``, and on close.
 
 When the stream fails with a retriable or ``invalid_metadata`` error, the consumer looks the
-topic up again (seed ``004``), subscribes again and reopens the stream; messages still in the
+topic up again, subscribes again and reopens the stream; messages still in the
 local queue are dropped because the broker redelivers every unacked message (at least once).
 """
 
@@ -118,7 +118,7 @@ class Consumer:
         Raises:
             TopicNotFoundError: the topic does not exist (consumers do not create topics).
             SubscriptionBusyError: an Exclusive subscription already has a consumer.
-            BrokerUnavailableError: no broker answered within the retry budget (seed ``004``).
+            BrokerUnavailableError: no broker answered within the retry budget.
             DanubeError: another refusal from the broker.
         """
         if self._state != "new":

@@ -10,7 +10,7 @@ When the stream fails:
 
 * with an error whose ``invalid_metadata`` or ``retriable`` flag is set (``UNAVAILABLE``,
   ``NotServedHereError``, ``ProducerNotFoundError``), the producer looks the topic up again
-  (seed ``004``), re-creates itself on the (possibly new) owner and resends every unanswered
+  re-creates itself on the (possibly new) owner and resends every unanswered
   batch in order: delivery is at least once;
 * with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
   of the batch the broker was answering fail; the producer opens a new stream and the later
@@ -132,7 +132,7 @@ class Producer:
         Raises:
             InvalidSchemaError: the Avro schema does not parse (from the broker).
             TopicNotFoundError: the topic could not be created or resolved.
-            BrokerUnavailableError: no broker answered within the retry budget (seed ``004``).
+            BrokerUnavailableError: no broker answered within the retry budget.
             DanubeError: another refusal from the broker.
         """
         if self._state != "new":

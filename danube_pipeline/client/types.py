@@ -29,7 +29,7 @@ __all__ = [
 
 
 class BrokerAddress(NamedTuple):
-    """A broker known by id (seed ``004``: brokers are indexed by id once known).
+    """A broker known by id (the client indexes brokers by id once it has learnt them).
 
     Attributes:
         broker_id: the u64 broker id registered in ``/cluster/register/{id}``.
@@ -42,7 +42,7 @@ class BrokerAddress(NamedTuple):
 
 @dataclass(frozen=True)
 class AvroSchema:
-    """An Avro schema a producer registers before it publishes (seed ``000`` §4).
+    """An Avro schema a producer registers before it publishes (``docs/etcd-layout.md`` §4).
 
     Attributes:
         subject: the schema-registry subject, e.g. ``"flights-value"``.
@@ -137,7 +137,7 @@ class BrokerInfo:
 
 @dataclass(frozen=True, slots=True)
 class ClusterInfo:
-    """The cluster as the last metadata refresh saw it (seed ``004``).
+    """The cluster as the last metadata refresh saw it.
 
     Attributes:
         cluster_name: the cluster's name.

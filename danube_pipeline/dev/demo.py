@@ -69,6 +69,7 @@ class DemoSummary:
     data_files_before_compaction: int = 0
     data_files_after_compaction: int = 0
     carrier_delays: list[tuple[str, float, int]] = field(default_factory=list)
+    asset_checks: list[tuple[str, str, bool]] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def render(self) -> str:
@@ -89,6 +90,9 @@ class DemoSummary:
             f"Iceberg rows            {self.table_rows:>12,}",
             f"data files before/after {self.data_files_before_compaction:>5} -> {self.data_files_after_compaction}"
             "   (Spark rewrite_data_files)",
+            "",
+            "asset checks (run of segment_objects + iceberg_table):",
+            *(f"  {asset:<16} {check:<34} {'passed' if ok else 'FAILED'}" for asset, check, ok in self.asset_checks),
             "",
             "mean departure delay per carrier (Spark SQL on the Iceberg table):",
         ]
@@ -206,6 +210,23 @@ def _dagster_launch(select: str) -> None:
         raise DemoError(f"dagster {select}", f"exit code {proc.returncode}\n{tail}")
 
 
+def _asset_check_results() -> list[tuple[str, str, bool]]:
+    """``(asset, check, passed)`` of every asset check evaluated by the newest run."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs(limit=1)
+        if not runs:
+            return []
+        results = []
+        for entry in instance.all_logs(runs[0].run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+            event = entry.get_dagster_event()
+            data = event.asset_check_evaluation_data if event is not None else None
+            if data is not None:
+                results.append((data.asset_key.to_user_string(), data.check_name, bool(data.passed)))
+    return sorted(results)
+
+
 def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
     from danube_pipeline.iceberg import load_catalog
 
@@ -262,6 +283,10 @@ def _run_stages(
         asyncio.run(_seal_and_count(broker_addr, summary))
     with _stage(summary, "dagster: objects + iceberg"):
         _dagster_launch("segment_objects,iceberg_table")
+    summary.asset_checks = _asset_check_results()
+    failed = [f"{asset}.{check}" for asset, check, ok in summary.asset_checks if not ok]
+    if not summary.asset_checks or failed:
+        raise DemoError("asset checks", f"{len(summary.asset_checks)} checks ran, failed: {failed}")
     asyncio.run(_count_descriptors(etcd_endpoints, summary))
     summary.snapshots, summary.data_files_before_compaction, summary.table_rows = _table_stats(env)
     if summary.table_rows != summary.messages_published:

@@ -359,7 +359,7 @@ class BrokerProcess(_ChildProcess):
         data_dir: the broker's data directory (WAL, segments); created if missing.
         host: interface to listen on.
         port: port to listen on; ``0`` lets the broker pick a free one.
-        cluster_name: Danube cluster name (seed ``000`` §1.1).
+        cluster_name: Danube cluster name (``docs/etcd-layout.md`` §1.1).
         segment_max_bytes: seal a WAL segment at this size, in bytes (broker default if None).
         segment_max_age_s: seal a WAL segment at this age, in seconds (broker default if None).
         log_path: broker output, appended; default ``data_dir / "broker.log"``.
@@ -449,7 +449,7 @@ class BrokerProcess(_ChildProcess):
 
     @property
     def broker_id(self) -> int:
-        """The broker id it registered under (seed ``000`` §1.2).
+        """The broker id it registered under (``docs/etcd-layout.md`` §1.2).
 
         Raises:
             RuntimeError: if the broker never became ready.

@@ -18,10 +18,12 @@ from danube_pipeline.iceberg.append import (
 from danube_pipeline.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.iceberg.catalog import (
     data_file_count,
+    duplicate_offsets,
     ensure_table,
     load_catalog,
     read_offsets,
     row_count,
+    snapshot_row_count,
     table_identifier,
 )
 from danube_pipeline.iceberg.schema import (
@@ -45,11 +47,13 @@ __all__ = [
     "arrow_table_for_records",
     "committed_end_offset",
     "data_file_count",
+    "duplicate_offsets",
     "ensure_table",
     "iceberg_schema_for_avro",
     "load_catalog",
     "read_offsets",
     "row_count",
+    "snapshot_row_count",
     "table_identifier",
     "widen_avro_schema",
 ]

@@ -51,6 +51,9 @@ def committed_end_offset(table: Table) -> int | None:
     Walks the current snapshot's ancestry, newest first, to the first snapshot whose summary
     carries ``danube.end-offset`` (compaction snapshots written by Spark do not).
 
+    Args:
+        table: a topic's table.
+
     Returns:
         The inclusive end offset, or ``None`` if nothing was appended yet.
     """

@@ -22,8 +22,9 @@ _U64_SIGN = 1 << 63
 
 
 def _as_signed64(value: int) -> int:
-    """A u64 (Danube producer ids are random u64s, seed ``000`` §3.3) as the int64 with the
-    same 64 bits, since Iceberg's ``long`` is signed. ``value & (2**64 - 1)`` reverses it."""
+    """A u64 (Danube producer ids are random u64s, ``docs/etcd-layout.md`` §3.3) as the int64
+    with the same 64 bits, since Iceberg's ``long`` is signed. ``value & (2**64 - 1)`` reverses
+    it."""
     return value - (1 << 64) if value >= _U64_SIGN else value
 
 

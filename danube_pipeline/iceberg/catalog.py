@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -23,7 +24,19 @@ from danube_pipeline import settings
 from danube_pipeline.iceberg.schema import iceberg_schema_for_avro
 from danube_pipeline.names import TopicName
 
-__all__ = ["data_file_count", "ensure_table", "load_catalog", "read_offsets", "row_count", "table_identifier"]
+__all__ = [
+    "data_file_count",
+    "duplicate_offsets",
+    "ensure_table",
+    "load_catalog",
+    "read_offsets",
+    "row_count",
+    "snapshot_row_count",
+    "table_identifier",
+]
+
+SUMMARY_TOTAL_RECORDS = "total-records"
+"""The snapshot summary's running row count (Iceberg spec, "Optional Snapshot Summary Fields")."""
 
 
 def load_catalog(
@@ -41,6 +54,13 @@ def load_catalog(
             ``settings.catalog_uri()``.
         warehouse: warehouse URL, e.g. ``file:///abs/warehouse``. Defaults to
             ``settings.warehouse_url()``.
+
+    Returns:
+        The catalog; its SQLite file (if any) is in WAL journal mode.
+
+    Raises:
+        sqlite3.Error: the SQLite catalog file cannot be opened.
+        OSError: the catalog's or the warehouse's directory cannot be created.
     """
     name = name or settings.catalog_name()
     uri = uri or settings.catalog_uri()
@@ -71,7 +91,14 @@ def _use_sqlite_wal(db_path: str) -> None:
 
 
 def table_identifier(topic: TopicName) -> tuple[str, str]:
-    """``(namespace, topic)``: the Iceberg identifier of a topic's table."""
+    """The Iceberg identifier of a topic's table (Iceberg namespace = Danube namespace).
+
+    Args:
+        topic: the topic.
+
+    Returns:
+        ``(namespace, topic)``, e.g. ``("default", "flights")``.
+    """
     return (topic.namespace, topic.topic)
 
 
@@ -84,6 +111,18 @@ def ensure_table(
 
     When the table exists and ``avro_schema`` has columns it lacks, they are added
     (``update_schema().union_by_name``), so a newer schema version can be appended.
+
+    Args:
+        catalog: the shared catalog (:func:`load_catalog`).
+        topic: the topic whose table it is.
+        avro_schema: the topic's Avro schema, or ``None`` for a ``_payload`` table.
+
+    Returns:
+        The table, loaded after any schema change.
+
+    Raises:
+        InvalidSchemaError: the Avro schema cannot be mapped (see
+            :func:`~danube_pipeline.iceberg.iceberg_schema_for_avro`).
     """
     identifier = table_identifier(topic)
     wanted = iceberg_schema_for_avro(avro_schema)
@@ -105,18 +144,84 @@ def ensure_table(
 
 
 def data_file_count(table: Table) -> int:
-    """Number of live data files in the current snapshot."""
+    """Live data files in the table's current snapshot.
+
+    Args:
+        table: the table.
+
+    Returns:
+        The file count; 0 for a table without a snapshot.
+    """
     if table.current_snapshot() is None:
         return 0
     return int(table.inspect.files().num_rows)
 
 
 def read_offsets(table: Table) -> list[int]:
-    """Every ``_offset`` in the table's current snapshot, sorted (for checks and tests)."""
+    """Every ``_offset`` in the table's current snapshot (a full scan of that column).
+
+    Args:
+        table: a topic's table.
+
+    Returns:
+        The offsets, sorted, one per row (a duplicated offset appears twice).
+    """
     arrow = table.scan(selected_fields=("_offset",)).to_arrow()
     return sorted(arrow.column("_offset").to_pylist())
 
 
 def row_count(table: Table) -> int:
-    """Row count of the table's current snapshot."""
+    """Rows in the table's current snapshot, counted by scanning the ``_offset`` column.
+
+    Args:
+        table: a topic's table.
+
+    Returns:
+        The number of rows the scan returns (deletes applied).
+    """
     return int(table.scan(selected_fields=("_offset",)).to_arrow().num_rows)
+
+
+def snapshot_row_count(table: Table) -> int | None:
+    """Rows in the table's current snapshot, from its summary (no data file is read).
+
+    Every snapshot summary pyiceberg and Spark write carries ``total-records``, the running
+    row count of the table (Iceberg spec, "Optional Snapshot Summary Fields").
+
+    Args:
+        table: the table.
+
+    Returns:
+        The row count; 0 for a table without a snapshot; ``None`` when the current snapshot's
+        summary does not state it.
+    """
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    if snapshot.summary is None:
+        return None
+    value = snapshot.summary[SUMMARY_TOTAL_RECORDS]
+    return int(value) if value is not None else None
+
+
+def duplicate_offsets(table: Table) -> dict[int, int]:
+    """Offsets held by more than one row of the table's current snapshot.
+
+    Scans the ``_offset`` column only (8 bytes per row in memory).
+
+    Args:
+        table: a topic's table.
+
+    Returns:
+        ``{offset: rows holding it}`` for every offset held by two rows or more; empty when
+        every offset is unique.
+    """
+    offsets = table.scan(selected_fields=("_offset",)).to_arrow().column("_offset")
+    counts = pc.value_counts(offsets)
+    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+    return {
+        int(offset): int(count)
+        for offset, count in zip(
+            repeated.field("values").to_pylist(), repeated.field("counts").to_pylist(), strict=True
+        )
+    }

@@ -193,6 +193,18 @@ def _map_type(avro: Any, named: Mapping[str, Any]) -> tuple[IcebergType, bool, C
 
 
 def payload_columns(avro_schema: Mapping[str, Any]) -> list[PayloadColumn]:
+    """The payload columns of a topic's table.
+
+    Args:
+        avro_schema: the topic's Avro schema (parsed JSON).
+
+    Returns:
+        One column per field of a record schema, in field order, or one ``value`` column
+        for any other schema.
+
+    Raises:
+        InvalidSchemaError: a field collides with a metadata column, or a type is unsupported.
+    """
     named: dict[str, Any] = {}
     _register_names(dict(avro_schema), named)
     if avro_schema.get("type") in ("record", "error"):
@@ -229,6 +241,14 @@ def _metadata_fields() -> list[NestedField]:
 
 
 def schema_from_columns(columns: Sequence[PayloadColumn] | None) -> Schema:
+    """The Iceberg schema: the metadata columns (field ids 1-9), then the payload columns.
+
+    Args:
+        columns: the payload columns (field ids from 10 on), or ``None`` for ``_payload``.
+
+    Returns:
+        The schema.
+    """
     fields = _metadata_fields()
     next_id = 10
     if columns is None:
@@ -265,6 +285,14 @@ def iceberg_schema_for_avro(avro_schema: Mapping[str, Any] | str | None) -> Sche
 
 
 def as_avro_dict(avro_schema: Mapping[str, Any] | str) -> dict[str, Any]:
+    """An Avro schema as a dict.
+
+    Args:
+        avro_schema: parsed JSON, JSON text, or a bare primitive name such as ``"string"``.
+
+    Returns:
+        The schema as a dict; a primitive becomes ``{"type": name}``.
+    """
     if isinstance(avro_schema, str):
         try:
             parsed = json.loads(avro_schema)

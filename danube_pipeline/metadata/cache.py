@@ -40,7 +40,7 @@ def _minimal_prefixes(prefixes: Sequence[str]) -> list[str]:
 
 
 class LocalCache:
-    """Per-process read cache of etcd metadata (seed ``000``, "LocalCache").
+    """Per-process read cache of etcd metadata (``docs/etcd-layout.md``, "Reads and writes").
 
     :meth:`start` loads every key under ``prefixes`` at one etcd revision ``R`` and then
     follows a watch from ``R + 1``, so no change is missed between the load and the watch.

@@ -1,4 +1,4 @@
-"""Reading a topic's object descriptors (seed ``000`` §5.1, §5.2) back from etcd."""
+"""Reading a topic's object descriptors (``docs/etcd-layout.md`` §5.1, §5.2) back from etcd."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Every etcd key path of Danube's metadata layout (seed ``000``, "ETCD Metadata Structure").
+"""Every etcd key path of Danube's metadata layout (``docs/etcd-layout.md``).
 
-One function per key kind; section numbers refer to seed ``000``. Offsets in object keys are
+One function per key kind; section numbers refer to ``docs/etcd-layout.md``. Offsets in object keys are
 zero-padded to 20 digits so keys sort in offset order (§5.1 "Offset Padding").
 """
 

@@ -21,7 +21,7 @@ class Lease:
 
     Keys put with a lease disappear when the lease ends: on :meth:`revoke`, or ``ttl_s``
     seconds after the last refresh if the process dies (used for broker registration,
-    seed ``000`` §1.2). While ``keepalive`` is on, a background task refreshes the lease every
+    ``docs/etcd-layout.md`` §1.2). While ``keepalive`` is on, a background task refreshes the lease every
     ``ttl_s / 3`` seconds. Usable as ``async with`` (revokes on exit).
 
     Attributes:

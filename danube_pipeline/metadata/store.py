@@ -49,7 +49,7 @@ __all__ = ["KeyValue", "Lease", "MetadataStore", "WatchEvent", "WatchEventType"]
 
 
 class MetadataStore:
-    """Write (and direct read) access to Danube's etcd metadata (seed ``000``).
+    """Write (and direct read) access to Danube's etcd metadata (``docs/etcd-layout.md``).
 
     Create with :meth:`connect`; close with :meth:`close` or ``async with``. Keys are the
     strings of :mod:`danube_pipeline.metadata.keys`; values are JSON values or
@@ -367,7 +367,7 @@ class MetadataStore:
     async def next_id(self, counter_key: str, *, initial: int = 1) -> int:
         """Atomically allocate the next id from a counter key.
 
-        The counter holds the NEXT free id (seed ``000`` §4.1 ``next_schema_id``: value ``2``
+        The counter holds the NEXT free id (``docs/etcd-layout.md`` §4.1 ``next_schema_id``: value ``2``
         once id ``1`` is taken). A missing counter starts at ``initial``. Concurrent callers
         get distinct ids (compare-and-swap on the counter's ``mod_revision``, retried).
 

@@ -1,10 +1,10 @@
-"""The JSON values stored at the keys of :mod:`danube_pipeline.metadata.keys` (seed ``000``).
+"""The JSON values stored at the keys of :mod:`danube_pipeline.metadata.keys` (``docs/etcd-layout.md``).
 
-Each structured value is a frozen dataclass whose fields, names and order are those the seed
-shows; :func:`encode` writes compact JSON (UTF-8) and :func:`decode` reads it back. Scalar
+Each structured value is a frozen dataclass whose fields, names and order are those of Danube's
+layout; :func:`encode` writes compact JSON (UTF-8) and :func:`decode` reads it back. Scalar
 values (``null`` markers, the partition count ``0``, ``"Reliable"``, cursors, the leader id,
 the next schema id) are stored as their plain JSON form through the same two functions.
-Times are whole seconds since the Unix epoch, as in the seed examples.
+Times are whole seconds since the Unix epoch.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class JsonRecord:
 class BrokerRegistration(JsonRecord):
     """§1.2 ``/cluster/register/{broker_id}``.
 
-    ``broker_addr`` and ``admin_addr`` carry an ``http://`` scheme as in the seed;
+    ``broker_addr`` and ``admin_addr`` carry an ``http://`` scheme (§1.2);
     ``advertised_addr`` is ``host:port``. ``prom_exporter`` is ``None`` while no metrics
     endpoint runs.
     """
@@ -156,7 +156,7 @@ class SubscriptionMetadata(JsonRecord):
     """§3.4 ``/topics/{ns}/{topic}/subscriptions/{name}``.
 
     ``subscription_type``: 0 Exclusive, 1 Shared, 2 Failover. ``consumer_id`` is ``None`` in
-    the seed example; the broker writes the active consumer's id when one is attached.
+    a new subscription; the broker writes the active consumer's id when one is attached.
     """
 
     consumer_id: int | None

@@ -70,7 +70,7 @@ class ProducerServiceServicer:
 
     def CreateProducer(self, request, context):
         """Registers a producer on a topic, creating the topic if it does not exist
-        (writes the topic keys of seed 000 §2.2, §3.1-§3.3).
+        (writes the topic keys of docs/etcd-layout.md §2.2, §3.1-§3.3).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,7 +99,7 @@ class ProducerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseProducer(self, request, context):
-        """Marks the producer closed (status false in its seed 000 §3.3 JSON).
+        """Marks the producer closed (status false in its docs/etcd-layout.md §3.3 JSON).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -527,7 +527,7 @@ class DiscoveryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ClusterMetadata(self, request, context):
-        """Every registered broker (/cluster/register/...), for the client's broker map (seed 004).
+        """Every registered broker (/cluster/register/...), for the client's broker map.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -896,7 +896,7 @@ class SchemaRegistryServicer:
     """
 
     def RegisterSchema(self, request, context):
-        """Registers a schema under a subject (seed 000 §4). Idempotent: a schema whose fingerprint
+        """Registers a schema under a subject (docs/etcd-layout.md §4). Idempotent: a schema whose fingerprint
         equals an existing version of the subject returns that version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,238 @@
+"""Asset checks on the tiering assets, partitioned by topic like the assets they check.
+
+A run that materializes ``segment_objects`` or ``iceberg_table`` also runs that asset's checks
+(an asset selection includes its checks), after the asset's step. Each check compares two
+independent accounts of the same data and records both numbers as metadata, so a failed check
+says what disagrees:
+
+``segment_objects``
+    * ``descriptors_contiguous``: each completed descriptor starts right after the previous
+      one ends (``docs/etcd-layout.md`` §5.1).
+    * ``objects_exist_with_recorded_size``: every completed descriptor's object is in the
+      object store with the size the descriptor records.
+
+``iceberg_table``
+    * ``offsets_match_descriptors``: the table's committed end offset (its newest
+      ``danube.end-offset`` snapshot summary) is the last completed descriptor's end offset.
+    * ``row_count_matches_descriptors``: the table holds as many rows as the completed
+      descriptors cover (``end_offset - start_offset + 1`` each).
+    * ``no_duplicate_offsets``: no ``_offset`` is held by two rows.
+
+Checks are not blocking: a failure is reported (severity ERROR) without stopping the assets
+downstream.
+"""
+
+import asyncio
+import warnings
+from collections.abc import Callable
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetsDefinition,
+    MetadataValue,
+    PreviewWarning,
+    asset_check,
+)
+from pyiceberg.table import Table
+
+from assets.assets import iceberg_table, segment_objects
+from assets.partitions import topics_partitions
+from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
+from danube_pipeline import iceberg
+from danube_pipeline.metadata.descriptors import read_descriptors
+from danube_pipeline.metadata.values import ObjectDescriptor
+from danube_pipeline.names import TopicName
+from danube_pipeline.tiering import (
+    completed_descriptors,
+    descriptor_gaps,
+    descriptor_record_count,
+    object_mismatches,
+)
+
+MAX_LISTED_ITEMS = 20
+"""Gaps, objects or offsets named in a check's metadata, at most (the counts are complete)."""
+
+
+def _partitioned_check(
+    asset: AssetsDefinition, name: str
+) -> Callable[[Callable[..., AssetCheckResult]], AssetChecksDefinition]:
+    """``@asset_check`` on ``asset``, partitioned by topic like it.
+
+    A ``partitions_def`` on an asset check is a preview feature of Dagster 1.13 that warns at
+    definition time; the project pins ``dagster<1.14`` and opts in, so that one warning is
+    silenced here (the test suite turns warnings into errors).
+    """
+    decorator = asset_check(asset=asset, partitions_def=topics_partitions, name=name)
+
+    def define(fn: Callable[..., AssetCheckResult]) -> AssetChecksDefinition:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec", category=PreviewWarning)
+            return decorator(fn)
+
+    return define
+
+
+def _topic(context: AssetCheckExecutionContext) -> TopicName:
+    return TopicName.from_partition_key(context.partition_key)
+
+
+def _completed(etcd: EtcdResource, topic: TopicName) -> list[ObjectDescriptor]:
+    async def run() -> list[ObjectDescriptor]:
+        async with await etcd.connect() as store:
+            descriptors, _ = await read_descriptors(store, topic)
+        return completed_descriptors(descriptors)
+
+    return asyncio.run(run())
+
+
+def _table(iceberg_catalog: IcebergCatalogResource, topic: TopicName) -> Table | None:
+    catalog = iceberg_catalog.load()
+    ident = iceberg.table_identifier(topic)
+    return catalog.load_table(ident) if catalog.table_exists(ident) else None
+
+
+# --------------------------------------------------------------------------- segment_objects
+
+
+@_partitioned_check(segment_objects, "descriptors_contiguous")
+def descriptors_contiguous(context: AssetCheckExecutionContext, etcd: EtcdResource) -> AssetCheckResult:
+    """Each completed object descriptor starts at the previous one's end offset + 1."""
+    topic = _topic(context)
+    done = _completed(etcd, topic)
+    gaps = descriptor_gaps(done)
+    return AssetCheckResult(
+        passed=not gaps,
+        metadata={
+            "completed_descriptors": len(done),
+            "gaps": len(gaps),
+            "first_gaps": MetadataValue.json(
+                [
+                    {
+                        "object_id": g.object_id,
+                        "expected_start_offset": g.expected_start_offset,
+                        "start_offset": g.start_offset,
+                    }
+                    for g in gaps[:MAX_LISTED_ITEMS]
+                ]
+            ),
+        },
+        description=None if not gaps else f"{len(gaps)} completed descriptors do not follow the one before",
+    )
+
+
+@_partitioned_check(segment_objects, "objects_exist_with_recorded_size")
+def objects_exist_with_recorded_size(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, object_store: ObjectStoreResource
+) -> AssetCheckResult:
+    """Every completed descriptor's object exists in the object store with the recorded size."""
+    topic = _topic(context)
+    done = _completed(etcd, topic)
+    mismatches = object_mismatches(topic, done, object_store.store())
+    missing = [m for m in mismatches if m.stored_size_bytes is None]
+    resized = [m for m in mismatches if m.stored_size_bytes is not None]
+    return AssetCheckResult(
+        passed=not mismatches,
+        metadata={
+            "objects_checked": len(done),
+            "recorded_bytes": MetadataValue.int(sum(d.size for d in done)),
+            "objects_missing": len(missing),
+            "objects_wrong_size": len(resized),
+            "missing_object_ids": MetadataValue.json([m.object_id for m in missing[:MAX_LISTED_ITEMS]]),
+            "wrong_size_objects": MetadataValue.json(
+                [
+                    {
+                        "object_id": m.object_id,
+                        "recorded_size_bytes": m.recorded_size_bytes,
+                        "stored_size_bytes": m.stored_size_bytes,
+                    }
+                    for m in resized[:MAX_LISTED_ITEMS]
+                ]
+            ),
+        },
+        description=None
+        if not mismatches
+        else f"{len(missing)} objects missing, {len(resized)} not the size their descriptor records",
+    )
+
+
+# --------------------------------------------------------------------------- iceberg_table
+
+
+@_partitioned_check(iceberg_table, "offsets_match_descriptors")
+def offsets_match_descriptors(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
+) -> AssetCheckResult:
+    """The table's committed end offset is the last completed descriptor's end offset."""
+    topic = _topic(context)
+    done = _completed(etcd, topic)
+    table = _table(iceberg_catalog, topic)
+    committed = iceberg.committed_end_offset(table) if table is not None else None
+    descriptors_end = done[-1].end_offset if done else None
+    metadata: dict[str, int] = {"completed_descriptors": len(done)}
+    if committed is not None:
+        metadata["committed_end_offset"] = committed
+    if descriptors_end is not None:
+        metadata["descriptors_end_offset"] = descriptors_end
+    return AssetCheckResult(
+        passed=committed == descriptors_end,
+        metadata=metadata,
+        description=None
+        if committed == descriptors_end
+        else f"table committed through offset {committed}, descriptors end at offset {descriptors_end}",
+    )
+
+
+@_partitioned_check(iceberg_table, "row_count_matches_descriptors")
+def row_count_matches_descriptors(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
+) -> AssetCheckResult:
+    """The table holds as many rows as the completed descriptors cover."""
+    topic = _topic(context)
+    done = _completed(etcd, topic)
+    table = _table(iceberg_catalog, topic)
+    table_rows = iceberg.row_count(table) if table is not None else 0
+    descriptor_records = descriptor_record_count(done)
+    return AssetCheckResult(
+        passed=table_rows == descriptor_records,
+        metadata={
+            "table_rows": MetadataValue.int(table_rows),
+            "descriptor_records": MetadataValue.int(descriptor_records),
+            "difference_rows": MetadataValue.int(table_rows - descriptor_records),
+            "completed_descriptors": len(done),
+        },
+        description=None
+        if table_rows == descriptor_records
+        else f"table has {table_rows} rows, descriptors cover {descriptor_records} records",
+    )
+
+
+@_partitioned_check(iceberg_table, "no_duplicate_offsets")
+def no_duplicate_offsets(context: AssetCheckExecutionContext, iceberg_catalog: IcebergCatalogResource) -> AssetCheckResult:
+    """No ``_offset`` is held by more than one row of the table."""
+    topic = _topic(context)
+    table = _table(iceberg_catalog, topic)
+    duplicated = iceberg.duplicate_offsets(table) if table is not None else {}
+    extra_rows = sum(count - 1 for count in duplicated.values())
+    table_rows = iceberg.snapshot_row_count(table) if table is not None else 0
+    return AssetCheckResult(
+        passed=not duplicated,
+        metadata={
+            **({"table_rows": MetadataValue.int(table_rows)} if table_rows is not None else {}),
+            "duplicated_offsets": len(duplicated),
+            "duplicate_rows": MetadataValue.int(extra_rows),
+            "first_duplicated_offsets": MetadataValue.json(sorted(duplicated)[:MAX_LISTED_ITEMS]),
+        },
+        description=None if not duplicated else f"{len(duplicated)} offsets held by more than one row",
+    )
+
+
+tiering_checks: list[AssetChecksDefinition] = [
+    descriptors_contiguous,
+    objects_exist_with_recorded_size,
+    offsets_match_descriptors,
+    row_count_matches_descriptors,
+    no_duplicate_offsets,
+]
+"""Every asset check, as :mod:`assets.definitions` registers them."""

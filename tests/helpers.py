@@ -1,0 +1,70 @@
+"""Waiting on conditions instead of sleeping a fixed time.
+
+``eventually`` polls until a condition holds (fails after a deadline); ``stays`` checks that a
+condition keeps holding for a while, for the few assertions that something does NOT happen
+(a window that stays full, a standby that receives nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+
+Check = Callable[[], bool | Awaitable[bool]]
+
+
+async def _holds(check: Check) -> bool:
+    result = check()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)
+
+
+async def eventually(check: Check, *, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "") -> None:
+    """Poll ``check`` every ``interval_s`` until it is true.
+
+    Raises:
+        AssertionError: still false after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await _holds(check):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s}s: {what or check}")
+        await asyncio.sleep(interval_s)
+
+
+async def stays(check: Check, *, for_s: float, interval_s: float = 0.02, what: str = "") -> None:
+    """Check ``check`` every ``interval_s`` for ``for_s`` seconds; it must hold every time.
+
+    Raises:
+        AssertionError: it was false once.
+    """
+    deadline = time.monotonic() + for_s
+    while True:
+        if not await _holds(check):
+            raise AssertionError(f"stopped holding: {what or check}")
+        if time.monotonic() > deadline:
+            return
+        await asyncio.sleep(interval_s)
+
+
+def eventually_sync(check: Callable[[], bool], *, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "") -> None:
+    """:func:`eventually` for synchronous tests."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s}s: {what or check}")
+        time.sleep(interval_s)
+
+
+def stays_sync(check: Callable[[], bool], *, for_s: float, interval_s: float = 0.02, what: str = "") -> None:
+    """:func:`stays` for synchronous tests."""
+    deadline = time.monotonic() + for_s
+    while True:
+        if not check():
+            raise AssertionError(f"stopped holding: {what or check}")
+        if time.monotonic() > deadline:
+            return
+        time.sleep(interval_s)

@@ -1,0 +1,188 @@
+"""In-process tests of broker parts (topic, subscription, SendStream servicer) on real WAL
+files, with typed in-memory stand-ins for etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import eventually
+
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.values import JsonRecord, JsonValue
+from danube_pipeline.modes import SubscriptionType
+from danube_pipeline.names import TopicName
+from danube_pipeline.proto import danube_pb2 as pb
+
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
+
+
+def messages(*payloads: bytes) -> list[pb.ProducerMessage]:
+    return [pb.ProducerMessage(payload=p) for p in payloads]
+
+
+class _DictCache:
+    """An in-memory :class:`~danube_pipeline.metadata.protocols.MetadataReader`."""
+
+    def __init__(self, values: dict[str, JsonValue] | None = None) -> None:
+        self.values = values or {}
+
+    def get(self, key: str) -> JsonValue | None:
+        return self.values.get(key)
+
+
+class _RecordingStore:
+    """A :class:`~danube_pipeline.metadata.protocols.MetadataWriter` that records every put."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, JsonValue | JsonRecord]] = []
+
+    async def put(self, key: str, value: JsonValue | JsonRecord) -> int:
+        self.puts.append((key, value))
+        return len(self.puts)
+
+
+def _pending(i: int) -> Any:
+    from broker.wal import PendingMessage
+
+    return PendingMessage(payload=f"m{i}".encode(), publish_time_us=1, producer_name="p")
+
+
+async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the WAL write of batch N fails, SendStream must not publish later batches: they
+    would persist after the gap and a client resending from N would duplicate and reorder.
+
+    FAKE fault injection: ``os.fdatasync`` (as used by broker.wal) raises ENOSPC on its second
+    call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
+    """
+    import broker.wal.log as walmod
+    from broker.producer import OutgoingMessage, Producer
+    from broker.services import ProducerServicer
+    from broker.topic import Topic
+    from broker.wal import WriteAheadLog
+
+    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
+    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache())
+    producer = Producer(id=1, name="p", access_mode=0, topic=topic)
+
+    class OneTopicBroker:
+        """A :class:`broker.services.ProducerBroker` with one producer on one topic."""
+
+        broker_id = 1
+
+        async def create_producer(self, topic_path: str, producer_name: str, **options: Any) -> Producer:
+            return producer
+
+        def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
+            return topic.publish(producer, messages)
+
+        async def close_producer(self, producer_id: int) -> None:
+            pass
+
+    real = os.fdatasync
+    calls = {"n": 0}
+
+    def flaky(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(walmod.os, "fdatasync", flaky)
+
+    def request(seq: int) -> pb.SendBatchRequest:
+        return pb.SendBatchRequest(producer_id=1, sequence_id=seq, messages=messages(f"s{seq}".encode()))
+
+    first_answered = asyncio.Event()
+    third_sent = asyncio.Event()
+
+    async def requests() -> Any:
+        yield request(0)
+        await first_answered.wait()
+        yield request(1)  # its write fails
+        # the WAL failed the append and handed offset 1 back
+        await eventually(lambda: calls["n"] >= 2 and wal.next_offset == 1, what="write of request 1 failed")
+        # Set before the yield: the servicer's reader handles request 2 in the same task step,
+        # before the test task (woken by this event) runs again.
+        third_sent.set()
+        yield request(2)  # arrives after the failure
+        await asyncio.Event().wait()  # the client keeps the stream open
+
+    gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(OneTopicBroker()), requests(), None)
+    answers = [(await gen.__anext__()).sequence_id]
+    first_answered.set()
+    await asyncio.wait_for(third_sent.wait(), 5)  # the transport is slow to take the next answer
+    with pytest.raises(OSError):
+        async for answer in gen:
+            answers.append(answer.sequence_id)
+    try:
+        assert answers == [0]
+        assert [r.payload for r in wal.read(0, 100)] == [b"s0"]
+        assert wal.next_offset == 1  # request 2 was never enqueued (it would hold offset 1)
+    finally:
+        await wal.close()
+
+
+async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path) -> None:
+    """A stored cursor older than the WAL start (e.g. after a topic move the WAL starts at
+    last_committed_offset + 1): the ack floor must follow the read position, so the cursor
+    advances and acked offsets are not kept forever."""
+    from broker.subscription import Subscription
+    from broker.wal import WriteAheadLog
+
+    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
+    stored: list[int] = []
+
+    async def persist(cursor: int) -> None:
+        stored.append(cursor)
+
+    sub = Subscription(
+        topic="/ns/t", name="s", subscription_type=SubscriptionType.EXCLUSIVE, wal=wal,
+        start_offset=50, persisted_cursor=49, persist_cursor=persist, cursor_flush_acks=10,
+    )
+    consumer = sub.add_consumer(1, "c", SubscriptionType.EXCLUSIVE, 1000)
+    try:
+        await wal.append([_pending(i) for i in range(100)])  # offsets 100..199
+        got: list[int] = []
+
+        async def receive() -> None:
+            async for batch in consumer.batches():
+                got.extend(d.record.offset for d in batch)
+                sub.ack([d.record.offset for d in batch])
+                if len(got) >= 100:
+                    return
+
+        await asyncio.wait_for(receive(), 5)
+        await sub.flush_cursor()
+        assert got == list(range(100, 200))
+        assert sub.cursor == 199
+        assert sub.acked == set()
+        assert stored[-1] == 199
+    finally:
+        await sub.close()
+        await wal.close()
+
+
+async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start(tmp_path: Path) -> None:
+    from broker.topic import Topic
+    from broker.wal import WriteAheadLog
+
+    name = TopicName.parse("/ns/t")
+    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
+    store = _RecordingStore()
+    cache = _DictCache({keys.subscription_cursor(name, "s"): 49})
+    topic = Topic(name, wal, store=store, cache=cache)
+    try:
+        await topic.subscribe(
+            subscription="s", subscription_type=SubscriptionType.EXCLUSIVE, consumer_id=1,
+            consumer_name="c", earliest=False, receiver_queue_size=10,
+        )
+        sub = topic.subscriptions["s"]
+        assert sub.read_position == 100 and sub.ack_floor == 100
+        assert (keys.subscription_cursor(name, "s"), 99) in store.puts
+    finally:
+        await topic.close()
