@@ -1,10 +1,11 @@
 """The one Dagster ``Definitions`` of Danube Pipeline (``[tool.dagster] module_name``).
 
-Run ``dagster dev -m assets.definitions`` for the UI plus the daemon, or materialize from the
-command line::
+Run ``dg dev -m assets.definitions`` for the UI plus the daemon (``make dev`` does, with the
+environment below set), or materialize from the command line::
 
-    DAGSTER_HOME=$PWD/dagster_home dagster asset materialize -m assets.definitions \\
-        --select segment_objects,iceberg_table --partition default.flights
+    dg launch -m assets.definitions --assets segment_objects,iceberg_table --partition default.flights
+
+with ``DAGSTER_HOME=$PWD/dagster_home`` and ``DANUBE_DAGSTER_STORAGE`` set (``dagster_home/README.md``).
 
 Resources take their endpoints and paths from the ``DANUBE_*`` environment through ``EnvVar``
 (resolved when a run or sensor starts; ``danube_pipeline.settings.environment`` sets them all
