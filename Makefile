@@ -1,6 +1,7 @@
 # Danube Pipeline. `make demo` runs the main job, `make test` the test suite; both set up what
 # they need first: a virtualenv in .venv with the package and the extras of that command
-# (pyproject.toml), plus Java 17 and the SQLite JDBC jar (scripts/install-system-deps.sh).
+# (pyproject.toml, resolved against the versions locked in constraints.txt), plus Java 17 and
+# the SQLite JDBC jar (scripts/install-system-deps.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,9 +16,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml scripts/install-system-deps.sh | $(BIN)/python
+$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh | $(BIN)/python
 	bash scripts/install-system-deps.sh
-	$(BIN)/python -m pip install --quiet -e '.[$*]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@
 
 setup: $(VENV)/.installed-dev
