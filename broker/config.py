@@ -31,6 +31,7 @@ class BrokerConfig:
         cursor_flush_interval_s: subscription cursors are persisted at least this often (§3.5).
         cursor_flush_acks: ... or after this many acks.
         shutdown_grace_s: grace period for in-flight RPCs on shutdown.
+        max_batch_bytes: largest record batch a producer may send, in bytes.
         grpc_max_message_bytes: gRPC max send/receive message size, in bytes.
     """
 
@@ -47,6 +48,7 @@ class BrokerConfig:
     cursor_flush_interval_s: float = 5.0
     cursor_flush_acks: int = 1000
     shutdown_grace_s: float = 5.0
+    max_batch_bytes: int = 16 * 1024 * 1024
     grpc_max_message_bytes: int = 64 * 1024 * 1024
 
     @property

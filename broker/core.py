@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from danube_pipeline.errors import (
@@ -40,7 +40,7 @@ from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
 
 from broker.config import BrokerConfig
 from broker.consumer import Consumer
-from broker.producer import OutgoingMessage, Producer
+from broker.producer import Producer
 from broker.topic import Topic
 from broker.wal import WriteAheadLog
 
@@ -250,6 +250,7 @@ class Broker:
             cache=self.cache,
             delivery=DeliveryMode.from_stored(self.cache.get(keys.topic_delivery(name))),
             cursor_flush_acks=cfg.cursor_flush_acks,
+            max_batch_bytes=cfg.max_batch_bytes,
         )
         self.topics[name.path] = topic
         if sealed_raw is not None:
@@ -477,8 +478,8 @@ class Broker:
             raise ProducerNotFoundError(producer_id)
         return producer, topic
 
-    def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
-        """Validate and enqueue ``messages`` of one producer (see :meth:`Topic.publish`).
+    def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
+        """Validate and enqueue one record batch of a producer (see :meth:`Topic.publish`).
 
         Returns:
             A future of ``(first_offset, last_offset)`` resolving after the WAL sync.
@@ -488,7 +489,7 @@ class Broker:
             MalformedRequestError, MessageTooLargeError, SchemaMismatchError: nothing written.
         """
         producer, topic = self.served_producer(producer_id)
-        return topic.publish(producer, messages)
+        return topic.publish(producer, batch)
 
     async def close_producer(self, producer_id: int) -> None:
         """Forget the producer and set ``status`` false in its key (§3.3).
@@ -552,13 +553,13 @@ class Broker:
             raise ConsumerNotFoundError(consumer_id)
         return consumer
 
-    def ack(self, consumer_id: int, offsets: Iterable[int]) -> None:
-        """Acknowledge ``offsets`` on the consumer's subscription.
+    def ack(self, consumer_id: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """Acknowledge the inclusive offset ``ranges`` on the consumer's subscription.
 
         Raises:
             ConsumerNotFoundError: unknown consumer.
         """
-        self.consumer(consumer_id).subscription.ack(offsets)
+        self.consumer(consumer_id).subscription.ack_ranges(ranges)
 
     async def close_consumer(self, consumer_id: int) -> None:
         """Detach the consumer (its unacknowledged messages are redelivered) and store the cursor.

@@ -1,10 +1,12 @@
-"""A producer registered on a topic, and the messages it sends."""
+"""A producer registered on a topic."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from danube_pipeline.batches import BatchHeader
+from danube_pipeline.errors import MalformedRequestError
 from danube_pipeline.metadata import values
 from danube_pipeline.schema_registry import RegisteredSchema
 
@@ -33,6 +35,22 @@ class Producer:
     parsed_schema: Any = None
     sent_messages: int = field(default=0)
 
+    def check_batch_identity(self, header: BatchHeader) -> None:
+        """A batch must carry this producer's id, name and schema: the broker stores the
+        batch's header as the records' producer and schema.
+
+        Raises:
+            MalformedRequestError: a field differs.
+        """
+        schema_id = self.schema.schema_id if self.schema else 0
+        schema_version = self.schema.version if self.schema else 0
+        got = (header.producer_id, header.producer_name, header.schema_id, header.schema_version)
+        want = (self.id, self.name, schema_id, schema_version)
+        if got != want:
+            raise MalformedRequestError(
+                f"record batch: producer id, name, schema id and version are {got}, this producer's are {want}"
+            )
+
     def metadata(self, *, status: bool) -> values.ProducerMetadata:
         """The value of ``/topics/{ns}/{topic}/producers/{id}`` (``docs/etcd-layout.md`` §3.3);
         ``status`` is true while the producer is open."""
@@ -43,12 +61,3 @@ class Producer:
             status=status,
             topic_name=self.topic.path,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingMessage:
-    """One message of a send request, before validation (wire types stay in services.py)."""
-
-    payload: bytes
-    attributes: dict[str, str]
-    publish_time_us: int

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from danube_pipeline.errors import MalformedRequestError, SegmentNotFoundError
@@ -21,7 +22,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.consumer import Delivery
 from broker.core import Broker
-from broker.producer import OutgoingMessage, Producer
+from broker.producer import Producer
 from broker.status import rpc
 from broker.topic import Topic
 from broker.wal import SealedSegment
@@ -30,13 +31,6 @@ log = logging.getLogger(__name__)
 
 SEGMENT_CHUNK_BYTES = 1024 * 1024
 """Bytes per ``SegmentChunk`` of ``Admin.ReadSegment``."""
-
-
-def _outgoing(messages: Iterable[pb.ProducerMessage]) -> list[OutgoingMessage]:
-    return [
-        OutgoingMessage(payload=m.payload, attributes=dict(m.attributes), publish_time_us=m.publish_time_us)
-        for m in messages
-    ]
 
 
 def _segment_info(seg: SealedSegment) -> pb.SegmentInfo:
@@ -50,17 +44,12 @@ def _segment_info(seg: SealedSegment) -> pb.SegmentInfo:
     )
 
 
-def _stream_message(d: Delivery) -> pb.StreamMessage:
-    r = d.record
-    return pb.StreamMessage(
-        offset=r.offset,
-        payload=r.payload,
-        attributes=dict(r.attributes),
-        publish_time_us=r.publish_time_us,
-        producer_id=r.producer_id,
-        producer_name=r.producer_name,
-        schema_id=r.schema_id,
-        schema_version=r.schema_version,
+def _batch_delivery(d: Delivery) -> pb.BatchDelivery:
+    handout = d.handout
+    return pb.BatchDelivery(
+        batch=d.batch.data,
+        first_offset=handout.first,
+        acked_offsets=handout.acked_offsets() if handout.acked_bits else (),
         redelivery_count=d.redelivery_count,
     )
 
@@ -81,7 +70,7 @@ class ProducerBroker(Protocol):
         delivery: DeliveryMode = DeliveryMode.RELIABLE,
     ) -> Producer: ...
 
-    def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]: ...
+    def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]: ...
 
     async def close_producer(self, producer_id: int) -> None: ...
 
@@ -107,16 +96,12 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
             producer_id=producer.id,
             broker_id=self._broker.broker_id,
             max_message_size_bytes=producer.topic.max_message_size_bytes(),
+            max_batch_bytes=producer.topic.max_batch_bytes,
         )
 
     @rpc
-    async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
-        first, _ = await asyncio.shield(self._broker.publish(request.producer_id, _outgoing([request.message])))
-        return pb.SendMessageResponse(offset=first)
-
-    @rpc
     async def SendBatch(self, request: pb.SendBatchRequest, context: Any) -> pb.SendBatchResponse:
-        first, last = await asyncio.shield(self._broker.publish(request.producer_id, _outgoing(request.messages)))
+        first, last = await asyncio.shield(self._broker.publish(request.producer_id, request.batch))
         return pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=request.sequence_id)
 
     @rpc
@@ -139,7 +124,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                         await pending.put((request.sequence_id, last.exception() or RuntimeError("write failed")))
                         return
                     try:
-                        fut = self._broker.publish(request.producer_id, _outgoing(request.messages))
+                        fut = self._broker.publish(request.producer_id, request.batch)
                     except Exception as exc:  # noqa: BLE001 - answered in order, then the stream ends
                         await pending.put((request.sequence_id, exc))
                         return
@@ -199,19 +184,22 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
         return pb.SubscribeResponse(consumer_id=consumer.id, broker_id=self._broker.broker_id)
 
     @rpc
-    async def Receive(self, request: pb.ReceiveRequest, context: Any) -> AsyncIterator[pb.MessageBatch]:
+    async def Receive(self, request: pb.ReceiveRequest, context: Any) -> AsyncIterator[pb.Deliveries]:
         consumer = self._broker.consumer(request.consumer_id, open_only=True)
         sub = consumer.subscription
         try:
-            async for batch in consumer.batches():
-                yield pb.MessageBatch(messages=[_stream_message(d) for d in batch])
+            async for group in consumer.deliveries():
+                yield pb.Deliveries(batches=[_batch_delivery(d) for d in group])
         finally:
             task = asyncio.get_running_loop().create_task(sub.flush_cursor())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     @rpc
     async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
-        self._broker.ack(request.consumer_id, request.offsets)
+        self._broker.ack(
+            request.consumer_id,
+            itertools.chain(((o, o) for o in request.offsets), ((r.first, r.last) for r in request.ranges)),
+        )
         return pb.AckResponse()
 
     @rpc

@@ -1,40 +1,43 @@
 """A subscription and its dispatch to consumers: Exclusive, Shared and Failover
 (``docs/etcd-layout.md`` §3.4).
 
-One :class:`Subscription` per ``(topic, subscription name)`` holds the delivery state:
+Dispatch moves whole stored record batches, as Pulsar dispatches batched entries: a batch goes to
+one consumer, which splits it; acknowledgements are per offset. One :class:`Subscription` per
+``(topic, subscription name)`` holds the delivery state:
 
-* ``read_position``: the next WAL offset never handed to any consumer;
-* ``unacked``: offsets handed to a consumer and not yet acknowledged;
-* ``redeliver``: offsets taken back from a consumer that left, to hand out again with
-  ``redelivery_count + 1``;
+* ``read_position``: the next offset never handed to any consumer;
+* ``handouts``: every batch handed out and not fully acknowledged (a
+  :class:`~broker.consumer.Handout` each, with a bitmap of its acknowledged offsets), held by a
+  consumer or waiting for redelivery after its consumer left;
 * the ack floor: the first offset not yet acknowledged. The persisted cursor is the *last
-  acknowledged offset* below which everything is acknowledged (§3.5): ``ack_floor - 1``.
+  offset at or below which everything is acknowledged* (§3.5): ``ack_floor - 1``.
 
-One dispatcher task per subscription moves messages from the WAL (and the redelivery set) into
-per-consumer queues, respecting each consumer's ``receiver_queue_size`` permits: Exclusive and
-Failover hand everything to the active (first) consumer; Shared hands messages out round-robin.
-A consumer's ``Receive`` stream drains its queue in batches (:mod:`broker.consumer`).
+One dispatcher task per subscription reads batches from the WAL (and re-reads the batches to
+redeliver) and hands them to consumers while they have room in their ``receiver_queue_size``
+window: Exclusive and Failover hand everything to the active (first) consumer; Shared hands
+batches out round-robin. A redelivered batch carries its acknowledged offsets, which the
+consumer skips, and ``redelivery_count + 1``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from danube_pipeline.errors import SubscriptionBusyError
 from danube_pipeline.modes import SubscriptionType
-from danube_pipeline.records import Record
 
-from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, MAX_BATCH_MESSAGES, Consumer, Delivery
+from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer, Handout
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
 ATTACH_TIMEOUT_S = 30.0
 """A consumer that opens no Receive stream within this time after Subscribe is removed."""
-_MAX_READ_PER_ROUND = 500
+_MAX_READ_RECORDS_PER_ROUND = 10_000
 
 
 class Subscription:
@@ -72,12 +75,9 @@ class Subscription:
         self.wal = wal
         # Offsets below the WAL's first offset are not held locally (e.g. a stored cursor
         # older than the WAL start after a topic move): start at the first one held.
-        start_offset = max(start_offset, wal.first_offset)
-        self.read_position = start_offset
-        self.ack_floor = start_offset
-        self.acked: set[int] = set()
-        self.unacked: dict[int, tuple[Consumer, int]] = {}
-        self.redeliver: dict[int, int] = {}
+        self.read_position = max(start_offset, wal.first_offset)
+        self.handouts: dict[int, Handout] = {}
+        self._bases: list[int] = []  # sorted keys of handouts
         self.consumers: list[Consumer] = []
         self.cursor_flush_acks = cursor_flush_acks
         self._persisted_cursor = persisted_cursor
@@ -92,12 +92,38 @@ class Subscription:
         self._remove_listener = wal.add_listener(lambda _end: self._wake.set())
         self._task = asyncio.create_task(self._run(), name=f"dispatch:{topic}:{name}")
 
-    # ------------------------------------------------------------------ consumers
+    # ------------------------------------------------------------------ state
+
+    @property
+    def ack_floor(self) -> int:
+        """The first offset not acknowledged."""
+        floor = self.read_position
+        for base in self._bases:
+            if base >= floor:
+                break
+            floor = min(floor, self.handouts[base].first_unacked)
+        return floor
 
     @property
     def cursor(self) -> int | None:
         """The last acknowledged offset with everything below it acknowledged, or ``None``."""
-        return self.ack_floor - 1 if self.ack_floor > 0 else None
+        floor = self.ack_floor
+        return floor - 1 if floor > 0 else None
+
+    @property
+    def waiting_redelivery(self) -> list[Handout]:
+        """Batches taken back from consumers that left, in offset order."""
+        return [self.handouts[b] for b in self._bases if self.handouts[b].consumer is None]
+
+    def _add_handout(self, handout: Handout) -> None:
+        self.handouts[handout.base] = handout
+        bisect.insort(self._bases, handout.base)
+
+    def _drop_handout(self, handout: Handout) -> None:
+        if self.handouts.pop(handout.base, None) is not None:
+            self._bases.pop(bisect.bisect_left(self._bases, handout.base))
+
+    # ------------------------------------------------------------------ consumers
 
     @property
     def active_consumer(self) -> Consumer | None:
@@ -135,30 +161,29 @@ class Subscription:
         self._wake.set()
 
     def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
-        """Detach ``consumer``; its unacknowledged messages go back for redelivery.
+        """Detach ``consumer``; the batches it holds go back for redelivery.
 
-        Messages it was sent get ``redelivery_count + 1``; messages still queued but never sent
-        keep their count. Idempotent.
+        A batch its stream sent gets ``redelivery_count + 1``; one still queued keeps its count.
+        Idempotent.
         """
         if consumer.closed:
             return
         was_active = self.active_consumer is consumer
         consumer.closed = True
         consumer.wake()
-        queued = {d.record.offset for d in consumer.queue}
-        for offset in consumer.outstanding:
-            entry = self.unacked.pop(offset, None)
-            if entry is None:
-                continue
-            count = entry[1]
-            self.redeliver[offset] = count if offset in queued else count + 1
-        consumer.outstanding.clear()
+        for handout in consumer.handouts.values():
+            handout.consumer = None
+            if handout.sent:
+                handout.redelivery_count += 1
+        taken_back = len(consumer.handouts)
+        consumer.handouts.clear()
         consumer.queue.clear()
+        consumer.unacked = 0
         with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
         log.info(
-            "%s/%s: consumer %d left (%s); %d messages to redeliver",
-            self.topic, self.name, consumer.id, reason, len(self.redeliver),
+            "%s/%s: consumer %d left (%s); %d batches to redeliver",
+            self.topic, self.name, consumer.id, reason, taken_back,
         )
         if was_active and self._on_active_change is not None:
             self._on_active_change(self.active_consumer)
@@ -167,20 +192,30 @@ class Subscription:
     # ------------------------------------------------------------------ acks
 
     def ack(self, offsets: Iterable[int]) -> None:
-        """Mark ``offsets`` acknowledged (by any consumer of the subscription) and advance the
-        ack floor; schedules a cursor write every ``cursor_flush_acks`` acks."""
+        """Acknowledge single offsets (see :meth:`ack_ranges`)."""
+        self.ack_ranges((o, o) for o in offsets)
+
+    def ack_ranges(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Acknowledge every offset of the inclusive ``(first, last)`` ranges, by any consumer of
+        the subscription; schedules a cursor write every ``cursor_flush_acks`` acks.
+
+        Offsets not handed out, or already acknowledged, are ignored.
+        """
         n = 0
-        for offset in offsets:
-            n += 1
-            entry = self.unacked.pop(offset, None)
-            if entry is not None:
-                entry[0].outstanding.discard(offset)
-            self.redeliver.pop(offset, None)
-            if self.ack_floor <= offset < self.read_position:
-                self.acked.add(offset)
-        while self.ack_floor in self.acked:
-            self.acked.discard(self.ack_floor)
-            self.ack_floor += 1
+        for first, last in ranges:
+            if last < first:
+                continue
+            i = max(bisect.bisect_right(self._bases, first) - 1, 0)
+            while i < len(self._bases) and self._bases[i] <= last:
+                handout = self.handouts[self._bases[i]]
+                new = handout.ack_range(first, last)
+                n += new
+                if new and handout.consumer is not None:
+                    handout.consumer.release(handout, new)
+                if handout.unacked_count == 0:
+                    self._drop_handout(handout)
+                else:
+                    i += 1
         self._acks_since_flush += n
         if self._acks_since_flush >= self.cursor_flush_acks and (self._flush_task is None or self._flush_task.done()):
             self._flush_task = asyncio.create_task(self.flush_cursor())
@@ -189,7 +224,8 @@ class Subscription:
     @property
     def cursor_dirty(self) -> bool:
         """Whether the in-memory cursor differs from the stored one."""
-        return self.cursor is not None and self.cursor != self._persisted_cursor
+        cursor = self.cursor
+        return cursor is not None and cursor != self._persisted_cursor
 
     async def flush_cursor(self) -> None:
         """Store the cursor if it changed since the last write.
@@ -209,9 +245,11 @@ class Subscription:
 
     def _eligible(self) -> list[Consumer]:
         if self.type == SubscriptionType.SHARED:
-            return [c for c in self.consumers if c.attached and not c.closed]
-        active = self.active_consumer
-        return [active] if active is not None and active.attached and not active.closed else []
+            candidates = [c for c in self.consumers if c.attached and not c.closed]
+        else:
+            active = self.active_consumer
+            candidates = [active] if active is not None and active.attached and not active.closed else []
+        return [c for c in candidates if c.permits > 0]
 
     def _pick(self, eligible: list[Consumer]) -> Consumer | None:
         for _ in range(len(eligible)):
@@ -221,72 +259,55 @@ class Subscription:
                 return consumer
         return None
 
-    def _hand_out(self, consumer: Consumer, record: Record, count: int) -> None:
-        self.unacked[record.offset] = (consumer, count)
-        consumer.push(Delivery(record, count))
-
     def _skip_below(self, offset: int) -> None:
-        """Offsets below ``offset`` can never be delivered: move the read position and the ack
-        floor up to it and forget every delivery state below it."""
-        if self.read_position < offset:
-            self.read_position = offset
-        if self.ack_floor >= offset:
-            return
-        log.warning(
-            "%s/%s: offsets %d..%d are no longer available; the cursor skips them",
-            self.topic, self.name, self.ack_floor, offset - 1,
-        )
-        self.ack_floor = offset
-        self.acked = {o for o in self.acked if o >= offset}
-        for o in [o for o in self.unacked if o < offset]:
-            consumer, _ = self.unacked.pop(o)
-            consumer.outstanding.discard(o)
-        for o in [o for o in self.redeliver if o < offset]:
-            del self.redeliver[o]
-        while self.ack_floor in self.acked:
-            self.acked.discard(self.ack_floor)
-            self.ack_floor += 1
+        """Offsets below ``offset`` can never be delivered (the WAL starts above them): move
+        the read position up and forget the batches below."""
+        if self.ack_floor < offset:
+            log.warning(
+                "%s/%s: offsets %d..%d are no longer available; the cursor skips them",
+                self.topic, self.name, self.ack_floor, offset - 1,
+            )
+        self.read_position = max(self.read_position, offset)
+        for base in [b for b in self._bases if self.handouts[b].last < offset]:
+            handout = self.handouts[base]
+            if handout.consumer is not None:
+                handout.consumer.release(handout, handout.ack_range(handout.first, handout.last))
+            self._drop_handout(handout)
 
     def _dispatch_once(self) -> bool:
         first = self.wal.first_offset
-        if self.ack_floor < first or self.read_position < first:
+        if self.read_position < first or (self._bases and self._bases[0] < first):
             self._skip_below(first)
         eligible = self._eligible()
-        if not eligible or sum(max(c.permits, 0) for c in eligible) <= 0:
+        if not eligible:
             return False
         moved = 0
-        if self.redeliver:
-            offsets = sorted(self.redeliver)
-            i = 0
-            while i < len(offsets) and moved < _MAX_READ_PER_ROUND:
-                j = i
-                while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1 and j - i < MAX_BATCH_MESSAGES:
-                    j += 1
-                records = self.wal.read(offsets[i], j - i + 1)
-                if not records:  # no longer available locally
-                    for off in offsets[i : j + 1]:
-                        self.redeliver.pop(off, None)
-                for record in records:
-                    consumer = self._pick(eligible)
-                    if consumer is None:
-                        return moved > 0
-                    count = self.redeliver.pop(record.offset, None)
-                    if count is None:
-                        continue
-                    self._hand_out(consumer, record, count)
-                    moved += 1
-                i = j + 1
-        permits = sum(max(c.permits, 0) for c in eligible)
-        if permits > 0 and self.read_position < self.wal.durable_end:
-            records = self.wal.read(self.read_position, min(permits, _MAX_READ_PER_ROUND))
-            if records and records[0].offset > self.read_position:  # a gap in the WAL
-                self._skip_below(records[0].offset)
-            for record in records:
+        for handout in self.waiting_redelivery:
+            consumer = self._pick(eligible)
+            if consumer is None:
+                return moved > 0
+            batches = self.wal.read(handout.base, 1)
+            if not batches or batches[0].base_offset != handout.base:  # no longer held locally
+                self._drop_handout(handout)
+                continue
+            consumer.push(batches[0], handout)
+            moved += 1
+            eligible = [c for c in eligible if c.permits > 0]
+            if not eligible:
+                return True
+        permits = sum(c.permits for c in eligible)
+        if self.read_position < self.wal.durable_end:
+            batches = self.wal.read(self.read_position, min(permits, _MAX_READ_RECORDS_PER_ROUND))
+            if batches and batches[0].last_offset >= self.read_position and batches[0].base_offset > self.read_position:
+                self._skip_below(batches[0].base_offset)  # a gap in the WAL
+            for batch in batches:
                 consumer = self._pick(eligible)
                 if consumer is None:
                     break
-                self._hand_out(consumer, record, 0)
-                self.read_position = record.offset + 1
+                handout = Handout(batch.base_offset, batch.last_offset, max(batch.base_offset, self.read_position))
+                self._add_handout(handout)
+                consumer.push(batch, handout)
+                self.read_position = batch.last_offset + 1
                 moved += 1
         return moved > 0
 

@@ -6,27 +6,26 @@ import asyncio
 import functools
 import io
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import fastavro
 
-from danube_pipeline.errors import (
-    MalformedRequestError,
-    MessageTooLargeError,
-    SchemaMismatchError,
-)
+from danube_pipeline.batches import BatchHeader, batch_payloads, validate_batch
+from danube_pipeline.errors import SchemaMismatchError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
 from danube_pipeline.names import TopicName
 
 from broker.consumer import Consumer
-from broker.producer import OutgoingMessage, Producer
+from broker.producer import Producer
 from broker.subscription import Subscription
-from broker.wal import PendingMessage, WriteAheadLog
+from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+"""Largest record batch a producer may send, in bytes (the broker's ``max_batch_bytes``)."""
 
 
 class Topic:
@@ -39,6 +38,7 @@ class Topic:
         cache: the broker's LocalCache, for reads (policy, cursors).
         delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
         cursor_flush_acks: see :class:`broker.subscription.Subscription`.
+        max_batch_bytes: largest record batch a producer may send, in bytes.
     """
 
     def __init__(
@@ -50,6 +50,7 @@ class Topic:
         cache: MetadataReader,
         delivery: DeliveryMode = DeliveryMode.RELIABLE,
         cursor_flush_acks: int = 1000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
         self.name = name
         self.wal = wal
@@ -59,6 +60,7 @@ class Topic:
         self._store = store
         self._cache = cache
         self._cursor_flush_acks = cursor_flush_acks
+        self.max_batch_bytes = max_batch_bytes
         self._subscribe_lock = asyncio.Lock()
         self.closed = False
 
@@ -81,41 +83,38 @@ class Topic:
             log.warning("%s: unreadable namespace policy %r; using defaults", self.path, raw)
             return values.NamespacePolicy().max_message_size
 
-    def validate(self, producer: Producer, messages: Sequence[OutgoingMessage]) -> None:
-        """Check a whole batch before anything is written.
+    def validate(self, producer: Producer, batch: bytes) -> BatchHeader:
+        """Check a whole record batch before anything is written.
 
         Raises:
-            MalformedRequestError: the batch is empty.
+            MalformedRequestError: the batch is truncated, oversized, fails its CRC, breaks
+                the record framing, or names another producer or schema.
             MessageTooLargeError: a payload exceeds the namespace's ``max_message_size``.
             SchemaMismatchError: a payload does not decode with the producer's Avro schema
                 (or leaves bytes over).
         """
-        if not messages:
-            raise MalformedRequestError("a send carries at least one message")
-        limit = self.max_message_size_bytes()
-        if limit > 0:
-            for m in messages:
-                if len(m.payload) > limit:
-                    raise MessageTooLargeError(len(m.payload), limit)
+        header = validate_batch(
+            batch, max_message_size_bytes=self.max_message_size_bytes(), max_batch_bytes=self.max_batch_bytes
+        )
+        producer.check_batch_identity(header)
         if producer.schema is not None:
             schema = producer.schema
-            for i, m in enumerate(messages):
-                buf = io.BytesIO(m.payload)
+            for i, payload in enumerate(batch_payloads(batch, header)):
+                buf = io.BytesIO(payload)
                 try:
                     fastavro.schemaless_reader(buf, producer.parsed_schema, None)
                 except Exception as exc:  # noqa: BLE001 - fastavro raises many types
                     raise SchemaMismatchError(
                         schema.subject, schema.schema_id, f"message {i}: {type(exc).__name__}: {exc}"
                     ) from exc
-                if buf.tell() != len(m.payload):
+                if buf.tell() != len(payload):
                     raise SchemaMismatchError(
-                        schema.subject,
-                        schema.schema_id,
-                        f"message {i}: {len(m.payload) - buf.tell()} bytes left after decoding",
+                        schema.subject, schema.schema_id, f"message {i}: {len(payload) - buf.tell()} bytes left after decoding"
                     )
+        return header
 
-    def publish(self, producer: Producer, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
-        """Validate and enqueue ``messages``; offsets are assigned now, in call order.
+    def publish(self, producer: Producer, batch: bytes) -> asyncio.Future[tuple[int, int]]:
+        """Validate and enqueue one record batch; its offsets are assigned now, in call order.
 
         Returns:
             A future of ``(first_offset, last_offset)`` resolving after the WAL sync.
@@ -124,24 +123,9 @@ class Topic:
             MalformedRequestError, MessageTooLargeError, SchemaMismatchError: see
                 :meth:`validate`; nothing is written then.
         """
-        self.validate(producer, messages)
-        now_us = time.time_ns() // 1000
-        schema_id = producer.schema.schema_id if producer.schema else 0
-        schema_version = producer.schema.version if producer.schema else 0
-        pending = [
-            PendingMessage(
-                payload=m.payload,
-                publish_time_us=m.publish_time_us or now_us,
-                producer_id=producer.id,
-                producer_name=producer.name,
-                schema_id=schema_id,
-                schema_version=schema_version,
-                attributes=m.attributes,
-            )
-            for m in messages
-        ]
-        producer.sent_messages += len(pending)
-        return self.wal.enqueue(pending)
+        header = self.validate(producer, batch)
+        producer.sent_messages += header.record_count
+        return self.wal.enqueue(batch, header.record_count)
 
     # ------------------------------------------------------------------ consuming
 

@@ -1,14 +1,20 @@
-"""The record and segment format shared by the WAL, the admin API and object storage (``dnb1``).
+"""The segment header, the :class:`Record` value, and format version 1 (one frame per record).
 
-A *segment* is one file: a 32-byte header followed by records. The broker's WAL writes
+A *segment* is one file: a 32-byte header followed by its data. The broker's WAL writes
 segments; a sealed segment is immutable and is uploaded byte for byte as the object
 ``data-{start}-{end}.dnb1`` (``docs/etcd-layout.md`` §5.1), so the same decoder reads both.
+:mod:`danube_pipeline.segments` reads a whole segment of either version.
 
 Segment header (little endian, 32 bytes)::
 
     magic b"DNB1" | format_version u16 | flags u16 | start_offset u64 | created_at_ms u64 | 8 zero bytes
 
-Record framing (little endian)::
+Format version 2 (:data:`FORMAT_VERSION`, written since record batches) holds producer-framed
+record batches (:mod:`danube_pipeline.batches`). Format version 1
+(:data:`LEGACY_FORMAT_VERSION`, written before) holds one frame per record, below; segments and
+objects of version 1 stay readable.
+
+Version 1 record framing (little endian)::
 
     body_length u32 | crc32c(body) u32 | body
 
@@ -34,10 +40,14 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc32c
 
-from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
+from danube_pipeline.errors import CorruptRecordError
 
 MAGIC = b"DNB1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version new segments are written in: record batches."""
+LEGACY_FORMAT_VERSION = 1
+"""One frame per record; still read."""
+SUPPORTED_FORMAT_VERSIONS = (LEGACY_FORMAT_VERSION, FORMAT_VERSION)
 OBJECT_SUFFIX = ".dnb1"
 
 _HEADER = struct.Struct("<4sHHQQ8x")
@@ -70,6 +80,7 @@ class Record:
         schema_version: version within the subject; 0 = no schema.
         attributes: user key/value pairs.
         payload: the message bytes.
+        key: the routing key, or ``None`` (version 1 records have none).
     """
 
     offset: int
@@ -80,6 +91,7 @@ class Record:
     schema_version: int
     payload: bytes
     attributes: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +120,13 @@ class SegmentHeader:
         magic, version, flags, start, created = _HEADER.unpack_from(data, 0)
         if magic != MAGIC:
             raise CorruptRecordError(where, 0, f"bad magic {magic!r}, expected {MAGIC!r}")
-        if version != FORMAT_VERSION:
+        if version not in SUPPORTED_FORMAT_VERSIONS:
             raise CorruptRecordError(where, 4, f"unknown format version {version}")
         return cls(start_offset=start, created_at_ms=created, format_version=version, flags=flags)
 
 
 def encode_record(record: Record) -> bytes:
-    """Frame one record: length, CRC32C and body.
+    """Frame one record in format version 1: length, CRC32C and body (the key is not kept).
 
     Returns:
         ``8 + body_length`` bytes.
@@ -292,61 +304,6 @@ def iter_records(
             raise CorruptRecordError(where, pos, f"undecodable body: {exc}") from exc
         yield pos, record
         pos = body_start + length
-
-
-@dataclass(frozen=True, slots=True)
-class DecodedSegment:
-    """A whole segment, checked.
-
-    Attributes:
-        header: the segment header.
-        records: every record, offsets contiguous from ``header.start_offset``.
-        offset_index: sparse ``[offset, byte_position]`` pairs (``docs/etcd-layout.md`` §5.1
-            ``offset_index``): the first record and then every ``index_interval_records``-th.
-        size_bytes: total bytes.
-    """
-
-    header: SegmentHeader
-    records: list[Record]
-    offset_index: list[list[int]]
-    size_bytes: int
-
-    @property
-    def start_offset(self) -> int:
-        return self.header.start_offset
-
-    @property
-    def end_offset(self) -> int:
-        """Inclusive end offset. Raises ValueError on an empty segment."""
-        if not self.records:
-            raise ValueError("empty segment has no end offset")
-        return self.records[-1].offset
-
-
-def decode_segment(data: bytes | memoryview, *, where: str = "segment", index_interval_records: int = 1000) -> DecodedSegment:
-    """Decode and verify a complete segment (header, every CRC, contiguous offsets).
-
-    Args:
-        data: the segment or ``.dnb1`` object bytes.
-        where: a name for error messages (file path or object id).
-        index_interval_records: records between entries of the sparse offset index.
-
-    Raises:
-        CorruptRecordError: bad header, torn or corrupt record.
-        OffsetRangeError: offsets not contiguous from the header's start offset.
-    """
-    header = SegmentHeader.decode(data, where=where)
-    records: list[Record] = []
-    index: list[list[int]] = []
-    expected = header.start_offset
-    for i, (pos, record) in enumerate(iter_records(data, where=where)):
-        if record.offset != expected:
-            raise OffsetRangeError(expected, record.offset, where)
-        if i % index_interval_records == 0:
-            index.append([record.offset, pos])
-        records.append(record)
-        expected += 1
-    return DecodedSegment(header=header, records=records, offset_index=index, size_bytes=len(data))
 
 
 def object_id(start_offset: int, end_offset: int) -> str:

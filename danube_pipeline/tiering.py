@@ -31,7 +31,8 @@ from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
-from danube_pipeline.records import Record, decode_segment, object_id
+from danube_pipeline.records import Record, object_id
+from danube_pipeline.segments import decode_segment
 
 if TYPE_CHECKING:
     from danube_pipeline.client.types import SegmentInfo
@@ -124,7 +125,7 @@ async def tier_sealed_segments(
     For each: check contiguity (its start is the previous descriptor's end + 1, or it is offset
     0 / the first sealed segment when no descriptor exists); put its descriptor with
     ``completed=false``; fetch its bytes through the broker admin API; verify them with
-    :func:`~danube_pipeline.records.decode_segment` (which also builds the sparse offset
+    :func:`~danube_pipeline.segments.decode_segment` (which also builds the sparse offset
     index); write the object ``topics/{ns}/{topic}/data-{start}-{end}.dnb1``; then put the
     descriptor with ``completed=true``, size, etag and offset index together with
     ``objects/cur`` in one etcd transaction.

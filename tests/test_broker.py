@@ -18,8 +18,10 @@ import grpc
 import io
 import pytest
 
-from helpers import stays_sync
+from helpers import eventually_sync, stays_sync
 
+from danube_pipeline.batches import BatchBuilder
+from danube_pipeline.client.types import Message, _messages_from_delivery
 from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
@@ -27,7 +29,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
-from danube_pipeline.records import decode_segment
+from danube_pipeline.segments import decode_segment
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +84,15 @@ def etcd_put(endpoints: list[str], key: str, value: Any) -> None:
     asyncio.run(go())
 
 
-def messages(*payloads: bytes) -> list[pb.ProducerMessage]:
-    return [pb.ProducerMessage(payload=p, attributes={"k": "v"}) for p in payloads]
+def batch_request(
+    pid: int, *payloads: bytes, name: str = "prod", schema_id: int = 0, schema_version: int = 0, sequence_id: int = 0
+) -> pb.SendBatchRequest:
+    """A ``SendBatchRequest`` carrying ``payloads`` as one record batch of producer ``pid``."""
+    builder = BatchBuilder(time.time_ns() // 1000)
+    for payload in payloads:
+        builder.append(payload, timestamp_us=builder.first_timestamp_us, attributes={"k": "v"})
+    batch = builder.build(producer_id=pid, producer_name=name, schema_id=schema_id, schema_version=schema_version)
+    return pb.SendBatchRequest(producer_id=pid, batch=batch, sequence_id=sequence_id)
 
 
 def create_producer(stubs: Stubs, topic: str, name: str = "prod", **kw: Any) -> int:
@@ -102,7 +111,7 @@ class Collector:
 
     def __init__(self, stubs: Stubs, consumer_id: int) -> None:
         self.call = stubs.consumer.Receive(pb.ReceiveRequest(consumer_id=consumer_id))
-        self.messages: list[pb.StreamMessage] = []
+        self.messages: list[Message] = []
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -111,11 +120,12 @@ class Collector:
         try:
             for batch in self.call:
                 with self.lock:
-                    self.messages.extend(batch.messages)
+                    for delivery in batch.batches:
+                        self.messages.extend(_messages_from_delivery("/test", delivery))
         except grpc.RpcError:
             pass
 
-    def wait_for(self, n: int, timeout_s: float = 10.0) -> list[pb.StreamMessage]:
+    def wait_for(self, n: int, timeout_s: float = 10.0) -> list[Message]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.lock:
@@ -125,7 +135,7 @@ class Collector:
         with self.lock:
             raise AssertionError(f"got {len(self.messages)} messages, expected {n}")
 
-    def snapshot(self) -> list[pb.StreamMessage]:
+    def snapshot(self) -> list[Message]:
         with self.lock:
             return list(self.messages)
 
@@ -151,11 +161,11 @@ def error_class(err: grpc.RpcError) -> str | None:
 def test_create_producer_and_send_batch(stubs: Stubs, broker: BrokerProcess, etcd_endpoints: list[str]) -> None:
     topic = "/default/orders"
     pid = create_producer(stubs, topic, "p1")
-    r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"a", b"b", b"c"), sequence_id=9))
+    r = stubs.producer.SendBatch(batch_request(pid, b"a", b"b", b"c", name="p1", sequence_id=9))
     assert (r.first_offset, r.last_offset, r.sequence_id) == (0, 2, 9)
-    r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"d", b"e")))
+    r = stubs.producer.SendBatch(batch_request(pid, b"d", b"e", name="p1"))
     assert (r.first_offset, r.last_offset) == (3, 4)
-    assert stubs.producer.SendMessage(pb.SendMessageRequest(producer_id=pid, message=messages(b"f")[0])).offset == 5
+    assert stubs.producer.SendBatch(batch_request(pid, b"f", name="p1")).first_offset == 5
     assert next_offset(stubs, topic) == 6
 
     name = TopicName.parse(topic)
@@ -168,7 +178,7 @@ def test_create_producer_and_send_batch(stubs: Stubs, broker: BrokerProcess, etc
     stubs.producer.CloseProducer(pb.CloseProducerRequest(producer_id=pid))
     assert etcd_get(etcd_endpoints, keys.topic_producer(name, pid))["status"] is False
     with pytest.raises(grpc.RpcError) as exc:
-        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"g")))
+        stubs.producer.SendBatch(batch_request(pid, b"g", name="p1"))
     assert exc.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_class(exc.value) == "ProducerNotFoundError"
 
@@ -176,7 +186,7 @@ def test_create_producer_and_send_batch(stubs: Stubs, broker: BrokerProcess, etc
 def test_send_stream_answers_in_order(stubs: Stubs) -> None:
     pid = create_producer(stubs, "/default/stream")
     requests = [
-        pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"x"] * (i % 3 + 1)), sequence_id=100 + i)
+        batch_request(pid, *[b"x"] * (i % 3 + 1), sequence_id=100 + i)
         for i in range(50)
     ]
     responses = list(stubs.producer.SendStream(iter(requests)))
@@ -196,14 +206,14 @@ def test_oversized_message_rejected_and_nothing_appended(stubs: Stubs, etcd_endp
     # creating the namespace's first topic kept the operator's policy (written just before,
     # possibly not yet in the broker's cache) instead of replacing it with the defaults
     assert etcd_get(etcd_endpoints, keys.namespace_policy("small"))["max_message_size"] == 1000
-    stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"ok")))
+    stubs.producer.SendBatch(batch_request(pid, b"ok"))
     before = next_offset(stubs, topic)
     with pytest.raises(grpc.RpcError) as exc:
-        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"fine", b"y" * 1001)))
+        stubs.producer.SendBatch(batch_request(pid, b"fine", b"y" * 1001))
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_class(exc.value) == "MessageTooLargeError"
     assert next_offset(stubs, topic) == before
-    r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"z" * 1000)))
+    r = stubs.producer.SendBatch(batch_request(pid, b"z" * 1000))
     assert r.first_offset == before
 
 
@@ -217,11 +227,11 @@ def test_schema_mismatch_rejected(stubs: Stubs) -> None:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"id": 7, "origin": "JFK"})
     good = buf.getvalue()
-    r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(good)))
+    r = stubs.producer.SendBatch(batch_request(pid, good, schema_id=reg.schema_id, schema_version=1))
     assert r.first_offset == 0
     for bad in (good + b"\x00", b"\xff"):
         with pytest.raises(grpc.RpcError) as exc:
-            stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(good, bad)))
+            stubs.producer.SendBatch(batch_request(pid, good, bad, schema_id=reg.schema_id, schema_version=1))
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_class(exc.value) == "SchemaMismatchError"
     assert next_offset(stubs, "/default/flights") == 1
@@ -241,7 +251,7 @@ def test_subscribe_receive_ack_writes_cursor(stubs: Stubs, etcd_endpoints: list[
     topic = "/default/acks"
     pid = create_producer(stubs, topic)
     payloads = [f"m{i}".encode() for i in range(5)]
-    stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*payloads)))
+    stubs.producer.SendBatch(batch_request(pid, *payloads))
     cid = subscribe(stubs, topic, "sub1")
     c = Collector(stubs, cid)
     try:
@@ -279,7 +289,7 @@ def test_acked_message_survives_sigkill(start_broker: Callable[..., BrokerProces
     topic = "/default/durable"
     pid = create_producer(stubs, topic)
     payloads = [f"durable-{i}".encode() for i in range(20)]
-    r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*payloads)))
+    r = stubs.producer.SendBatch(batch_request(pid, *payloads))
     assert (r.first_offset, r.last_offset) == (0, 19)
     stubs.close()
     broker_id = broker.broker_id
@@ -297,7 +307,7 @@ def test_acked_message_survives_sigkill(start_broker: Callable[..., BrokerProces
         finally:
             c.close()
         pid = create_producer(stubs, topic)
-        r = stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(b"next")))
+        r = stubs.producer.SendBatch(batch_request(pid, b"next"))
         assert r.first_offset == 20
     finally:
         stubs.close()
@@ -339,14 +349,17 @@ def test_exclusive_second_consumer_rejected(stubs: Stubs) -> None:
     subscribe(stubs, "/default/excl", "other")  # another subscription is fine
 
 
-def test_shared_consumers_split_messages(stubs: Stubs) -> None:
+def test_shared_consumers_split_batches(stubs: Stubs) -> None:
+    """Shared dispatch hands out whole batches, round-robin, while a consumer has room in its
+    window: 20 one-message batches split 10/10 over two windows of 10."""
     topic = "/default/shared"
     pid = create_producer(stubs, topic)
     a = subscribe(stubs, topic, "work", pb.SHARED, receiver_queue_size=10)
     b = subscribe(stubs, topic, "work", pb.SHARED, receiver_queue_size=10)
     ca, cb = Collector(stubs, a), Collector(stubs, b)
     try:
-        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"w"] * 20)))
+        for _ in range(20):
+            stubs.producer.SendBatch(batch_request(pid, b"w"))
         got_a, got_b = ca.wait_for(10), cb.wait_for(10)
         # nobody acked, so each holds exactly its receiver_queue_size
         stays_sync(lambda: len(ca.snapshot()) == 10 and len(cb.snapshot()) == 10, for_s=0.2, what="windows full")
@@ -354,12 +367,20 @@ def test_shared_consumers_split_messages(stubs: Stubs) -> None:
         offsets_b = {m.offset for m in got_b}
         assert offsets_a.isdisjoint(offsets_b)
         assert offsets_a | offsets_b == set(range(20))
-        # acks free permits: the next messages flow again to both
+        # acks free permits: the next batches flow again to both
         stubs.consumer.Ack(pb.AckRequest(consumer_id=a, offsets=sorted(offsets_a)))
         stubs.consumer.Ack(pb.AckRequest(consumer_id=b, offsets=sorted(offsets_b)))
-        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"w"] * 4)))
+        for _ in range(4):
+            stubs.producer.SendBatch(batch_request(pid, b"w"))
         more_a, more_b = ca.wait_for(12), cb.wait_for(12)
         assert {m.offset for m in more_a[10:]} | {m.offset for m in more_b[10:]} == {20, 21, 22, 23}
+        # one batch of 6 goes to one consumer whole, even past its window
+        stubs.consumer.Ack(pb.AckRequest(consumer_id=a, ranges=[pb.OffsetRange(first=20, last=23)]))
+        stubs.consumer.Ack(pb.AckRequest(consumer_id=b, ranges=[pb.OffsetRange(first=20, last=23)]))
+        stubs.producer.SendBatch(batch_request(pid, *[b"v"] * 6))
+        eventually_sync(lambda: len(ca.snapshot()) + len(cb.snapshot()) == 30, what="the batch of 6 delivered")
+        whole = ca.snapshot()[12:] or cb.snapshot()[12:]
+        assert [m.offset for m in whole] == list(range(24, 30))
     finally:
         ca.close()
         cb.close()
@@ -372,7 +393,7 @@ def test_failover_standby_takes_over_unacked(stubs: Stubs) -> None:
     second = subscribe(stubs, topic, "fo", pb.FAILOVER)
     c1, c2 = Collector(stubs, first), Collector(stubs, second)
     try:
-        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*[b"f"] * 6)))
+        stubs.producer.SendBatch(batch_request(pid, *[b"f"] * 6))
         got = c1.wait_for(6)
         stubs.consumer.Ack(pb.AckRequest(consumer_id=first, offsets=[m.offset for m in got[:3]]))
         # the standby receives nothing while the active one is there
@@ -393,7 +414,7 @@ def test_read_segment_matches_sealed_file(stubs: Stubs, broker: BrokerProcess) -
     topic = "/default/segments"
     pid = create_producer(stubs, topic)
     big = [bytes([i]) * 600_000 for i in range(4)]  # > 2 MiB: several chunks
-    stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, messages=messages(*big)))
+    stubs.producer.SendBatch(batch_request(pid, *big))
     sealed = stubs.admin.SealActiveSegment(pb.SealActiveSegmentRequest(topic=topic))
     assert sealed.sealed and (sealed.segment.start_offset, sealed.segment.end_offset) == (0, 3)
     assert stubs.admin.SealActiveSegment(pb.SealActiveSegmentRequest(topic=topic)).sealed is False

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import eventually
 
+from danube_pipeline.batches import BatchBuilder, batch_records
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.values import JsonRecord, JsonValue
 from danube_pipeline.modes import SubscriptionType
@@ -19,10 +19,6 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
-
-
-def messages(*payloads: bytes) -> list[pb.ProducerMessage]:
-    return [pb.ProducerMessage(payload=p) for p in payloads]
 
 
 class _DictCache:
@@ -46,10 +42,12 @@ class _RecordingStore:
         return len(self.puts)
 
 
-def _pending(i: int) -> Any:
-    from broker.wal import PendingMessage
-
-    return PendingMessage(payload=f"m{i}".encode(), publish_time_us=1, producer_name="p")
+def _batch(*payloads: bytes, producer_id: int = 1, producer_name: str = "p") -> tuple[bytes, int]:
+    """One record batch of ``payloads``, as a producer frames it, and its record count."""
+    builder = BatchBuilder(1)
+    for payload in payloads:
+        builder.append(payload, timestamp_us=1)
+    return builder.build(producer_id=producer_id, producer_name=producer_name), len(payloads)
 
 
 async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +58,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
     """
     import broker.wal.log as walmod
-    from broker.producer import OutgoingMessage, Producer
+    from broker.producer import Producer
     from broker.services import ProducerServicer
     from broker.topic import Topic
     from broker.wal import WriteAheadLog
@@ -77,8 +75,8 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
         async def create_producer(self, topic_path: str, producer_name: str, **options: Any) -> Producer:
             return producer
 
-        def publish(self, producer_id: int, messages: Sequence[OutgoingMessage]) -> asyncio.Future[tuple[int, int]]:
-            return topic.publish(producer, messages)
+        def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
+            return topic.publish(producer, batch)
 
         async def close_producer(self, producer_id: int) -> None:
             pass
@@ -95,7 +93,8 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     monkeypatch.setattr(walmod.os, "fdatasync", flaky)
 
     def request(seq: int) -> pb.SendBatchRequest:
-        return pb.SendBatchRequest(producer_id=1, sequence_id=seq, messages=messages(f"s{seq}".encode()))
+        batch, _ = _batch(f"s{seq}".encode())
+        return pb.SendBatchRequest(producer_id=1, sequence_id=seq, batch=batch)
 
     first_answered = asyncio.Event()
     third_sent = asyncio.Event()
@@ -121,7 +120,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
             answers.append(answer.sequence_id)
     try:
         assert answers == [0]
-        assert [r.payload for r in wal.read(0, 100)] == [b"s0"]
+        assert [r.payload for b in wal.read(0, 100) for r in batch_records(b.data)] == [b"s0"]
         assert wal.next_offset == 1  # request 2 was never enqueued (it would hold offset 1)
     finally:
         await wal.close()
@@ -146,13 +145,15 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
     )
     consumer = sub.add_consumer(1, "c", SubscriptionType.EXCLUSIVE, 1000)
     try:
-        await wal.append([_pending(i) for i in range(100)])  # offsets 100..199
+        for i in range(10):  # offsets 100..199 in ten batches
+            await wal.append(*_batch(*[f"m{i}-{j}".encode() for j in range(10)]))
         got: list[int] = []
 
         async def receive() -> None:
-            async for batch in consumer.batches():
-                got.extend(d.record.offset for d in batch)
-                sub.ack([d.record.offset for d in batch])
+            async for group in consumer.deliveries():
+                for d in group:
+                    got.extend(range(d.handout.first, d.handout.last + 1))
+                    sub.ack_ranges([(d.handout.first, d.handout.last)])
                 if len(got) >= 100:
                     return
 
@@ -160,7 +161,7 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
         await sub.flush_cursor()
         assert got == list(range(100, 200))
         assert sub.cursor == 199
-        assert sub.acked == set()
+        assert sub.handouts == {}
         assert stored[-1] == 199
     finally:
         await sub.close()

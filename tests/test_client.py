@@ -23,6 +23,7 @@ from danube_pipeline.client import (
     InitialPosition,
     Message,
 )
+from danube_pipeline.batches import RECORD_OVERHEAD_BYTES
 from danube_pipeline.client._accumulator import Accumulator, Batch
 from danube_pipeline.client._status import from_rpc_error
 from danube_pipeline.errors import (
@@ -38,7 +39,7 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
-from danube_pipeline.records import decode_segment
+from danube_pipeline.segments import decode_segment
 
 TOPIC = "/default/client_test"
 
@@ -112,18 +113,19 @@ def test_status_maps_trailing_error_class_to_typed_error() -> None:
 @pytest.mark.asyncio
 async def test_accumulator_closes_batches_by_count_bytes_and_linger() -> None:
     ready: list[Batch] = []
-    acc = Accumulator(max_batch_messages=3, max_batch_bytes=10, linger_ms=20, on_ready=ready.append)
-    acc.max_message_size_bytes = 8
+    r = RECORD_OVERHEAD_BYTES
+    acc = Accumulator(max_batch_messages=3, max_batch_bytes=3 * r + 10, linger_ms=20, on_ready=ready.append)
+    acc.max_message_size_bytes = 20
     for _ in range(3):
-        acc.append(b"a", {})
-    assert [len(b.messages) for b in ready] == [3]  # closed by count
-    acc.append(b"12345", {})
-    acc.append(b"123456", {})  # would pass 10 bytes: the first batch closes
-    assert [len(b.messages) for b in ready] == [3, 1]
+        acc.append(b"a")
+    assert [b.message_count for b in ready] == [3]  # closed by count
+    acc.append(b"12345")
+    acc.append(b"x" * 20)  # 5 + 20 + 2 overheads would pass the limit: the open batch closes first
+    assert [b.message_count for b in ready] == [3, 1]
     with pytest.raises(MessageTooLargeError):
-        acc.append(b"123456789", {})
+        acc.append(b"y" * 21)
     await eventually(lambda: len(ready) == 3, timeout_s=5, what="linger closes the open batch")
-    assert [len(b.messages) for b in ready] == [3, 1, 1]
+    assert [b.message_count for b in ready] == [3, 1, 1]
 
 
 # ------------------------------------------------------------------ integration
@@ -436,7 +438,7 @@ async def test_admin_seals_lists_and_reads_segments(start_broker: Any) -> None:
 class _SlowAckConsumerStub:
     """A FAKE consumer service: the failure tested (close() landing while an Ack RPC is in
     flight) is a timing window of about a millisecond against a real broker and cannot be
-    hit reliably there, so this stub makes every Ack take 50 ms."""
+    hit reliably there, so this stub keeps the first Ack in flight until it is cancelled."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
@@ -463,6 +465,8 @@ class _SlowAckConsumerStub:
             self.ack_started.set()
             await asyncio.Event().wait()  # the first Ack stays in flight until cancelled
         self.received.extend(req.offsets)
+        for r in req.ranges:
+            self.received.extend(range(r.first, r.last + 1))
         return pb.AckResponse()
 
     async def CloseConsumer(self, req, timeout=None):  # noqa: N802

@@ -21,6 +21,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from danube_pipeline.batches import BatchBuilder
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._status import rpc_errors
@@ -195,13 +196,13 @@ async def test_broker_errors_carry_their_fields_on_raw_calls(
 
     async def too_large() -> object:
         return await _raw(stubs, lambda s: s.producer.SendBatch(pb.SendBatchRequest(
-            producer_id=created.producer_id, messages=[pb.ProducerMessage(payload=b"x" * 11)]), timeout=t))
+            producer_id=created.producer_id, batch=_batch(created.producer_id, "p", b"x" * 11)), timeout=t))
 
     err2 = await _eventually_raises(MessageTooLargeError, too_large)  # once the policy reached the cache
     assert (err2.size_bytes, err2.max_message_size_bytes) == (11, 10)
 
     err3 = await _raises(ProducerNotFoundError, _raw(stubs, lambda s: s.producer.SendBatch(
-        pb.SendBatchRequest(producer_id=77, messages=[pb.ProducerMessage(payload=b"x")]), timeout=t)))
+        pb.SendBatchRequest(producer_id=77, batch=_batch(77, "p", b"x")), timeout=t)))
     assert err3.producer_id == 77
 
     err4 = await _raises(ConsumerNotFoundError, _raw(stubs, lambda s: s.consumer.Ack(
@@ -268,3 +269,10 @@ def _avro(record: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(json.loads(SCHEMA)), record)
     return buf.getvalue()
+
+
+def _batch(producer_id: int, producer_name: str, *payloads: bytes) -> bytes:
+    builder = BatchBuilder(1)
+    for payload in payloads:
+        builder.append(payload, timestamp_us=1)
+    return builder.build(producer_id=producer_id, producer_name=producer_name)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from helpers import eventually, stays
 
 import broker.wal.log as walmod
 import broker.wal.segment as segmod
-from broker.wal import PendingMessage, WriteAheadLog, active_name, sealed_name
+from broker.wal import WriteAheadLog, active_name, sealed_name
+from danube_pipeline.batches import BatchBuilder, batch_records, set_base_offset
 from danube_pipeline.errors import CorruptRecordError
-from danube_pipeline.records import SEGMENT_HEADER_SIZE, decode_segment, encode_record, scan_records
+from danube_pipeline.records import SEGMENT_HEADER_SIZE, Record
+from danube_pipeline.segments import decode_segment, scan_segment
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -26,17 +29,46 @@ def patch_fsync_dir(monkeypatch: pytest.MonkeyPatch, fn: object) -> None:
     monkeypatch.setattr(segmod, "fsync_dir", fn)
 
 
-def msg(i: int, size: int = 16) -> PendingMessage:
-    return PendingMessage(
-        payload=(f"m{i}:".encode() + b"x" * size)[: max(size, 4)],
-        publish_time_us=1_700_000_000_000_000 + i,
-        producer_id=7,
-        producer_name="p",
-        attributes={"i": str(i)},
-    )
+@dataclass(frozen=True)
+class Msg:
+    payload: bytes
+    publish_time_us: int
+    attributes: dict[str, str]
 
 
-def payloads(records) -> list[bytes]:
+def msg(i: int, size: int = 16) -> Msg:
+    return Msg((f"m{i}:".encode() + b"x" * size)[: max(size, 4)], 1_700_000_000_000_000 + i, {"i": str(i)})
+
+
+def frame(msgs: list[Msg]) -> tuple[bytes, int]:
+    """One record batch of ``msgs`` from producer 7 ("p"), as a producer frames it."""
+    builder = BatchBuilder(min(m.publish_time_us for m in msgs))
+    for m in msgs:
+        builder.append(m.payload, timestamp_us=m.publish_time_us, attributes=m.attributes)
+    return builder.build(producer_id=7, producer_name="p"), len(msgs)
+
+
+def stored(base_offset: int, msgs: list[Msg]) -> bytes:
+    """The batch of ``msgs`` as the WAL stores it at ``base_offset``."""
+    head, rest = set_base_offset(frame(msgs)[0], base_offset)
+    return head + bytes(rest)
+
+
+async def append(wal: WriteAheadLog, msgs: list[Msg]) -> tuple[int, int]:
+    return await wal.append(*frame(msgs))
+
+
+def enqueue(wal: WriteAheadLog, msgs: list[Msg]) -> asyncio.Future[tuple[int, int]]:
+    return wal.enqueue(*frame(msgs))
+
+
+def read(wal: WriteAheadLog, from_offset: int, max_records: int) -> list[Record]:
+    """The records of ``wal.read``'s batches from ``from_offset``, at most ``max_records``."""
+    records = [r for b in wal.read(from_offset, max_records) for r in batch_records(b.data)]
+    return [r for r in records if r.offset >= from_offset][:max_records]
+
+
+def payloads(records: list[Record]) -> list[bytes]:
     return [r.payload for r in records]
 
 
@@ -49,15 +81,15 @@ async def open_wal(path: Path, **kw) -> WriteAheadLog:
 async def test_append_read_round_trip(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
-        assert await wal.append([msg(0), msg(1), msg(2)]) == (0, 2)
-        assert await wal.append([msg(3)]) == (3, 3)
-        records = wal.read(0, 100)
+        assert await append(wal, [msg(0), msg(1), msg(2)]) == (0, 2)
+        assert await append(wal, [msg(3)]) == (3, 3)
+        records = read(wal, 0, 100)
         assert [r.offset for r in records] == [0, 1, 2, 3]
         assert payloads(records) == [msg(i).payload for i in range(4)]
         assert records[1].attributes == {"i": "1"}
         assert records[1].producer_id == 7 and records[1].producer_name == "p"
-        assert [r.offset for r in wal.read(2, 1)] == [2]
-        assert wal.read(4, 10) == []
+        assert [r.offset for r in read(wal, 2, 1)] == [2]
+        assert read(wal, 4, 10) == []
         assert wal.next_offset == 4 and wal.durable_end == 4
     finally:
         await wal.close()
@@ -65,8 +97,8 @@ async def test_append_read_round_trip(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
         assert wal.next_offset == 4
-        assert await wal.append([msg(4)]) == (4, 4)
-        assert [r.offset for r in wal.read(0, 100)] == [0, 1, 2, 3, 4]
+        assert await append(wal, [msg(4)]) == (4, 4)
+        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 4]
     finally:
         await wal.close()
 
@@ -75,13 +107,13 @@ async def test_group_commit_uses_far_fewer_syncs(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
         n = 2000
-        results = await asyncio.gather(*(wal.append([msg(i)]) for i in range(n)))
+        results = await asyncio.gather(*(append(wal, [msg(i)]) for i in range(n)))
         # every append resolved with its own contiguous offset
         assert sorted(first for first, _ in results) == list(range(n))
         assert all(first == last for first, last in results)
         assert wal.record_count == n
         assert wal.sync_count < n / 10, wal.sync_count
-        assert len(wal.read(0, n)) == n
+        assert len(read(wal, 0, n)) == n
     finally:
         await wal.close()
 
@@ -89,7 +121,7 @@ async def test_group_commit_uses_far_fewer_syncs(tmp_path: Path) -> None:
 async def test_offsets_are_assigned_in_enqueue_order(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
-        futures = [wal.enqueue([msg(i), msg(i)]) for i in range(50)]
+        futures = [enqueue(wal, [msg(i), msg(i)]) for i in range(50)]
         results = await asyncio.gather(*futures)
         assert results == [(2 * i, 2 * i + 1) for i in range(50)]
     finally:
@@ -100,7 +132,7 @@ async def test_roll_by_size_creates_decodable_sealed_segments(tmp_path: Path) ->
     wal = await open_wal(tmp_path, segment_max_bytes=4096)
     try:
         for i in range(100):
-            await wal.append([msg(i, size=200)])
+            await append(wal, [msg(i, size=200)])
         sealed = wal.sealed_segments()
         assert len(sealed) >= 3
         expected_start = 0
@@ -112,7 +144,7 @@ async def test_roll_by_size_creates_decodable_sealed_segments(tmp_path: Path) ->
             assert seg.size_bytes == seg.path.stat().st_size
             expected_start = seg.end_offset + 1
         assert wal.active_path.name == active_name(expected_start)
-        assert [r.offset for r in wal.read(0, 1000)] == list(range(100))
+        assert [r.offset for r in read(wal, 0, 1000)] == list(range(100))
     finally:
         await wal.close()
 
@@ -120,13 +152,13 @@ async def test_roll_by_size_creates_decodable_sealed_segments(tmp_path: Path) ->
 async def test_concurrent_appends_keep_segments_near_max_size(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path, segment_max_bytes=4096)
     try:
-        await asyncio.gather(*(wal.append([msg(i, size=200)]) for i in range(300)))
+        await asyncio.gather(*(append(wal, [msg(i, size=200)]) for i in range(300)))
         sealed = wal.sealed_segments()
         assert len(sealed) >= 10
-        record_bytes = len(encode_record(msg(0, size=200).to_record(0)))
+        record_bytes = len(frame([msg(0, size=200)])[0])
         for seg in sealed:
             assert seg.size_bytes < 4096 + 2 * record_bytes, seg
-        assert [r.offset for r in wal.read(0, 1000)] == list(range(300))
+        assert [r.offset for r in read(wal, 0, 1000)] == list(range(300))
     finally:
         await wal.close()
 
@@ -134,7 +166,7 @@ async def test_concurrent_appends_keep_segments_near_max_size(tmp_path: Path) ->
 async def test_roll_by_age(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
     try:
-        await wal.append([msg(0), msg(1)])
+        await append(wal, [msg(0), msg(1)])
         await eventually(lambda: bool(wal.sealed_segments()), timeout_s=5, what="sealed by age")
         sealed = wal.sealed_segments()
         assert [(s.start_offset, s.end_offset) for s in sealed] == [(0, 1)]
@@ -149,7 +181,7 @@ async def test_seal_active_and_empty_noop(tmp_path: Path) -> None:
     try:
         assert await wal.seal_active() is None
         assert wal.sealed_segments() == []
-        wal.enqueue([msg(0), msg(1), msg(2)])  # not awaited: seal must still include them
+        enqueue(wal, [msg(0), msg(1), msg(2)])  # not awaited: seal must still include them
         seg = await wal.seal_active()
         assert seg is not None and (seg.start_offset, seg.end_offset) == (0, 2)
         assert await wal.seal_active() is None
@@ -163,14 +195,14 @@ async def test_reads_across_sealed_and_active(tmp_path: Path) -> None:
     try:
         offset = 0
         for size in (10, 20, 5):
-            await wal.append([msg(offset + i, size=100) for i in range(size)])
+            await append(wal, [msg(offset + i, size=100) for i in range(size)])
             offset += size
             await wal.seal_active()
-        await wal.append([msg(offset + i, size=100) for i in range(7)])
+        await append(wal, [msg(offset + i, size=100) for i in range(7)])
         total = offset + 7
         assert [s.start_offset for s in wal.sealed_segments()] == [0, 10, 30]
         for start in (0, 5, 9, 10, 29, 30, 34, 35, 40):
-            got = wal.read(start, 12)
+            got = read(wal, start, 12)
             assert [r.offset for r in got] == list(range(start, min(start + 12, total)))
             assert payloads(got) == [msg(o, size=100).payload for o in range(start, min(start + 12, total))]
     finally:
@@ -179,17 +211,17 @@ async def test_reads_across_sealed_and_active(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path, index_interval_bytes=256)
     try:
         assert [s.start_offset for s in wal.sealed_segments()] == [0, 10, 30]
-        assert [r.offset for r in wal.read(8, 30)] == list(range(8, 38))
+        assert [r.offset for r in read(wal, 8, 30)] == list(range(8, 38))
     finally:
         await wal.close()
 
 
 def _torn_record(good_records: int) -> bytes:
-    return encode_record(msg(good_records).to_record(good_records))[:-7]
+    return stored(good_records, [msg(good_records)])[:-7]
 
 
 def _torn_frame(good_records: int) -> bytes:
-    return encode_record(msg(good_records).to_record(good_records))[:5]
+    return stored(good_records, [msg(good_records)])[:5]
 
 
 def _garbage(good_records: int) -> bytes:
@@ -197,7 +229,7 @@ def _garbage(good_records: int) -> bytes:
 
 
 def _wrong_offset(good_records: int) -> bytes:
-    return encode_record(msg(0).to_record(good_records + 7))  # a whole record out of sequence
+    return stored(good_records + 7, [msg(0)])  # a whole batch out of sequence
 
 
 @pytest.mark.parametrize(
@@ -209,7 +241,7 @@ async def test_bad_tail_is_truncated(tmp_path: Path, tail: object, good_records:
     cuts it off and appends continue at the last good offset + 1."""
     wal = await open_wal(tmp_path)
     if good_records:
-        await wal.append([msg(i) for i in range(good_records)])
+        await append(wal, [msg(i) for i in range(good_records)])
     path = wal.active_path
     await wal.close()
     good_size = path.stat().st_size
@@ -220,8 +252,8 @@ async def test_bad_tail_is_truncated(tmp_path: Path, tail: object, good_records:
     try:
         assert path.stat().st_size == good_size
         assert wal.next_offset == good_records
-        assert await wal.append([msg(50)]) == (good_records, good_records)
-        got = wal.read(0, 100)
+        assert await append(wal, [msg(50)]) == (good_records, good_records)
+        got = read(wal, 0, 100)
         assert [r.offset for r in got] == list(range(good_records + 1))
         assert got[-1].payload == msg(50).payload
     finally:
@@ -230,29 +262,30 @@ async def test_bad_tail_is_truncated(tmp_path: Path, tail: object, good_records:
 
 async def test_corrupt_crc_in_the_middle_truncates_from_there(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
-    await wal.append([msg(i) for i in range(10)])
+    for i in range(10):
+        await append(wal, [msg(i)])  # one batch per offset
     path = wal.active_path
     await wal.close()
     data = bytearray(path.read_bytes())
-    positions = scan_records(bytes(data), keep_positions=True).positions
+    positions = scan_segment(bytes(data), keep_positions=True).positions
     pos4 = dict(positions)[4]
-    data[pos4 + 8 + 20] ^= 0xFF  # flip a byte inside record 4's body
+    data[pos4 + 70] ^= 0xFF  # flip a byte inside batch 4's record
     path.write_bytes(bytes(data))
     wal = await open_wal(tmp_path)
     try:
         assert path.stat().st_size == pos4
         assert wal.next_offset == 4
-        assert [r.offset for r in wal.read(0, 100)] == [0, 1, 2, 3]
-        assert await wal.append([msg(99)]) == (4, 4)
-        assert wal.read(4, 1)[0].payload == msg(99).payload
-        assert scan_records(path.read_bytes()).error is None
+        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3]
+        assert await append(wal, [msg(99)]) == (4, 4)
+        assert read(wal, 4, 1)[0].payload == msg(99).payload
+        assert scan_segment(path.read_bytes()).error is None
     finally:
         await wal.close()
 
 
 async def test_short_active_file_gets_a_fresh_header(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
-    await wal.append([msg(0), msg(1)])
+    await append(wal, [msg(0), msg(1)])
     await wal.seal_active()
     active = wal.active_path
     await wal.close()
@@ -261,8 +294,8 @@ async def test_short_active_file_gets_a_fresh_header(tmp_path: Path) -> None:
     try:
         assert wal.next_offset == 2
         assert wal.active_path.stat().st_size >= SEGMENT_HEADER_SIZE
-        assert await wal.append([msg(2)]) == (2, 2)
-        assert [r.offset for r in wal.read(0, 10)] == [0, 1, 2]
+        assert await append(wal, [msg(2)]) == (2, 2)
+        assert [r.offset for r in read(wal, 0, 10)] == [0, 1, 2]
     finally:
         await wal.close()
 
@@ -271,7 +304,7 @@ async def test_initial_offset_for_empty_wal(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path, initial_offset=22)
     try:
         assert wal.next_offset == 22 and wal.first_offset == 22
-        assert await wal.append([msg(0)]) == (22, 22)
+        assert await append(wal, [msg(0)]) == (22, 22)
         seg = await wal.seal_active()
         assert seg is not None
         assert decode_segment(seg.path.read_bytes()).start_offset == 22
@@ -289,7 +322,7 @@ async def test_wait_for_offset_wakes_on_append(tmp_path: Path) -> None:
     try:
         waiter = asyncio.create_task(wal.wait_for_offset(0, timeout_s=5))
         await stays(lambda: not waiter.done(), for_s=0.05, what="waiting for offset 0")
-        await wal.append([msg(0)])
+        await append(wal, [msg(0)])
         assert await waiter is True
         assert await wal.wait_for_offset(5, timeout_s=0.05) is False
     finally:
@@ -300,9 +333,8 @@ async def test_wait_for_offset_wakes_on_append(tmp_path: Path) -> None:
 
 
 def file_offsets(path: Path) -> list[int]:
-    """Offsets of every good record in a segment file, read straight from disk."""
-    scan = scan_records(path.read_bytes(), keep_positions=True)
-    return [offset for offset, _ in scan.positions]
+    """Offsets of every record in a segment file, read straight from disk."""
+    return [r.offset for r in decode_segment(path.read_bytes()).records]
 
 
 def dir_names(path: Path) -> list[str]:
@@ -318,7 +350,7 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     hit this window deterministically.
     """
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
-    assert await wal.append([msg(i) for i in range(5)]) == (0, 4)
+    assert await append(wal, [msg(i) for i in range(5)]) == (0, 4)
     real_fsync_dir = walmod.fsync_dir
     in_seal = asyncio.Event()
     release = threading.Event()
@@ -332,7 +364,7 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     patch_fsync_dir(monkeypatch, held_fsync_dir)
     await asyncio.wait_for(in_seal.wait(), 5)  # the age timer is mid-seal
     patch_fsync_dir(monkeypatch, real_fsync_dir)
-    fut = wal.enqueue([msg(i) for i in range(5, 8)])
+    fut = enqueue(wal, [msg(i) for i in range(5, 8)])
     closing = asyncio.create_task(wal.close())
     await eventually(lambda: wal.closed, timeout_s=5, what="close() started")
     release.set()
@@ -346,7 +378,7 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     wal = await open_wal(tmp_path)
     try:
         assert wal.next_offset == 8
-        assert payloads(wal.read(5, 10)) == [msg(i).payload for i in range(5, 8)]
+        assert payloads(read(wal, 5, 10)) == [msg(i).payload for i in range(5, 8)]
     finally:
         await wal.close()
 
@@ -360,7 +392,7 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
     """
     wal = await open_wal(tmp_path)
     try:
-        await wal.append([msg(i) for i in range(5)])
+        await append(wal, [msg(i) for i in range(5)])
         real_fsync_dir = walmod.fsync_dir
         in_seal = asyncio.Event()
         release = threading.Event()
@@ -383,10 +415,10 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
         patch_fsync_dir(monkeypatch, real_fsync_dir)
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
         assert wal.active_path == tmp_path / active_name(5)
-        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert await append(wal, [msg(i) for i in range(5, 8)]) == (5, 7)
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
-        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(8))
     finally:
         await wal.close()
 
@@ -402,7 +434,7 @@ async def test_seal_with_failed_directory_fsync_follows_the_rename(
     """
     wal = await open_wal(tmp_path)
     try:
-        await wal.append([msg(i) for i in range(5)])
+        await append(wal, [msg(i) for i in range(5)])
         real_fsync_dir = walmod.fsync_dir
         calls = {"n": 0}
 
@@ -417,7 +449,7 @@ async def test_seal_with_failed_directory_fsync_follows_the_rename(
         assert calls["n"] >= 2  # the failure was hit, then the directory was synced again
         assert seg is not None and seg.path == tmp_path / sealed_name(0, 4)
         assert wal.active_path == tmp_path / active_name(5)
-        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert await append(wal, [msg(i) for i in range(5, 8)]) == (5, 7)
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
     finally:
@@ -440,7 +472,7 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
     """
     wal = await open_wal(tmp_path)
     try:
-        await wal.append([msg(i) for i in range(5)])
+        await append(wal, [msg(i) for i in range(5)])
         real_create = WriteAheadLog._create_active
 
         def no_space(self: WriteAheadLog, start: int) -> object:
@@ -451,21 +483,21 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
             await wal.seal_active()
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
         with pytest.raises(OSError):
-            await wal.append([msg(5)])
+            await append(wal, [msg(5)])
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert wal.next_offset == 5 and wal.durable_end == 5
-        assert [r.offset for r in wal.read(0, 100)] == [0, 1, 2, 3, 4]
+        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 4]
         monkeypatch.setattr(WriteAheadLog, "_create_active", real_create)
-        assert await wal.append([msg(i) for i in range(5, 8)]) == (5, 7)
+        assert await append(wal, [msg(i) for i in range(5, 8)]) == (5, 7)
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
-        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(8))
     finally:
         await wal.close()
     wal = await open_wal(tmp_path)
     try:
         assert wal.next_offset == 8
-        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(8))
     finally:
         await wal.close()
 
@@ -476,7 +508,8 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
 async def make_sealed(dirpath: Path, first: int, count: int, tag: str = "m") -> Path:
     """A real sealed file holding ``first .. first+count-1`` (payloads ``{tag}{offset}``)."""
     wal = await open_wal(dirpath, initial_offset=first)
-    await wal.append([PendingMessage(payload=f"{tag}{first + i}".encode(), publish_time_us=1) for i in range(count)])
+    for i in range(count):  # one batch per offset
+        await append(wal, [Msg(f"{tag}{first + i}".encode(), 1, {})])
     seg = await wal.seal_active()
     await wal.close()
     assert seg is not None
@@ -494,7 +527,7 @@ async def test_recovery_sealed_file_longer_than_its_name(tmp_path: Path) -> None
     try:
         assert wal.next_offset == 8
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 7)]
-        assert [r.offset for r in wal.read(0, 100)] == list(range(8))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(8))
     finally:
         await wal.close()
     assert dir_names(w) == [sealed_name(0, 7), active_name(8)]
@@ -521,10 +554,10 @@ async def test_reads_stop_at_a_sealed_segments_end(tmp_path: Path) -> None:
     wal = await open_wal(w)
     try:
         assert wal.next_offset == 10
-        got = wal.read(0, 100)
+        got = read(wal, 0, 100)
         assert [r.offset for r in got] == list(range(10))
         assert payloads(got) == [f"a{i}".encode() for i in range(5)] + [f"b{i}".encode() for i in range(5, 10)]
-        assert payloads(wal.read(3, 4)) == [b"a3", b"a4", b"b5", b"b6"]
+        assert payloads(read(wal, 3, 4)) == [b"a3", b"a4", b"b5", b"b6"]
     finally:
         await wal.close()
 
@@ -542,7 +575,7 @@ async def test_recovery_active_log_already_sealed_is_set_aside(tmp_path: Path) -
     try:
         assert wal.next_offset == 10
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 9)]
-        assert await wal.append([msg(10)]) == (10, 10)
+        assert await append(wal, [msg(10)]) == (10, 10)
     finally:
         await wal.close()
     assert dir_names(w) == sorted([active_name(0) + ".stale", sealed_name(0, 9), active_name(10)])
@@ -561,7 +594,7 @@ async def test_recovery_same_start_overlap_survives_restarts(
     shutil.copy(sealed, w / active_name(0))
     wal = await open_wal(w)
     assert wal.next_offset == 10
-    assert await wal.append([msg(i) for i in range(10, 15)]) == (10, 14)
+    assert await append(wal, [msg(i) for i in range(10, 15)]) == (10, 14)
     await wal.seal_active()
     await wal.close()
     if reverse_listing:
@@ -570,7 +603,7 @@ async def test_recovery_same_start_overlap_survives_restarts(
     wal = await open_wal(w)
     try:
         assert wal.next_offset == 15
-        assert [r.offset for r in wal.read(0, 100)] == list(range(15))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(15))
     finally:
         await wal.close()
 
@@ -587,7 +620,7 @@ async def test_recovery_sets_aside_a_covered_sealed_segment(tmp_path: Path) -> N
     try:
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 9)]
         assert wal.next_offset == 10
-        assert [r.offset for r in wal.read(0, 100)] == list(range(10))
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(10))
     finally:
         await wal.close()
     assert sealed_name(0, 4) + ".stale" in dir_names(w)
@@ -612,7 +645,7 @@ async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: P
     after it must neither hang nor seal anything that was not written."""
     wal = await open_wal(tmp_path)
     try:
-        assert await wal.append([msg(0), msg(1)]) == (0, 1)
+        assert await append(wal, [msg(0), msg(1)]) == (0, 1)
         real = os.fdatasync
         calls = {"n": 0}
 
@@ -623,11 +656,11 @@ async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: P
             real(fd)
 
         monkeypatch.setattr(walmod.os, "fdatasync", failing_once)
-        doomed = wal.enqueue([msg(2)])
+        doomed = enqueue(wal, [msg(2)])
         sealed = await asyncio.wait_for(wal.seal_active(), timeout=5)
         with pytest.raises(OSError):
             await doomed
         assert sealed is not None and (sealed.start_offset, sealed.end_offset) == (0, 1)
-        assert await wal.append([msg(3)]) == (2, 2)  # offset 2 handed out again, never acked before
+        assert await append(wal, [msg(3)]) == (2, 2)  # offset 2 handed out again, never acked before
     finally:
         await wal.close()

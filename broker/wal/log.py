@@ -4,11 +4,12 @@ A topic's WAL is a directory of segment files (:mod:`broker.wal.segment`): seale
 ``{start:020d}-{end:020d}.dnb1`` files and one active ``{start:020d}.log``; offsets are
 contiguous across them. :mod:`broker.wal.recovery` brings the directory back at open.
 
-Group commit: :meth:`WriteAheadLog.enqueue` assigns offsets at once and queues the messages;
-one writer task takes everything queued since its previous write and does ONE ``os.write`` and
-ONE ``os.fdatasync`` in a worker thread (so the event loop keeps accepting appends meanwhile),
-then resolves every waiting future. A producer is acknowledged only after the ``fdatasync``
-that covers its messages.
+Group commit: :meth:`WriteAheadLog.enqueue` takes one producer-framed record batch, assigns
+its offsets at once and queues it; one writer task takes everything queued since its previous
+write and does ONE ``os.writev`` (each batch's bytes as received, behind the base offset it was
+given) and ONE ``os.fdatasync`` in a worker thread (so the event loop keeps accepting appends
+meanwhile), then resolves every waiting future. A producer is acknowledged only after the
+``fdatasync`` that covers its batch. No Python object is made per message.
 
 All file descriptors are opened, closed and renamed from the event loop or from the writer
 while it holds the I/O lock, and reads are synchronous ``os.pread`` calls from the event loop,
@@ -23,13 +24,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from danube_pipeline.records import Record
+from danube_pipeline.segments import StoredBatch
 
 from broker.tasks import run_to_completion
-from broker.wal.pending import PendingAppend, PendingMessage, encode_appends, estimated_size_bytes
+from broker.wal.pending import PendingAppend, plan_write, write_all
 from broker.wal.recovery import LogLoader
 from broker.wal.segment import (
     DEFAULT_INDEX_INTERVAL_BYTES,
@@ -200,33 +201,38 @@ class WriteAheadLog:
         assert self._active is not None
         return self._active.start
 
-    def enqueue(self, messages: Sequence[PendingMessage]) -> asyncio.Future[tuple[int, int]]:
-        """Give ``messages`` contiguous offsets now and queue them for the next group commit.
+    def enqueue(self, batch: bytes, record_count: int) -> asyncio.Future[tuple[int, int]]:
+        """Give a record batch its offsets now and queue it for the next group commit.
 
-        Calling this in order from one task keeps that order on disk.
+        Calling this in order from one task keeps that order on disk. The caller checked the
+        batch (:func:`danube_pipeline.batches.validate_batch`).
+
+        Args:
+            batch: one batch as the producer framed it.
+            record_count: the records it holds.
 
         Returns:
             A future resolving to ``(first_offset, last_offset)`` after the ``fdatasync`` that
             makes them durable, or failing with the ``OSError`` of the write.
 
         Raises:
-            ValueError: if ``messages`` is empty.
+            ValueError: if ``record_count`` is not positive.
             RuntimeError: if the WAL is closed or a previous write failed unrecoverably.
         """
-        if not messages:
+        if record_count < 1:
             raise ValueError("nothing to append")
         if self._closed:
             raise RuntimeError(f"WAL {self.directory} is closed")
         if self._failed is not None:
             raise RuntimeError(f"WAL {self.directory} failed: {self._failed}")
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(PendingAppend(self._next_offset, messages, fut, estimated_size_bytes(messages)))
-        self._next_offset += len(messages)
+        self._queue.append(PendingAppend(self._next_offset, batch, record_count, fut))
+        self._next_offset += record_count
         self._wakeup.set()
         return fut
 
-    async def append(self, messages: Sequence[PendingMessage]) -> tuple[int, int]:
-        """Append ``messages`` and return ``(first_offset, last_offset)`` once durable.
+    async def append(self, batch: bytes, record_count: int) -> tuple[int, int]:
+        """Append a record batch and return ``(first_offset, last_offset)`` once durable.
 
         Cancelling the caller does not cancel the write.
 
@@ -234,7 +240,7 @@ class WriteAheadLog:
             ValueError, RuntimeError: see :meth:`enqueue`.
             OSError: the write or ``fdatasync`` failed (nothing of the batch is kept).
         """
-        return await asyncio.shield(self.enqueue(messages))
+        return await asyncio.shield(self.enqueue(batch, record_count))
 
     def add_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
         """Call ``callback(durable_end)`` whenever the durable end advances; returns a remover."""
@@ -316,9 +322,9 @@ class WriteAheadLog:
         taken = 0
         size = 0
         for item in self._queue:
-            if taken and size + item.estimated_bytes > room:
+            if taken and size + len(item.data) > room:
                 break
-            size += item.estimated_bytes
+            size += len(item.data)
             taken += 1
         batch, self._queue = self._queue[:taken], self._queue[taken:]
         return batch
@@ -329,35 +335,32 @@ class WriteAheadLog:
         fd = active.fd
         start_length = active.length
 
-        def work() -> tuple[int, list[tuple[int, int]]]:
-            data, positions = encode_appends(batch, start_length)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+        buffers, positions, size = plan_write(batch, start_length)
+
+        def work() -> None:
+            write_all(fd, buffers)
             os.fdatasync(fd)
-            return len(data), positions
 
         try:
-            size, positions = await asyncio.to_thread(work)
+            await asyncio.to_thread(work)
         except BaseException as exc:
             self._fail_batch(batch, exc, fd, start_length)
             if not isinstance(exc, Exception):
                 raise
             return
         self.sync_count += 1
-        self.record_count += len(positions)
+        self.record_count += sum(item.record_count for item in batch)
         assert active.index is not None
         for offset, pos in positions:
             active.index.add(offset, pos)
         active.length = start_length + size
-        active.end = positions[-1][0]
+        active.end = batch[-1].last_offset
         if self._active_first_append_s is None:
             self._active_first_append_s = time.time()
         self._signal_advanced()
         for item in batch:
             if not item.future.done():
-                item.future.set_result((item.first_offset, item.first_offset + len(item.messages) - 1))
+                item.future.set_result((item.first_offset, item.last_offset))
 
     def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were
@@ -538,30 +541,32 @@ class WriteAheadLog:
         self._remember_sealed_fd(seg)
         return seg.fd
 
-    def read(self, from_offset: int, max_records: int, *, max_bytes: int = 4 * 1024 * 1024) -> list[Record]:
-        """Read durable records starting at ``from_offset``.
+    def read(self, from_offset: int, max_records: int, *, max_bytes: int = 4 * 1024 * 1024) -> list[StoredBatch]:
+        """Read durable batches holding ``from_offset`` and the offsets after it.
 
         Uses each segment's sparse index, so a read costs at most one index interval of extra
-        bytes. Crosses from sealed segments into later ones as needed.
+        bytes. Crosses from sealed segments into later ones as needed. The first batch may
+        start before ``from_offset`` (a batch is read whole).
 
         Args:
             from_offset: first offset wanted; below :attr:`first_offset` reads start there.
-            max_records: at most this many records.
-            max_bytes: stop once this many record bytes were read (at least one record is
-                returned if available).
+            max_records: stop once the batches hold this many records from ``from_offset`` on.
+            max_bytes: stop once this many bytes were read (at least one batch is returned if
+                available).
 
         Returns:
-            Records with contiguous offsets (possibly empty when nothing is durable yet).
+            Batches with contiguous offsets (possibly none when nothing is durable yet).
 
         Raises:
-            CorruptRecordError: a durable record fails its CRC (disk corruption).
+            CorruptRecordError: a durable batch fails its CRC (disk corruption).
         """
-        out: list[Record] = []
+        out: list[StoredBatch] = []
         if self._active is None or max_records <= 0:
             return out
         offset = max(from_offset, self.first_offset)
         budget = max_bytes
-        while len(out) < max_records and offset < self.durable_end and budget > 0:
+        records = 0
+        while records < max_records and offset < self.durable_end and budget > 0:
             seg = self._segment_for(offset)
             if seg is None:
                 break
@@ -571,12 +576,13 @@ class WriteAheadLog:
             else:
                 fd = self._sealed_fd(seg)
             seg.ensure_index(fd, self.index_interval_bytes)
-            got, used = seg.read(fd, offset, max_records - len(out), budget)
+            got, used = seg.read(fd, offset, max_records - records, budget)
             if not got:
                 break
             out.extend(got)
             budget -= used
-            offset = got[-1].offset + 1
+            records += got[-1].last_offset + 1 - offset
+            offset = got[-1].last_offset + 1
         return out
 
     def _segment_for(self, offset: int) -> Segment | None:

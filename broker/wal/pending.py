@@ -1,83 +1,77 @@
-"""Messages accepted for appending and not yet written: what one group commit encodes."""
+"""Batches accepted for appending and not yet written: what one group commit writes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from danube_pipeline.records import Record, encode_record
+from danube_pipeline.batches import set_base_offset
 
-
-@dataclass(frozen=True, slots=True)
-class PendingMessage:
-    """A message accepted for appending; the WAL gives it its offset.
-
-    Attributes:
-        payload: message bytes.
-        publish_time_us: microseconds since the Unix epoch (already stamped by the caller).
-        producer_id: u64 producer id (``docs/etcd-layout.md`` §3.3).
-        producer_name: the producer's name.
-        schema_id: global schema id, 0 = none.
-        schema_version: schema version, 0 = none.
-        attributes: user key/value pairs.
-    """
-
-    payload: bytes
-    publish_time_us: int
-    producer_id: int = 0
-    producer_name: str = ""
-    schema_id: int = 0
-    schema_version: int = 0
-    attributes: Mapping[str, str] = field(default_factory=dict)
-
-    def to_record(self, offset: int) -> Record:
-        """The :class:`Record` this message becomes at ``offset``."""
-        return Record(
-            offset=offset,
-            publish_time_us=self.publish_time_us,
-            producer_id=self.producer_id,
-            producer_name=self.producer_name,
-            schema_id=self.schema_id,
-            schema_version=self.schema_version,
-            payload=self.payload,
-            attributes=dict(self.attributes),
-        )
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 @dataclass(slots=True)
 class PendingAppend:
-    """One ``enqueue`` call waiting for the next group commit."""
+    """One record batch waiting for the next group commit.
+
+    Attributes:
+        first_offset: the base offset the WAL assigned.
+        data: the batch as the producer framed it (base offset field still 0).
+        record_count: records in the batch.
+        future: resolved with ``(first_offset, last_offset)`` after the ``fdatasync``.
+    """
 
     first_offset: int
-    messages: Sequence[PendingMessage]
+    data: bytes
+    record_count: int
     future: asyncio.Future[tuple[int, int]]
-    estimated_bytes: int
+
+    @property
+    def last_offset(self) -> int:
+        """The batch's last offset."""
+        return self.first_offset + self.record_count - 1
 
 
-def estimated_size_bytes(messages: Sequence[PendingMessage]) -> int:
-    """Approximate encoded size (frame + fixed fields + variable parts), for segment rolling."""
-    total = 0
-    for m in messages:
-        total += 48 + len(m.payload) + len(m.producer_name)
-        for k, v in m.attributes.items():
-            total += 6 + len(k) + len(v)
-    return total
-
-
-def encode_appends(
+def plan_write(
     pending: Sequence[PendingAppend], start_position: int
-) -> tuple[bytes, list[tuple[int, int]]]:
-    """Encode every queued message; return the bytes and each record's (offset, position)."""
-    parts: list[bytes] = []
+) -> tuple[list[bytes | memoryview], list[tuple[int, int]], int]:
+    """The buffers to write for ``pending`` and where each batch lands.
+
+    Each batch becomes two buffers, its base offset and the rest of its bytes (unchanged), so
+    nothing is copied before the write.
+
+    Returns:
+        ``(buffers, positions, size_bytes)``: ``positions`` is each batch's
+        ``(base_offset, byte_position)``.
+    """
+    buffers: list[bytes | memoryview] = []
     positions: list[tuple[int, int]] = []
     pos = start_position
     for item in pending:
-        offset = item.first_offset
-        for msg in item.messages:
-            data = encode_record(msg.to_record(offset))
-            parts.append(data)
-            positions.append((offset, pos))
-            pos += len(data)
-            offset += 1
-    return b"".join(parts), positions
+        buffers.extend(set_base_offset(item.data, item.first_offset))
+        positions.append((item.first_offset, pos))
+        pos += len(item.data)
+    return buffers, positions, pos - start_position
+
+
+def write_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
+    """``os.writev`` every buffer, continuing after partial writes and in chunks of at most
+    ``IOV_MAX`` buffers.
+
+    Raises:
+        OSError: the write failed (e.g. ``ENOSPC``).
+    """
+    views = [memoryview(b) for b in buffers if len(b)]
+    i = 0
+    while i < len(views):
+        written = os.writev(fd, views[i : i + _IOV_MAX])
+        while written:
+            size = len(views[i])
+            if written >= size:
+                written -= size
+                i += 1
+            else:
+                views[i] = views[i][written:]
+                written = 0

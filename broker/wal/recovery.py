@@ -15,6 +15,9 @@ segment ready for appends. The rules, in the order they are applied:
   every ack follows an ``fdatasync`` of everything before it). An active file whose records
   all lie in sealed files is set aside; one that overlaps sealed files with records beyond
   them refuses the open (the same offsets would exist twice).
+* An active file written in format version 1 (one frame per record, before record batches)
+  is sealed as it is, once its tail is checked; new batches go to a new version 2 file. Sealed
+  files of either version stay readable.
 * With no record at all, the WAL starts at ``initial_offset`` (the sealed state's
   ``last_committed_offset + 1`` after a topic move, ``docs/etcd-layout.md`` §5.3).
 """
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError
-from danube_pipeline.records import SegmentHeader, scan_records
+from danube_pipeline.records import LEGACY_FORMAT_VERSION, SegmentHeader
+from danube_pipeline.segments import scan_segment
 
 from broker.wal.segment import (
     ACTIVE_NAME_RE,
@@ -111,17 +115,35 @@ class LogLoader:
         if actives:
             start, path = actives[-1]
             active = self._recover_active(start, path, expected_start, empty_wal=not sealed)
-            if not active.is_empty:
+            if active.format_version == LEGACY_FORMAT_VERSION:
+                sealed.append(self._seal_legacy(active))
+                active = self._create_active(active.end + 1)
+            elif not active.is_empty:
                 first_append_s = active.created_at_ms / 1000.0
         else:
             active = self._create_active(expected_start)
         fsync_dir(self.directory)
+        sealed_end = sealed[-1].end if sealed else None
         if sealed_end is not None and active.end + 1 <= sealed_end:  # never reuse a sealed offset
             raise CorruptRecordError(
                 str(active.path), 0,
                 f"next offset {active.end + 1} is not past the sealed segments' end {sealed_end}",
             )
         return LoadedLog(sealed=sealed, active=active, first_append_s=first_append_s)
+
+    def _seal_legacy(self, seg: Segment) -> Segment:
+        """Seal a non-empty version 1 active segment under its sealed name."""
+        assert seg.fd is not None
+        os.fsync(seg.fd)
+        os.close(seg.fd)
+        seg.fd = None
+        new_path = self.directory / sealed_name(seg.start, seg.end)
+        log.warning("WAL %s: sealing %s (format version 1) as %s; new batches go to a new segment",
+                    self.directory, seg.path.name, new_path.name)
+        os.rename(seg.path, new_path)
+        seg.path = new_path
+        seg.sealed_at_ms = int(new_path.stat().st_mtime * 1000)
+        return seg
 
     def _create_active(self, start: int) -> Segment:
         return create_active_segment(self.directory, start, self.index_interval_bytes)
@@ -131,7 +153,10 @@ class LogLoader:
         if header.start_offset != start or end < start:
             raise CorruptRecordError(str(path), 0, "file name disagrees with its header")
         st = path.stat()
-        seg = Segment(start, path, created_at_ms=header.created_at_ms, interval_bytes=self.index_interval_bytes)
+        seg = Segment(
+            start, path, created_at_ms=header.created_at_ms, interval_bytes=self.index_interval_bytes,
+            format_version=header.format_version,
+        )
         seg.end = end
         seg.length = st.st_size
         seg.sealed_at_ms = int(st.st_mtime * 1000)
@@ -164,7 +189,7 @@ class LogLoader:
             CorruptRecordError: the file holds fewer records than its name says.
         """
         data = seg.path.read_bytes()
-        scan = scan_records(data, expected_first_offset=seg.start, keep_positions=True)
+        scan = scan_segment(data, expected_first_offset=seg.start, keep_positions=True)
         last = seg.start + scan.record_count - 1
         if last < seg.end:
             raise CorruptRecordError(
@@ -207,7 +232,7 @@ class LogLoader:
             log.warning("WAL %s: %s header start %d disagrees with its name", self.directory, path.name, header.start_offset)
             path.unlink()
             return self._create_active(expected_start)
-        scan = scan_records(data, expected_first_offset=start, keep_positions=True)
+        scan = scan_segment(data, expected_first_offset=start, keep_positions=True)
         if not empty_wal and start < expected_start and scan.record_count:
             last = start + scan.record_count - 1
             if last < expected_start:  # every record is already in a sealed segment
@@ -225,11 +250,17 @@ class LogLoader:
                 self.directory, path.name, len(data), scan.valid_length, scan.record_count, scan.error,
             )
             truncate_file(path, scan.valid_length)
-        if scan.record_count == 0 and (start != expected_start or sealed_mismatch):
-            # Empty active segment at the wrong place (e.g. a sealed state moved the start).
+        if scan.record_count == 0 and (
+            start != expected_start or sealed_mismatch or header.format_version == LEGACY_FORMAT_VERSION
+        ):
+            # Empty active segment at the wrong place (e.g. a sealed state moved the start), or
+            # in the old format: start a fresh one.
             path.unlink()
             return self._create_active(expected_start)
-        seg = Segment(start, path, created_at_ms=header.created_at_ms, interval_bytes=self.index_interval_bytes)
+        seg = Segment(
+            start, path, created_at_ms=header.created_at_ms, interval_bytes=self.index_interval_bytes,
+            format_version=header.format_version,
+        )
         seg.index = OffsetIndex.from_positions(scan.positions, self.index_interval_bytes)
         seg.length = scan.valid_length
         seg.end = start + scan.record_count - 1

@@ -1,8 +1,10 @@
 """One WAL segment file and its sparse offset index (the role of Kafka's ``LogSegment`` and
 ``OffsetIndex``).
 
-Every segment file is a :class:`danube_pipeline.records.SegmentHeader` followed by framed
-records. File names carry the offsets, zero-padded to 20 digits so they sort in offset order:
+Every segment file is a :class:`danube_pipeline.records.SegmentHeader` followed by record
+batches (format version 2, :mod:`danube_pipeline.batches`), or, in segments written before
+batches, one frame per record (version 1, still read). File names carry the offsets,
+zero-padded to 20 digits so they sort in offset order:
 
     {start:020d}.log                  the active segment (appended to)
     {start:020d}-{end:020d}.dnb1      a sealed, immutable segment (end inclusive)
@@ -19,16 +21,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from danube_pipeline import batches
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.records import (
+    FORMAT_VERSION,
+    LEGACY_FORMAT_VERSION,
     RECORD_FRAME_SIZE,
     SEGMENT_HEADER_SIZE,
-    Record,
     SegmentHeader,
     crc32c,
     decode_body,
-    scan_records,
 )
+from danube_pipeline.segments import StoredBatch, scan_segment
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,9 @@ READ_CHUNK_BYTES = 1024 * 1024
 
 _FRAME = struct.Struct("<II")
 _OFFSET = struct.Struct("<Q")
+_BATCH_PREFIX = struct.Struct("<QI")  # base_offset, batch_length
+_BATCH_COUNT = struct.Struct("<I")
+_BATCH_PEEK_BYTES = 24  # through record_count
 
 
 def active_name(start_offset: int) -> str:
@@ -168,12 +175,16 @@ class Segment:
         sealed_at_ms: when it was sealed; 0 while active.
         index: its sparse offset index; ``None`` until first read for a recovered sealed file.
         fd: an open descriptor (the active segment always has one; sealed ones on demand).
+        format_version: 2 (record batches) or 1 (one frame per record, written before batches).
     """
 
-    __slots__ = ("start", "end", "path", "length", "created_at_ms", "sealed_at_ms", "index", "fd")
+    __slots__ = ("start", "end", "path", "length", "created_at_ms", "sealed_at_ms", "index", "fd", "format_version")
 
-    def __init__(self, start: int, path: Path, *, created_at_ms: int, interval_bytes: int) -> None:
+    def __init__(
+        self, start: int, path: Path, *, created_at_ms: int, interval_bytes: int, format_version: int = FORMAT_VERSION
+    ) -> None:
         self.start = start
+        self.format_version = format_version
         self.end = start - 1
         self.path = path
         self.length = SEGMENT_HEADER_SIZE
@@ -209,7 +220,7 @@ class Segment:
         if self.index is not None:
             return self.index
         data = os.pread(fd, self.length, 0)
-        scan = scan_records(data, expected_first_offset=self.start, keep_positions=True)
+        scan = scan_segment(data, expected_first_offset=self.start, keep_positions=True)
         last = self.start + scan.record_count - 1
         if last < self.end:
             raise CorruptRecordError(
@@ -224,28 +235,66 @@ class Segment:
         self.index = OffsetIndex.from_positions(scan.positions, interval_bytes, through_offset=self.end)
         return self.index
 
-    def read(self, fd: int, offset: int, max_records: int, max_bytes: int) -> tuple[list[Record], int]:
-        """Durable records of this segment from ``offset`` on.
+    def read(self, fd: int, offset: int, max_records: int, max_bytes: int) -> tuple[list[StoredBatch], int]:
+        """Durable batches of this segment holding ``offset`` and the offsets after it.
 
         Seeks with the index, then reads ``pread`` chunks of :data:`READ_CHUNK_BYTES`; never
-        returns a record past :attr:`end`.
+        returns a batch past :attr:`end`, and checks each batch's CRC32C. The first batch may
+        start before ``offset``. Records of a version 1 segment come as one-record batches.
 
         Args:
             fd: an open descriptor of the file.
             offset: first offset wanted.
-            max_records: at most this many records.
-            max_bytes: stop once this many record bytes were read (at least one record).
+            max_records: stop once the batches hold this many records from ``offset`` on.
+            max_bytes: stop once this many bytes were read (at least one batch).
 
         Returns:
-            ``(records, bytes_used)``.
+            ``(batches, bytes_used)``.
 
         Raises:
-            CorruptRecordError: a durable record is short or fails its CRC32C.
+            CorruptRecordError: a durable batch or record is short or fails its CRC32C.
         """
+        if self.format_version == LEGACY_FORMAT_VERSION:
+            return self._read_records(fd, offset, max_records, max_bytes)
         assert self.index is not None
         _, pos = self.index.floor(offset)
         end_pos = self.length
-        out: list[Record] = []
+        out: list[StoredBatch] = []
+        records = used = 0
+        buf = b""
+        buf_start = pos
+        while pos < end_pos and records < max_records and used < max_bytes:
+            rel = pos - buf_start
+            if len(buf) - rel < _BATCH_PEEK_BYTES:
+                buf = os.pread(fd, min(READ_CHUNK_BYTES, end_pos - pos), pos)
+                buf_start, rel = pos, 0
+                if len(buf) < _BATCH_PEEK_BYTES:
+                    raise CorruptRecordError(str(self.path), pos, "short read of a durable batch header")
+            base, length = _BATCH_PREFIX.unpack_from(buf, rel)
+            count = _BATCH_COUNT.unpack_from(buf, rel + 20)[0]
+            total = 12 + length
+            if base > self.end:  # never read past the segment's known end
+                break
+            if base + count - 1 >= offset:
+                if len(buf) - rel < total:
+                    buf = os.pread(fd, max(total, min(READ_CHUNK_BYTES, end_pos - pos)), pos)
+                    buf_start, rel = pos, 0
+                    if len(buf) < total:
+                        raise CorruptRecordError(str(self.path), pos, "short read of a durable batch")
+                if not batches.crc_matches(buf, rel, total):
+                    raise CorruptRecordError(str(self.path), pos, "CRC32C mismatch")
+                out.append(StoredBatch(base, count, buf[rel : rel + total]))
+                records += base + count - max(base, offset)
+                used += total
+            pos += total
+        return out, used
+
+    def _read_records(self, fd: int, offset: int, max_records: int, max_bytes: int) -> tuple[list[StoredBatch], int]:
+        """:meth:`read` for a version 1 segment: each record as a one-record batch."""
+        assert self.index is not None
+        _, pos = self.index.floor(offset)
+        end_pos = self.length
+        out: list[StoredBatch] = []
         used = 0
         buf = b""
         buf_start = pos
@@ -264,13 +313,13 @@ class Segment:
                 if len(buf) < total:
                     raise CorruptRecordError(str(self.path), pos, "short read of a durable record")
             rec_offset = _OFFSET.unpack_from(buf, rel + RECORD_FRAME_SIZE)[0]
-            if rec_offset > self.end:  # never read past the segment's known end
+            if rec_offset > self.end:
                 break
             if rec_offset >= offset:
                 body = memoryview(buf)[rel + RECORD_FRAME_SIZE : rel + total]
                 if crc32c(body) != crc:
                     raise CorruptRecordError(str(self.path), pos, "CRC32C mismatch")
-                out.append(decode_body(body))
+                out.append(StoredBatch(rec_offset, 1, batches.batch_from_record(decode_body(body))))
                 used += total
             pos += total
         return out, used

@@ -1,32 +1,49 @@
 """Batching of producer messages (the aiokafka ``message_accumulator`` role).
 
-Messages queue into the current batch; the batch closes when it holds ``max_batch_messages``
-messages, when the next message would take it past ``max_batch_bytes``, or ``linger_ms``
-after its first message arrived, whichever comes first. A closed batch goes to the sender
-through the ``on_ready`` callback. A message larger than the namespace's
-``max_message_size`` is refused before it is queued.
+Messages are framed at once into the current record batch (:class:`danube_pipeline.batches.BatchBuilder`);
+the batch closes when it holds ``max_batch_messages`` messages, when the next message would take
+it past ``max_batch_bytes``, or ``linger_ms`` after its first message arrived, whichever comes
+first. A closed batch goes to the sender through the ``on_ready`` callback. A message larger than
+the namespace's ``max_message_size`` is refused before it is framed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from danube_pipeline.batches import RECORD_OVERHEAD_BYTES, BatchBuilder
 from danube_pipeline.errors import MessageTooLargeError
-from danube_pipeline.proto import danube_pb2 as pb
 
 
 @dataclass(eq=False)
 class Batch:
-    """Messages sent together in one ``SendBatchRequest``, and their offset futures."""
+    """Messages sent together as one record batch, and their offset futures.
 
-    messages: list[pb.ProducerMessage] = field(default_factory=list)
+    Attributes:
+        builder: the framed records (built into a batch per producer id when sent).
+        futures: one per message, resolved with its offset.
+        sequence_id: the ``SendStream`` sequence number, once sent.
+        attempts: times the stream failed with a retriable error while this batch was the
+            oldest unanswered.
+    """
+
+    builder: BatchBuilder
     futures: list[asyncio.Future[int]] = field(default_factory=list)
-    size_bytes: int = 0
     sequence_id: int = 0
     attempts: int = 0
-    """Times the stream failed with a retriable error while this batch was the oldest unanswered."""
+
+    @property
+    def message_count(self) -> int:
+        """Messages in the batch."""
+        return self.builder.record_count
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the framed records."""
+        return self.builder.size_bytes
 
     def resolve(self, first_offset: int) -> None:
         """Give message ``i`` the offset ``first_offset + i``."""
@@ -46,22 +63,13 @@ class Batch:
         return all(f.done() for f in self.futures)
 
 
-def message_size_bytes(payload: bytes) -> int:
-    """The size compared with ``max_message_size``: the payload length in bytes."""
-    return len(payload)
-
-
-def _batch_bytes(payload: bytes, attributes: Mapping[str, str]) -> int:
-    return len(payload) + sum(len(k.encode()) + len(v.encode()) for k, v in attributes.items())
-
-
 class Accumulator:
-    """Builds batches and hands each closed batch to ``on_ready``.
+    """Frames messages into batches and hands each closed batch to ``on_ready``.
 
     Args:
         max_batch_messages: messages per batch, at most.
-        max_batch_bytes: payload plus attribute bytes per batch, at most (a single larger
-            message travels alone).
+        max_batch_bytes: framed bytes per batch, at most (a single larger message travels
+            alone).
         linger_ms: how long a batch waits for more messages after its first, in milliseconds.
         on_ready: called with every closed batch, in order.
 
@@ -80,7 +88,7 @@ class Accumulator:
         if max_batch_messages <= 0 or max_batch_bytes <= 0 or linger_ms < 0:
             raise ValueError("max_batch_messages and max_batch_bytes must be > 0, linger_ms >= 0")
         self._max_messages = max_batch_messages
-        self._max_bytes = max_batch_bytes
+        self.max_batch_bytes = max_batch_bytes
         self._linger_s = linger_ms / 1000
         self._on_ready = on_ready
         self._current: Batch | None = None
@@ -88,12 +96,15 @@ class Accumulator:
         self.max_message_size_bytes = 0
         """Largest payload accepted, in bytes; 0 = not known yet (no check)."""
 
-    def append(self, payload: bytes, attributes: Mapping[str, str]) -> asyncio.Future[int]:
-        """Queue one message into the current batch.
+    def append(
+        self, payload: bytes, attributes: Mapping[str, str] | None = None, key: str | None = None
+    ) -> asyncio.Future[int]:
+        """Frame one message into the current batch.
 
         Args:
             payload: the message bytes.
             attributes: user key/value pairs.
+            key: the routing key, or ``None``.
 
         Returns:
             A future resolved with the message's offset once the broker acknowledges it.
@@ -101,24 +112,24 @@ class Accumulator:
         Raises:
             MessageTooLargeError: ``len(payload)`` exceeds ``max_message_size_bytes``; nothing
                 was queued.
+            MalformedRequestError: an attribute breaks a limit of the record format.
         """
-        size = message_size_bytes(payload)
+        size = len(payload)
         if self.max_message_size_bytes and size > self.max_message_size_bytes:
             raise MessageTooLargeError(size, self.max_message_size_bytes)
-        nbytes = _batch_bytes(payload, attributes)
+        now_us = time.time_ns() // 1000
         current = self._current
-        if current is not None and current.size_bytes + nbytes > self._max_bytes:
+        if current is not None and current.builder.size_bytes + size + RECORD_OVERHEAD_BYTES > self.max_batch_bytes:
             self.close_batch()
             current = None
         loop = asyncio.get_running_loop()
         if current is None:
-            current = self._current = Batch()
+            current = self._current = Batch(BatchBuilder(now_us))
             self._timer = loop.call_later(self._linger_s, self._linger_expired, current)
+        current.builder.append(payload, timestamp_us=now_us, key=key, attributes=attributes)
         future: asyncio.Future[int] = loop.create_future()
-        current.messages.append(pb.ProducerMessage(payload=payload, attributes=dict(attributes)))
         current.futures.append(future)
-        current.size_bytes += nbytes
-        if len(current.messages) >= self._max_messages or current.size_bytes >= self._max_bytes:
+        if current.builder.record_count >= self._max_messages or current.builder.size_bytes >= self.max_batch_bytes:
             self.close_batch()
         return future
 
@@ -128,7 +139,7 @@ class Accumulator:
             self._timer.cancel()
             self._timer = None
         batch, self._current = self._current, None
-        if batch is not None and batch.messages:
+        if batch is not None and batch.message_count:
             self._on_ready(batch)
 
     def _linger_expired(self, batch: Batch) -> None:

@@ -21,7 +21,7 @@ from types import TracebackType
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import rpc_errors, unavailable
-from danube_pipeline.client.types import InitialPosition, Message, SubscriptionType, _message_from_pb
+from danube_pipeline.client.types import InitialPosition, Message, SubscriptionType, _messages_from_delivery
 from danube_pipeline.errors import (
     ConsumerClosedError,
     BrokerUnavailableError,
@@ -40,6 +40,22 @@ class _Failure:
 
 
 _CLOSED = object()
+
+
+def _ranges(offsets: list[int]) -> list[pb.OffsetRange]:
+    """``offsets`` as the fewest inclusive ranges (an ack of 10,000 offsets in order is one)."""
+    out: list[pb.OffsetRange] = []
+    first = last = -2
+    for offset in sorted(offsets):
+        if offset == last + 1 or offset == last:
+            last = offset
+            continue
+        if first >= 0:
+            out.append(pb.OffsetRange(first=first, last=last))
+        first = last = offset
+    if first >= 0:
+        out.append(pb.OffsetRange(first=first, last=last))
+    return out
 
 
 def _reconnectable(exc: DanubeError) -> bool:
@@ -235,9 +251,10 @@ class Consumer:
             call = stubs.consumer.Receive(pb.ReceiveRequest(consumer_id=self.consumer_id))
             try:
                 with rpc_errors(stubs.address):
-                    async for batch in call:
-                        for m in batch.messages:
-                            self._queue.put_nowait(_message_from_pb(self.topic, m))
+                    async for deliveries in call:
+                        for delivery in deliveries.batches:
+                            for message in _messages_from_delivery(self.topic, delivery):
+                                self._queue.put_nowait(message)
                 error: DanubeError = unavailable(stubs.address, "Receive stream ended by the broker")
             except DanubeError as exc:
                 error = exc
@@ -315,7 +332,7 @@ class Consumer:
             try:
                 with rpc_errors(stubs.address):
                     await stubs.consumer.Ack(
-                        pb.AckRequest(consumer_id=self.consumer_id, offsets=offsets),
+                        pb.AckRequest(consumer_id=self.consumer_id, ranges=_ranges(offsets)),
                         timeout=self._ctx.request_timeout_s,
                     )
             except DanubeError as exc:

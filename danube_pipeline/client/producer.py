@@ -1,17 +1,19 @@
 """The producer facade: batches messages and pipelines them over one ``SendStream``.
 
-Messages go into the :class:`~danube_pipeline.client._accumulator.Accumulator`; each closed
-batch becomes one ``SendBatchRequest`` with a client-chosen ``sequence_id``. The broker appends
-batches in the order it reads them and answers in the same order, so the answer at the head of
-the stream belongs to the oldest unanswered batch, whose message ``i`` gets the offset
+Messages are framed by the :class:`~danube_pipeline.client._accumulator.Accumulator` into
+record batches (:mod:`danube_pipeline.batches`); each closed batch travels as one
+``SendBatchRequest`` with a client-chosen ``sequence_id``, its header carrying this producer's
+id, name and schema and a CRC32C. The broker checks the batch and appends its bytes unchanged,
+in the order it reads them, and answers in the same order, so the answer at the head of the
+stream belongs to the oldest unanswered batch, whose message ``i`` gets the offset
 ``first_offset + i``. At most ``max_in_flight_batches`` batches are unanswered at once.
 
 When the stream fails:
 
 * with an error whose ``invalid_metadata`` or ``retriable`` flag is set (``UNAVAILABLE``,
-  ``NotServedHereError``, ``ProducerNotFoundError``), the producer looks the topic up again
-  re-creates itself on the (possibly new) owner and resends every unanswered
-  batch in order: delivery is at least once;
+  ``NotServedHereError``, ``ProducerNotFoundError``), the producer looks the topic up again,
+  re-creates itself on the (possibly new) owner and resends every unanswered batch in order,
+  framed again under its new producer id: delivery is at least once;
 * with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
   of the batch the broker was answering fail; the producer opens a new stream and the later
   batches are sent again.
@@ -86,6 +88,7 @@ class Producer:
         self.producer_name = validate_part("producer", producer_name)
         self._schema = schema
         self._max_in_flight = max_in_flight_batches
+        self._max_batch_bytes = max_batch_bytes
         self._accumulator = Accumulator(
             max_batch_messages=max_batch_messages,
             max_batch_bytes=max_batch_bytes,
@@ -193,13 +196,15 @@ class Producer:
     # ------------------------------------------------------------------ sending
 
     def send_nowait(
-        self, payload: bytes, *, attributes: Mapping[str, str] | None = None
+        self, payload: bytes, *, attributes: Mapping[str, str] | None = None, key: str | None = None
     ) -> asyncio.Future[int]:
-        """Queue one message into the current batch without waiting.
+        """Frame one message into the current batch without waiting.
 
         Args:
             payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
-            attributes: user key/value pairs (strings).
+            attributes: user key/value pairs (strings; a name at most 65,535 bytes in UTF-8,
+                at most 65,535 pairs).
+            key: a routing key carried with the message, or ``None``.
 
         Returns:
             A future resolved with the message's offset when the broker acknowledges the
@@ -208,18 +213,23 @@ class Producer:
         Raises:
             MessageTooLargeError: ``len(payload)`` exceeds :attr:`max_message_size_bytes`; checked
                 before queueing, nothing is sent.
+            MalformedRequestError: an attribute breaks a limit of the record format; nothing
+                is sent.
             ProducerClosedError: the producer is not open.
         """
         if self._state != "open":
             raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
-        return self._accumulator.append(bytes(payload), attributes or {})
+        return self._accumulator.append(payload, attributes, key)
 
-    async def send(self, payload: bytes, *, attributes: Mapping[str, str] | None = None) -> int:
+    async def send(
+        self, payload: bytes, *, attributes: Mapping[str, str] | None = None, key: str | None = None
+    ) -> int:
         """Send one message and wait for its acknowledgement.
 
         Args:
             payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
             attributes: user key/value pairs (strings).
+            key: a routing key carried with the message, or ``None``.
 
         Returns:
             The message's offset in the topic.
@@ -231,7 +241,7 @@ class Producer:
             ProducerClosedError: the producer is not open, or closed before the ack.
             DanubeError: another refusal from the broker.
         """
-        return await self.send_nowait(payload, attributes=attributes)
+        return await self.send_nowait(payload, attributes=attributes, key=key)
 
     async def flush(self) -> None:
         """Close the current batch and wait until every queued message is answered.
@@ -301,6 +311,8 @@ class Producer:
         self.producer_id = response.producer_id
         self.max_message_size_bytes = response.max_message_size_bytes
         self._accumulator.max_message_size_bytes = response.max_message_size_bytes
+        if response.max_batch_bytes:
+            self._accumulator.max_batch_bytes = min(self._max_batch_bytes, response.max_batch_bytes)
         self._needs_lookup = False
         self._needs_producer = False
         self._open_stream(stubs)
@@ -379,7 +391,7 @@ class Producer:
                     )
                     return
                 self._inflight.popleft()
-                count = len(batch.messages)
+                count = batch.message_count
                 if response.last_offset - response.first_offset + 1 != count:
                     batch.fail(
                         OffsetRangeError(
@@ -421,7 +433,14 @@ class Producer:
         address = self._owner_address or ""
         self._inflight.append(batch)
         request = pb.SendBatchRequest(
-            producer_id=self.producer_id, messages=batch.messages, sequence_id=batch.sequence_id
+            producer_id=self.producer_id,
+            batch=batch.builder.build(
+                producer_id=self.producer_id,
+                producer_name=self.producer_name,
+                schema_id=self.schema_id,
+                schema_version=self.schema_version,
+            ),
+            sequence_id=batch.sequence_id,
         )
         try:
             with self._stream_failures(gen, address):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from danube_pipeline.batches import iter_batch
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -68,6 +69,7 @@ class Message:
         schema_id: global schema id; 0 = no schema.
         schema_version: version within the schema's subject; 0 = no schema.
         redelivery_count: how many times the broker delivered it before without an ack.
+        key: the routing key the producer gave, or ``None``.
     """
 
     topic: str
@@ -80,6 +82,7 @@ class Message:
     schema_id: int
     schema_version: int
     redelivery_count: int
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,19 +153,34 @@ class ClusterInfo:
     leader_broker_id: int = 0
 
 
-def _message_from_pb(topic: str, m: pb.StreamMessage) -> Message:
-    return Message(
-        topic=topic,
-        offset=m.offset,
-        payload=bytes(m.payload),
-        attributes=dict(m.attributes),
-        publish_time_us=m.publish_time_us,
-        producer_id=m.producer_id,
-        producer_name=m.producer_name,
-        schema_id=m.schema_id,
-        schema_version=m.schema_version,
-        redelivery_count=m.redelivery_count,
-    )
+def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery) -> list[Message]:
+    """The messages of one delivered batch: records from ``first_offset`` on, minus those the
+    broker reports acknowledged already.
+
+    Raises:
+        MalformedRequestError: the batch does not parse.
+    """
+    header, records = iter_batch(delivery.batch)
+    first = delivery.first_offset
+    skip = set(delivery.acked_offsets)
+    count = delivery.redelivery_count
+    return [
+        Message(
+            topic=topic,
+            offset=offset,
+            payload=payload,
+            attributes=attributes,
+            publish_time_us=publish_time_us,
+            producer_id=header.producer_id,
+            producer_name=header.producer_name,
+            schema_id=header.schema_id,
+            schema_version=header.schema_version,
+            redelivery_count=count,
+            key=key,
+        )
+        for offset, publish_time_us, key, attributes, payload in records
+        if offset >= first and offset not in skip
+    ]
 
 
 def _topic_info_from_pb(t: pb.TopicInfo) -> TopicInfo:

@@ -60,55 +60,26 @@ class CreateProducerRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
 
 class CreateProducerResponse(_message.Message):
-    __slots__ = ("producer_id", "broker_id", "max_message_size_bytes")
+    __slots__ = ("producer_id", "broker_id", "max_message_size_bytes", "max_batch_bytes")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     broker_id: int
     max_message_size_bytes: int
-    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ...) -> None: ...
-
-class ProducerMessage(_message.Message):
-    __slots__ = ("payload", "attributes", "publish_time_us")
-    class AttributesEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
-    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
-    PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
-    payload: bytes
-    attributes: _containers.ScalarMap[str, str]
-    publish_time_us: int
-    def __init__(self, payload: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., publish_time_us: _Optional[int] = ...) -> None: ...
-
-class SendMessageRequest(_message.Message):
-    __slots__ = ("producer_id", "message")
-    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    producer_id: int
-    message: ProducerMessage
-    def __init__(self, producer_id: _Optional[int] = ..., message: _Optional[_Union[ProducerMessage, _Mapping]] = ...) -> None: ...
-
-class SendMessageResponse(_message.Message):
-    __slots__ = ("offset",)
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    offset: int
-    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+    max_batch_bytes: int
+    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
-    __slots__ = ("producer_id", "messages", "sequence_id")
+    __slots__ = ("producer_id", "sequence_id", "batch")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
-    messages: _containers.RepeatedCompositeFieldContainer[ProducerMessage]
     sequence_id: int
-    def __init__(self, producer_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProducerMessage, _Mapping]]] = ..., sequence_id: _Optional[int] = ...) -> None: ...
+    batch: bytes
+    def __init__(self, producer_id: _Optional[int] = ..., sequence_id: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
     __slots__ = ("first_offset", "last_offset", "sequence_id")
@@ -160,48 +131,41 @@ class ReceiveRequest(_message.Message):
     consumer_id: int
     def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
 
-class StreamMessage(_message.Message):
-    __slots__ = ("offset", "payload", "attributes", "publish_time_us", "producer_id", "producer_name", "schema_id", "schema_version", "redelivery_count")
-    class AttributesEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
-    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
-    PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
-    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
-    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
-    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
-    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+class BatchDelivery(_message.Message):
+    __slots__ = ("batch", "first_offset", "acked_offsets", "redelivery_count")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
-    offset: int
-    payload: bytes
-    attributes: _containers.ScalarMap[str, str]
-    publish_time_us: int
-    producer_id: int
-    producer_name: str
-    schema_id: int
-    schema_version: int
+    batch: bytes
+    first_offset: int
+    acked_offsets: _containers.RepeatedScalarFieldContainer[int]
     redelivery_count: int
-    def __init__(self, offset: _Optional[int] = ..., payload: _Optional[bytes] = ..., attributes: _Optional[_Mapping[str, str]] = ..., publish_time_us: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., schema_id: _Optional[int] = ..., schema_version: _Optional[int] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, batch: _Optional[bytes] = ..., first_offset: _Optional[int] = ..., acked_offsets: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
 
-class MessageBatch(_message.Message):
-    __slots__ = ("messages",)
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[StreamMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[StreamMessage, _Mapping]]] = ...) -> None: ...
+class Deliveries(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[BatchDelivery]
+    def __init__(self, batches: _Optional[_Iterable[_Union[BatchDelivery, _Mapping]]] = ...) -> None: ...
+
+class OffsetRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("consumer_id", "offsets")
+    __slots__ = ("consumer_id", "offsets", "ranges")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     consumer_id: int
     offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, consumer_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    def __init__(self, consumer_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ()

@@ -41,11 +41,6 @@ class ProducerServiceStub:
                 request_serializer=danube__pb2.CreateProducerRequest.SerializeToString,
                 response_deserializer=danube__pb2.CreateProducerResponse.FromString,
                 _registered_method=True)
-        self.SendMessage = channel.unary_unary(
-                '/danube.v1.ProducerService/SendMessage',
-                request_serializer=danube__pb2.SendMessageRequest.SerializeToString,
-                response_deserializer=danube__pb2.SendMessageResponse.FromString,
-                _registered_method=True)
         self.SendBatch = channel.unary_unary(
                 '/danube.v1.ProducerService/SendBatch',
                 request_serializer=danube__pb2.SendBatchRequest.SerializeToString,
@@ -76,15 +71,9 @@ class ProducerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def SendMessage(self, request, context):
-        """Appends one message; answers after the WAL fdatasync that covers it.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def SendBatch(self, request, context):
-        """Appends a batch; the messages get contiguous offsets first_offset..last_offset.
+        """Appends one record batch; its records get contiguous offsets first_offset..last_offset.
+        Answers after the WAL fdatasync that covers it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,11 +101,6 @@ def add_ProducerServiceServicer_to_server(servicer, server):
                     servicer.CreateProducer,
                     request_deserializer=danube__pb2.CreateProducerRequest.FromString,
                     response_serializer=danube__pb2.CreateProducerResponse.SerializeToString,
-            ),
-            'SendMessage': grpc.unary_unary_rpc_method_handler(
-                    servicer.SendMessage,
-                    request_deserializer=danube__pb2.SendMessageRequest.FromString,
-                    response_serializer=danube__pb2.SendMessageResponse.SerializeToString,
             ),
             'SendBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.SendBatch,
@@ -163,33 +147,6 @@ class ProducerService:
             '/danube.v1.ProducerService/CreateProducer',
             danube__pb2.CreateProducerRequest.SerializeToString,
             danube__pb2.CreateProducerResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SendMessage(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/danube.v1.ProducerService/SendMessage',
-            danube__pb2.SendMessageRequest.SerializeToString,
-            danube__pb2.SendMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,7 +258,7 @@ class ConsumerServiceStub:
         self.Receive = channel.unary_stream(
                 '/danube.v1.ConsumerService/Receive',
                 request_serializer=danube__pb2.ReceiveRequest.SerializeToString,
-                response_deserializer=danube__pb2.MessageBatch.FromString,
+                response_deserializer=danube__pb2.Deliveries.FromString,
                 _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/danube.v1.ConsumerService/Ack',
@@ -327,8 +284,8 @@ class ConsumerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Receive(self, request, context):
-        """Server stream of message batches for one consumer. The broker keeps at most
-        `receiver_queue_size` unacked messages outstanding per consumer.
+        """Server stream of stored record batches for one consumer, which splits them. A batch is
+        handed out whole while the consumer has fewer than `receiver_queue_size` unacked messages.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -357,7 +314,7 @@ def add_ConsumerServiceServicer_to_server(servicer, server):
             'Receive': grpc.unary_stream_rpc_method_handler(
                     servicer.Receive,
                     request_deserializer=danube__pb2.ReceiveRequest.FromString,
-                    response_serializer=danube__pb2.MessageBatch.SerializeToString,
+                    response_serializer=danube__pb2.Deliveries.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -425,7 +382,7 @@ class ConsumerService:
             target,
             '/danube.v1.ConsumerService/Receive',
             danube__pb2.ReceiveRequest.SerializeToString,
-            danube__pb2.MessageBatch.FromString,
+            danube__pb2.Deliveries.FromString,
             options,
             channel_credentials,
             insecure,
