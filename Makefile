@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 DEV_HOME ?=
 
-.PHONY: setup demo test test-fast dev bench proto typecheck clean
+.PHONY: setup demo test test-fast dev bench bench-peers proto typecheck clean
 
 # One stamp per extra: `make demo` installs `.[demo]`, `make test` installs `.[dev]`.
 $(BIN)/python:
@@ -37,6 +37,11 @@ dev: $(VENV)/.installed-demo
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py
+
+# Danube beside Redis Streams and NATS JetStream at equal durability (benchmarks/README.md).
+bench-peers: $(VENV)/.installed-bench
+	bash scripts/install-bench-deps.sh
+	$(BIN)/python benchmarks/peers.py
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/python -m mypy danube_pipeline broker assets benchmarks

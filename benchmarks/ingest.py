@@ -1,104 +1,173 @@
-"""Ingest benchmark: one producer, N messages of S bytes, acks awaited (fdatasync before ack).
+"""Ingest with a consumer attached: ingest rate, consume rate while ingest runs, broker memory.
 
-Starts its own etcd and broker (real processes in a temporary directory), publishes with the
-client library's batching producer, and prints messages/s, MB/s, p50/p99/max ack latency and
-messages per WAL ``fdatasync`` (from the broker's admin API).
+Starts its own etcd and broker (real processes in a temporary directory). One producer in this
+process publishes N messages of S bytes through the client library with at most W unacked
+(the loop of ``loadgen.window_loop``; every ack follows the broker's ``fdatasync``). One
+consumer in a separate process (its own interpreter, as a real consumer would be) subscribes
+before the first message and acks everything it receives. Defaults: 1 GiB of 1 KiB payloads.
 
-    python benchmarks/ingest.py --messages 200000 --size 256
+    .venv/bin/python benchmarks/ingest.py                  # 1 GiB of 1 KiB messages
+    .venv/bin/python benchmarks/ingest.py --size 100 --messages 2000000
 
-Ack latency is measured per message from ``send_nowait`` to its ack future resolving.
+It prints:
+
+* the ingest rate (messages acked per second over the producer's run) and the consume rate
+  (messages received per second from the consumer's first message to the last), and their
+  ratio: the issue's target is consume >= 80 % of ingest while ingest runs;
+* the broker's resident memory (``VmRSS`` from ``/proc``) before, at its peak (sampled every
+  100 ms) and after: the target is under 300 MiB after ingesting 1 GiB;
+* ``fdatasync`` calls and messages per sync (from the broker's admin API).
+
+It ends with one line, figures of that run:
+``ingest: msgs_per_s=X consume_ratio=X rss_peak_mib=X rss_after_mib=X msgs_per_sync=X``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import multiprocessing
+import multiprocessing.connection
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from danube_pipeline.client import DanubeClient
+from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen  # noqa: E402 - a sibling module of this script
+
 TOPIC = "/bench/ingest"
+SUBSCRIPTION = "bench-consumer"
 
 
-async def _run(address: str, messages: int, size: int, window: int, linger_ms: int, batch: int, in_flight: int) -> dict[str, float]:
-    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    latencies_us: list[float] = []
+def _rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB (``VmRSS``), ``nan`` when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _consume(address: str, expected: int, conn: multiprocessing.connection.Connection) -> None:
+    """The consumer process: receive and ack ``expected`` messages, report times to the parent."""
+
+    async def run() -> tuple[float, float, int]:
+        async with DanubeClient([address]) as client:
+            async with client.consumer(
+                TOPIC, subscription=SUBSCRIPTION, initial_position=InitialPosition.EARLIEST,
+                receiver_queue_size=4000, ack_batch_size=2000,
+            ) as consumer:
+                conn.send("subscribed")
+                first = last = 0.0
+                count = 0
+                while count < expected:
+                    message = await consumer.receive(timeout_ms=60_000)
+                    if count == 0:
+                        first = time.time()
+                    await consumer.ack(message)
+                    count += 1
+                last = time.time()
+                return first, last, count
+
+    conn.send(asyncio.run(run()))
+
+
+async def _produce(address: str, args: argparse.Namespace, broker_pid: int) -> dict[str, float]:
+    payload = loadgen.make_payload(args.size)
+    samples: list[float] = [_rss_mib(broker_pid)]
+
+    async def sample_rss() -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            samples.append(_rss_mib(broker_pid))
+
     async with DanubeClient([address]) as client:
         async with client.producer(
-            TOPIC,
-            producer_name="bench",
-            linger_ms=linger_ms,
-            max_batch_messages=batch,
-            max_in_flight_batches=in_flight,
+            TOPIC, producer_name="bench", max_batch_messages=max(1, args.window // 2), max_in_flight_batches=4
         ) as producer:
-            # warm-up: topic creation, connections
-            await producer.send(payload)
-            loop = asyncio.get_running_loop()
-            started = time.perf_counter()
-            pending: list[asyncio.Future[int]] = []
-            def record_latency(t0: float) -> Callable[[asyncio.Future[int]], None]:
-                return lambda _fut: latencies_us.append((loop.time() - t0) * 1e6)
+            await producer.send(payload)  # the topic exists before the consumer subscribes
 
-            for _ in range(messages):
-                t0 = loop.time()
-                fut = producer.send_nowait(payload)
-                fut.add_done_callback(record_latency(t0))
-                pending.append(fut)
-                if len(pending) >= window:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
-            elapsed_s = time.perf_counter() - started
+            async def send(data: bytes) -> asyncio.Future[int]:
+                return producer.send_nowait(data)
+
+            parent, child = multiprocessing.get_context("spawn").Pipe()
+            consumer = multiprocessing.get_context("spawn").Process(
+                target=_consume, args=(address, args.messages + 1, child), daemon=True
+            )
+            consumer.start()
+            assert parent.poll(60) and parent.recv() == "subscribed"
+            sampler = asyncio.create_task(sample_rss())
+            started = time.time()
+            result = await loadgen.window_loop(
+                send, payload, messages=args.messages, window=args.window, server_pids=[broker_pid],
+                time_limit_s=args.time_limit_s,
+            )
+            ingest_end = time.time()
+            received = await asyncio.to_thread(parent.poll, args.time_limit_s)
+            first, last, count = parent.recv() if received else (started, time.time(), 0)
+            sampler.cancel()
+            consumer.join(10)
         topics = await client.admin.list_topics("bench")
     syncs = sum(t.wal_syncs for t in topics if t.topic == TOPIC)
-    latencies_us.sort()
+    samples.append(_rss_mib(broker_pid))
+    consume_s = max(last - first, 1e-9)
     return {
-        "elapsed_s": elapsed_s,
-        "msgs_per_s": messages / elapsed_s,
-        "mb_per_s": messages * size / elapsed_s / 1e6,
-        "p50_us": statistics.median(latencies_us),
-        "p99_us": latencies_us[int(len(latencies_us) * 0.99) - 1],
-        "max_us": latencies_us[-1],
+        "ingest_msgs_per_s": result.msgs_per_s,
+        "ingest_mb_per_s": result.mb_per_s,
+        "ingest_s": ingest_end - started,
+        "p50_ms": loadgen.percentile(result.latencies_s, 0.5) * 1e3,
+        "p99_ms": loadgen.percentile(result.latencies_s, 0.99) * 1e3,
+        "consumed": count,
+        "consume_msgs_per_s": (count - 1) / consume_s,
+        "consume_lag_s": last - ingest_end,
+        "rss_before_mib": samples[0],
+        "rss_peak_mib": max(samples),
+        "rss_after_mib": samples[-1],
         "syncs": syncs,
-        "msgs_per_sync": (messages + 1) / max(syncs, 1),
+        "acked": result.acked,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=200_000, help="messages to publish (N)")
-    parser.add_argument("--size", type=int, default=256, help="payload size in bytes (S)")
-    parser.add_argument("--window", type=int, default=20_000, help="unacked messages the benchmark allows before waiting")
-    parser.add_argument("--linger-ms", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=1000, help="max messages per batch")
-    parser.add_argument("--in-flight", type=int, default=8, help="max batches in flight")
+    parser.add_argument("--size", type=int, default=1024, help="payload size in bytes (S)")
+    parser.add_argument("--messages", type=int, default=None, help="messages (N); default 1 GiB worth")
+    parser.add_argument("--window", type=int, default=256, help="most unacked messages (W)")
+    parser.add_argument("--time-limit-s", type=float, default=600.0, help="give up after this many seconds")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="danube-bench-") as tmp:
+    if args.messages is None:
+        args.messages = (1 << 30) // args.size
+    with tempfile.TemporaryDirectory(prefix="danube-ingest-") as tmp:
         root = Path(tmp)
-        etcd = EtcdServer(root / "etcd")
-        etcd.start()
-        try:
-            broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=root / "broker", segment_max_bytes=64 * 1024 * 1024)
+        with EtcdServer(root / "etcd") as etcd:
+            broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=root / "broker")
             broker.start()
             try:
-                r = asyncio.run(_run(broker.address, args.messages, args.size, args.window, args.linger_ms, args.batch, args.in_flight))
+                r = asyncio.run(_produce(broker.address, args, broker.pid))
             finally:
                 broker.stop()
-        finally:
-            etcd.stop()
-    print(f"ingest: {args.messages:,} messages x {args.size} B, one producer, acks after fdatasync")
-    print(f"  batch<= {args.batch} msgs, linger {args.linger_ms} ms, {args.in_flight} batches in flight, window {args.window:,}")
-    print(f"  elapsed          {r['elapsed_s']:10.2f} s")
-    print(f"  throughput       {r['msgs_per_s']:10,.0f} msg/s   {r['mb_per_s']:8.2f} MB/s")
-    print(f"  ack latency      p50 {r['p50_us'] / 1000:8.2f} ms   p99 {r['p99_us'] / 1000:8.2f} ms   max {r['max_us'] / 1000:8.2f} ms")
-    print(f"  fdatasync calls  {r['syncs']:10,.0f}   ({r['msgs_per_sync']:,.1f} messages per sync)")
-    return 0
+    total = args.messages * args.size
+    ratio = r["consume_msgs_per_s"] / r["ingest_msgs_per_s"]
+    print(f"ingest: {args.messages:,} messages x {args.size} B ({total / 2**30:.2f} GiB), one producer (W={args.window}),"
+          " one consumer in its own process; acks after fdatasync")
+    print(f"  ingest        {r['ingest_msgs_per_s']:12,.0f} msg/s  {r['ingest_mb_per_s']:8.1f} MB/s   over {r['ingest_s']:.1f} s"
+          f"   send->ack p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms   acked {r['acked']:,}")
+    print(f"  consume       {r['consume_msgs_per_s']:12,.0f} msg/s   received {r['consumed']:,}; last message "
+          f"{r['consume_lag_s']:+.2f} s after ingest ended   ({ratio:.0%} of ingest; target >= 80%)")
+    print(f"  broker RSS    before {r['rss_before_mib']:.0f} MiB, peak {r['rss_peak_mib']:.0f} MiB, after "
+          f"{r['rss_after_mib']:.0f} MiB   (target < 300 MiB after 1 GiB)")
+    print(f"  fdatasync     {r['syncs']:,.0f} calls   ({(args.messages + 1) / max(r['syncs'], 1):,.1f} messages per sync)")
+    print(
+        f"ingest: msgs_per_s={r['ingest_msgs_per_s']:.0f} consume_ratio={ratio:.2f} rss_peak_mib={r['rss_peak_mib']:.0f} "
+        f"rss_after_mib={r['rss_after_mib']:.0f} msgs_per_sync={(args.messages + 1) / max(r['syncs'], 1):.1f}"
+    )
+    return 0 if r["consumed"] == args.messages + 1 and r["acked"] == args.messages else 1
 
 
 if __name__ == "__main__":

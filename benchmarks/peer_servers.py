@@ -27,16 +27,38 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 # The launchers' shared lifecycle (spawn with die-with-parent, log file, SIGTERM then SIGKILL by
 # pid) is localcluster's; the peers reuse it rather than copy it.
-from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, _ChildProcess, free_port
+from danube_pipeline.dev.localcluster import (
+    BrokerProcess,
+    EtcdServer,
+    ChildProcess,
+    free_port,
+)
 
-__all__ = ["DanubeCluster", "NatsServer", "RedisServer", "nats_server_binary", "redis_server_binary"]
+__all__ = ["DanubeCluster", "NatsServer", "RedisServer", "Server", "nats_server_binary", "redis_server_binary"]
 
 HOST = "127.0.0.1"
 """Every server listens on loopback only."""
+
+
+class Server(Protocol):
+    """What the benchmark needs of each server below."""
+
+    @property
+    def pid(self) -> int:
+        """The process whose CPU counts as the server's."""
+        ...
+
+    def start(self) -> None:
+        """Start and wait until it serves."""
+        ...
+
+    def stop(self) -> None:
+        """Stop by pid (SIGTERM, then SIGKILL). Idempotent."""
+        ...
 
 
 def redis_server_binary() -> str:
@@ -78,12 +100,7 @@ def nats_server_binary() -> str:
     )
 
 
-def proc_pid_alive(pid: int) -> bool:
-    """Whether ``/proc/<pid>`` exists (the process has not been reaped)."""
-    return Path(f"/proc/{pid}").exists()
-
-
-class _Server(_ChildProcess):
+class _Server(ChildProcess):
     """A localcluster child with a pid, a data directory and a client port on loopback."""
 
     def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
@@ -102,6 +119,10 @@ class _Server(_ChildProcess):
         if self._proc is None:
             raise RuntimeError(f"{type(self).__name__} is not started")
         return self._proc.pid
+
+    def start(self, *, timeout_s: float = 20.0) -> None:
+        """Spawn the server and wait until it serves (each subclass says how it checks)."""
+        raise NotImplementedError
 
     def __enter__(self) -> Self:
         self.start()
@@ -155,7 +176,7 @@ class RedisServer(_Server):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn_and_wait(
+        self.spawn_and_wait(
             self.command(),
             what=f"redis-server on {HOST}:{self.port}",
             ready=self._pong,
@@ -165,7 +186,7 @@ class RedisServer(_Server):
 
 
 class NatsServer(_Server):
-    """``nats-server`` with JetStream file storage in ``data_dir / "jetstream"``.
+    """``nats-server`` with JetStream file storage under ``data_dir / "jetstream"``.
 
     Args:
         data_dir: holds the config file ``nats.conf`` and the JetStream ``store_dir``.
@@ -188,7 +209,7 @@ class NatsServer(_Server):
 
     def config_text(self) -> str:
         """The server's config file: loopback listeners and the JetStream block."""
-        store = json.dumps(str(self.data_dir / "jetstream"))
+        store = json.dumps(str(self.data_dir))  # the server adds "jetstream/" below it
         sync = "\n  sync_interval: always" if self.sync_always else ""
         return (
             f"listen: {HOST}:{self.port}\n"
@@ -230,7 +251,7 @@ class NatsServer(_Server):
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text(), encoding="utf-8")
-        self._spawn_and_wait(
+        self.spawn_and_wait(
             self.command(),
             what=f"nats-server on {self.url}",
             ready=self._healthy,

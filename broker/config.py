@@ -10,6 +10,7 @@ from danube_pipeline import settings
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_AGE_S = 60.0
 DEFAULT_LISTEN = "127.0.0.1:6650"
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class BrokerConfig:
     cursor_flush_interval_s: float = 5.0
     cursor_flush_acks: int = 1000
     shutdown_grace_s: float = 5.0
-    max_batch_bytes: int = 16 * 1024 * 1024
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     grpc_max_message_bytes: int = 64 * 1024 * 1024
 
     @property

@@ -142,7 +142,9 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                 sequence_id, outcome = item
                 if isinstance(outcome, BaseException):
                     raise outcome
-                first, last = await asyncio.shield(outcome)
+                # Not shielded: if the stream dies, the append still completes (the WAL resolves
+                # futures it finds still pending and skips cancelled ones).
+                first, last = await outcome
                 yield pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=sequence_id)
             await reader_task
         finally:

@@ -17,15 +17,13 @@ from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
 from danube_pipeline.names import TopicName
 
+from broker.config import DEFAULT_MAX_BATCH_BYTES
 from broker.consumer import Consumer
 from broker.producer import Producer
 from broker.subscription import Subscription
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
-"""Largest record batch a producer may send, in bytes (the broker's ``max_batch_bytes``)."""
 
 
 class Topic:
@@ -61,6 +59,9 @@ class Topic:
         self._cache = cache
         self._cursor_flush_acks = cursor_flush_acks
         self.max_batch_bytes = max_batch_bytes
+        self._policy_key = keys.namespace_policy(name.namespace)
+        self._policy_raw: object = None
+        self._policy: values.NamespacePolicy | None = None
         self._subscribe_lock = asyncio.Lock()
         self.closed = False
 
@@ -71,17 +72,25 @@ class Topic:
 
     # ------------------------------------------------------------------ producing
 
+    def policy(self) -> values.NamespacePolicy:
+        """The namespace policy (``docs/etcd-layout.md`` §2.1), defaults when absent or unreadable.
+
+        Parsed again only when the cached value changed (the cache holds a new object then).
+        """
+        raw = self._cache.get(self._policy_key)
+        if raw is not self._policy_raw or self._policy is None:
+            policy = values.NamespacePolicy()
+            if raw is not None:
+                try:
+                    policy = values.NamespacePolicy.from_json(raw)
+                except ValueError:
+                    log.warning("%s: unreadable namespace policy %r; using defaults", self.path, raw)
+            self._policy_raw, self._policy = raw, policy
+        return self._policy
+
     def max_message_size_bytes(self) -> int:
-        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited
-        (``docs/etcd-layout.md`` §2.1)."""
-        raw = self._cache.get(keys.namespace_policy(self.name.namespace))
-        if raw is None:
-            return values.NamespacePolicy().max_message_size
-        try:
-            return values.NamespacePolicy.from_json(raw).max_message_size
-        except ValueError:
-            log.warning("%s: unreadable namespace policy %r; using defaults", self.path, raw)
-            return values.NamespacePolicy().max_message_size
+        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited (§2.1)."""
+        return self.policy().max_message_size
 
     def validate(self, producer: Producer, batch: bytes) -> BatchHeader:
         """Check a whole record batch before anything is written.

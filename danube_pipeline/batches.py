@@ -354,6 +354,7 @@ class BatchBuilder:
     """
 
     __slots__ = ("_records", "first_timestamp_us", "record_count")
+    _pack = _RECORD.pack
 
     def __init__(self, first_timestamp_us: int) -> None:
         self._records = bytearray()
@@ -364,6 +365,27 @@ class BatchBuilder:
     def size_bytes(self) -> int:
         """Bytes of the records framed so far."""
         return len(self._records)
+
+    def append_payload(self, payload: bytes, timestamp_us: int) -> None:
+        """Frame a record with no key and no attributes (the common case, kept short).
+
+        A timestamp before the batch's first (the wall clock stepped back) is stored as the
+        first's.
+
+        Raises:
+            MalformedRequestError: the payload is over 4 GiB, or the timestamp is more than
+                4295 s after the batch's first.
+        """
+        delta = timestamp_us - self.first_timestamp_us
+        length = _RECORD_MIN_LENGTH + len(payload)
+        if delta < 0:
+            delta = 0
+        elif delta > _MAX_U32 or length > _MAX_U32:
+            raise _malformed(f"record of {length} bytes at timestamp delta {delta} µs does not fit the format")
+        records = self._records
+        records += self._pack(length, delta, -1, 0)
+        records += payload
+        self.record_count += 1
 
     def append(
         self,

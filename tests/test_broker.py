@@ -21,6 +21,7 @@ import pytest
 from helpers import eventually_sync, stays_sync
 
 from danube_pipeline.batches import BatchBuilder
+from danube_pipeline.records import crc32c
 from danube_pipeline.client.types import Message, _messages_from_delivery
 from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
 from danube_pipeline.dev.localcluster import BrokerProcess
@@ -196,6 +197,81 @@ def test_send_stream_answers_in_order(stubs: Stubs) -> None:
         assert r.first_offset == expected_first
         assert r.last_offset == expected_first + i % 3
         expected_first = r.last_offset + 1
+
+
+def _corrupt(batch: bytes, how: str) -> bytes:
+    """``batch`` broken in one way a client (or the network) could break it."""
+    data = bytearray(batch)
+    if how == "bad CRC":
+        data[-1] ^= 0xFF  # a payload byte: the CRC no longer matches
+    elif how == "truncated record":
+        data = data[:-3]
+        data[8:12] = (len(data) - 12).to_bytes(4, "little")  # batch_length agrees, the record is short
+        data[12:16] = crc32c(bytes(data[16:])).to_bytes(4, "little")
+    elif how == "record length past the batch":
+        first_record = 60 + 4  # header + the producer name "prod"
+        data[first_record : first_record + 4] = (10**6).to_bytes(4, "little")
+        data[12:16] = crc32c(bytes(data[16:])).to_bytes(4, "little")
+    elif how == "trailing bytes":
+        data += b"\x00" * 5
+        data[8:12] = (len(data) - 12).to_bytes(4, "little")
+        data[12:16] = crc32c(bytes(data[16:])).to_bytes(4, "little")
+    elif how == "wrong magic":
+        data[16] = 1
+    elif how == "batch_length past the data":
+        data[8:12] = (len(data) + 100).to_bytes(4, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["bad CRC", "truncated record", "record length past the batch", "trailing bytes", "wrong magic", "batch_length past the data"],
+)
+def test_malformed_batch_is_refused_and_nothing_is_written(stubs: Stubs, how: str) -> None:
+    topic = "/default/malformed"
+    pid = create_producer(stubs, topic)
+    assert stubs.producer.SendBatch(batch_request(pid, b"before")).first_offset == 0
+    good = batch_request(pid, b"a", b"bb", b"ccc")
+    with pytest.raises(grpc.RpcError) as exc:
+        stubs.producer.SendBatch(pb.SendBatchRequest(producer_id=pid, batch=_corrupt(good.batch, how)))
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_class(exc.value) == "MalformedRequestError"
+    assert "record batch" in (exc.value.details() or "")
+    assert next_offset(stubs, topic) == 1
+    assert stubs.producer.SendBatch(good).first_offset == 1  # the producer goes on
+
+
+def test_batch_must_carry_its_producers_identity(stubs: Stubs) -> None:
+    """The header's producer id, name and schema are stored as the records' producer: a batch
+    claiming another producer, name or schema is refused."""
+    topic = "/default/identity"
+    pid = create_producer(stubs, topic)
+    other = create_producer(stubs, topic, "other")
+    for request in (
+        pb.SendBatchRequest(producer_id=pid, batch=batch_request(other, b"x", name="other").batch),
+        batch_request(pid, b"x", name="not-prod"),
+        batch_request(pid, b"x", schema_id=5, schema_version=1),
+    ):
+        with pytest.raises(grpc.RpcError) as exc:
+            stubs.producer.SendBatch(request)
+        assert error_class(exc.value) == "MalformedRequestError"
+    assert next_offset(stubs, topic) == 0
+
+
+def test_batch_over_the_brokers_limit_is_refused(start_broker: Callable[..., BrokerProcess]) -> None:
+    broker = start_broker(extra_args=["--max-batch-bytes", "4096"])
+    stubs = Stubs(broker.address)
+    try:
+        pid = create_producer(stubs, "/default/bigbatch")
+        reply = stubs.producer.CreateProducer(pb.CreateProducerRequest(topic="/default/bigbatch", producer_name="p2"))
+        assert reply.max_batch_bytes == 4096
+        with pytest.raises(grpc.RpcError) as exc:
+            stubs.producer.SendBatch(batch_request(pid, *[b"z" * 100] * 50))
+        assert error_class(exc.value) == "MalformedRequestError" and "max_batch_bytes" in (exc.value.details() or "")
+        assert next_offset(stubs, "/default/bigbatch") == 0
+        assert stubs.producer.SendBatch(batch_request(pid, *[b"z" * 100] * 10)).last_offset == 9
+    finally:
+        stubs.close()
 
 
 def test_oversized_message_rejected_and_nothing_appended(stubs: Stubs, etcd_endpoints: list[str]) -> None:

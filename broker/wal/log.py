@@ -45,6 +45,9 @@ from broker.wal.segment import (
 log = logging.getLogger(__name__)
 
 _MAX_OPEN_SEALED_FDS = 64
+DEFAULT_INLINE_WRITE_MAX_BYTES = 64 * 1024
+"""Group commits up to this size are written and synced on the event loop; larger ones in a
+worker thread, so the loop keeps serving while the disk works."""
 
 
 class WriteAheadLog:
@@ -66,6 +69,7 @@ class WriteAheadLog:
         self.segment_max_bytes = segment_max_bytes
         self.segment_max_age_s = segment_max_age_s
         self.index_interval_bytes = index_interval_bytes
+        self.inline_write_max_bytes = DEFAULT_INLINE_WRITE_MAX_BYTES
         self.sync_count = 0
         self.record_count = 0
         self._sealed: list[Segment] = []
@@ -342,7 +346,12 @@ class WriteAheadLog:
             os.fdatasync(fd)
 
         try:
-            await asyncio.to_thread(work)
+            if size <= self.inline_write_max_bytes:
+                # A small commit is cheaper on the event loop than handed to a thread and back
+                # (about 0.1 ms each way); appends arriving meanwhile join the next commit.
+                work()
+            else:
+                await asyncio.to_thread(work)
         except BaseException as exc:
             self._fail_batch(batch, exc, fd, start_length)
             if not isinstance(exc, Exception):

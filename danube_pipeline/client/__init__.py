@@ -139,7 +139,7 @@ class DanubeClient:
         *,
         producer_name: str,
         schema: AvroSchema | None = None,
-        linger_ms: int = 5,
+        linger_ms: int = 0,
         max_batch_messages: int = 1000,
         max_batch_bytes: int = 1 << 20,
         max_in_flight_batches: int = 8,
@@ -151,7 +151,9 @@ class DanubeClient:
             producer_name: ``[A-Za-z0-9_-]{1,128}``.
             schema: an Avro schema registered on open; the broker checks every payload
                 against it.
-            linger_ms: how long a batch waits for more messages, in milliseconds.
+            linger_ms: how long a batch waits for more messages, in milliseconds; 0 (the
+                default) sends a batch as soon as an in-flight slot is free, so batches grow
+                only under load.
             max_batch_messages: messages per batch, at most.
             max_batch_bytes: payload and attribute bytes per batch, at most.
             max_in_flight_batches: batches sent but not yet acknowledged, at most.

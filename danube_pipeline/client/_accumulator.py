@@ -2,8 +2,8 @@
 
 Messages are framed at once into the current record batch (:class:`danube_pipeline.batches.BatchBuilder`);
 the batch closes when it holds ``max_batch_messages`` messages, when the next message would take
-it past ``max_batch_bytes``, or ``linger_ms`` after its first message arrived, whichever comes
-first. A closed batch goes to the sender through the ``on_ready`` callback. A message larger than
+it past ``max_batch_bytes``, ``linger_ms`` after its first message arrived (when positive), or
+when the producer closes it to send it, whichever comes first. A closed batch goes to the sender through the ``on_ready`` callback. A message larger than
 the namespace's ``max_message_size`` is refused before it is framed.
 """
 
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from danube_pipeline.batches import RECORD_OVERHEAD_BYTES, BatchBuilder
 from danube_pipeline.errors import MessageTooLargeError
+
+_time_ns = time.time_ns
 
 
 @dataclass(eq=False)
@@ -70,7 +72,8 @@ class Accumulator:
         max_batch_messages: messages per batch, at most.
         max_batch_bytes: framed bytes per batch, at most (a single larger message travels
             alone).
-        linger_ms: how long a batch waits for more messages after its first, in milliseconds.
+        linger_ms: how long a batch waits for more messages after its first, in milliseconds;
+            0 = no timer (the producer closes the batch when it can send it).
         on_ready: called with every closed batch, in order.
 
     Raises:
@@ -93,6 +96,7 @@ class Accumulator:
         self._on_ready = on_ready
         self._current: Batch | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first append
         self.max_message_size_bytes = 0
         """Largest payload accepted, in bytes; 0 = not known yet (no check)."""
 
@@ -117,21 +121,33 @@ class Accumulator:
         size = len(payload)
         if self.max_message_size_bytes and size > self.max_message_size_bytes:
             raise MessageTooLargeError(size, self.max_message_size_bytes)
-        now_us = time.time_ns() // 1000
+        now_us = _time_ns() // 1000
         current = self._current
         if current is not None and current.builder.size_bytes + size + RECORD_OVERHEAD_BYTES > self.max_batch_bytes:
             self.close_batch()
             current = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         if current is None:
             current = self._current = Batch(BatchBuilder(now_us))
-            self._timer = loop.call_later(self._linger_s, self._linger_expired, current)
-        current.builder.append(payload, timestamp_us=now_us, key=key, attributes=attributes)
+            if self._linger_s > 0:
+                self._timer = loop.call_later(self._linger_s, self._linger_expired, current)
+        builder = current.builder
+        if attributes or key is not None:
+            builder.append(payload, timestamp_us=now_us, key=key, attributes=attributes)
+        else:
+            builder.append_payload(payload, now_us)
         future: asyncio.Future[int] = loop.create_future()
         current.futures.append(future)
-        if current.builder.record_count >= self._max_messages or current.builder.size_bytes >= self.max_batch_bytes:
+        if builder.record_count >= self._max_messages or builder.size_bytes >= self.max_batch_bytes:
             self.close_batch()
         return future
+
+    @property
+    def has_open_batch(self) -> bool:
+        """Whether a batch holds messages not handed to ``on_ready`` yet."""
+        return self._current is not None and self._current.message_count > 0
 
     def close_batch(self) -> None:
         """Close the current batch now (``flush``), if it holds any message."""

@@ -12,10 +12,10 @@ local queue are dropped because the broker redelivers every unacked message (at 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import uuid
-from dataclasses import dataclass
 from types import TracebackType
 
 from danube_pipeline.client._connection import Stubs
@@ -32,14 +32,6 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    error: BaseException
-
-
-_CLOSED = object()
 
 
 def _ranges(offsets: list[int]) -> list[pb.OffsetRange]:
@@ -103,7 +95,9 @@ class Consumer:
         self._ack_flush_s = ack_flush_ms / 1000
         self.consumer_id = 0
         self._stubs: Stubs | None = None
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._messages: collections.deque[Message] = collections.deque()
+        self._terminal: BaseException | None = None  # after the queued messages: raised forever
+        self._arrived = asyncio.Event()
         self._acks: list[int] = []
         self._ack_lock = asyncio.Lock()
         self._ack_error: DanubeError | None = None
@@ -171,7 +165,7 @@ class Consumer:
         except DanubeError as exc:
             log.warning("consumer %s: acks not flushed on close: %s", self.consumer_name, exc)
         await self._close_on_broker()
-        self._queue.put_nowait(_CLOSED)
+        self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} is closed"))
         error, self._ack_error = self._ack_error, None
         if error is not None:
             raise error
@@ -208,16 +202,34 @@ class Consumer:
         """
         if self._state == "new":
             raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
-        if timeout_ms is None:
-            item = await self._queue.get()
-        else:
-            item = await asyncio.wait_for(self._queue.get(), timeout_ms / 1000)
-        if isinstance(item, Message):
-            return item
-        self._queue.put_nowait(item)  # terminal: every later call sees it too
-        if isinstance(item, _Failure):
-            raise item.error
-        raise ConsumerClosedError(f"consumer {self.consumer_name!r} is closed")
+        messages = self._messages
+        if messages:
+            return messages.popleft()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
+        while not messages:
+            if self._terminal is not None:
+                raise self._terminal
+            self._arrived.clear()
+            if deadline is None:
+                await self._arrived.wait()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"no message within {timeout_ms} ms")
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return messages.popleft()
+
+    def _deliver(self, messages: list[Message]) -> None:
+        self._messages.extend(messages)
+        self._arrived.set()
+
+    def _end(self, error: BaseException) -> None:
+        """No message will arrive any more: after the queued ones, ``receive`` raises ``error``
+        (the first end wins: a stream failure stays the answer after a later close)."""
+        if self._terminal is None:
+            self._terminal = error
+        self._arrived.set()
 
     def __aiter__(self) -> Consumer:
         return self
@@ -253,15 +265,14 @@ class Consumer:
                 with rpc_errors(stubs.address):
                     async for deliveries in call:
                         for delivery in deliveries.batches:
-                            for message in _messages_from_delivery(self.topic, delivery):
-                                self._queue.put_nowait(message)
+                            self._deliver(_messages_from_delivery(self.topic, delivery))
                 error: DanubeError = unavailable(stubs.address, "Receive stream ended by the broker")
             except DanubeError as exc:
                 error = exc
             finally:
                 call.cancel()
             if not _reconnectable(error):
-                self._queue.put_nowait(_Failure(error))
+                self._end(error)
                 return
             log.info("consumer %s: stream failed (%s); subscribing again", self.consumer_name, error)
             if isinstance(error, BrokerUnavailableError):
@@ -271,7 +282,7 @@ class Consumer:
             try:
                 await self._resubscribe(refresh=error.invalid_metadata)
             except DanubeError as exc:
-                self._queue.put_nowait(_Failure(exc))
+                self._end(exc)
                 return
 
     async def _resubscribe(self, *, refresh: bool) -> None:
@@ -289,13 +300,8 @@ class Consumer:
             await self._flush_acks()
 
     def _drop_queued(self) -> None:
-        kept: list[object] = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not isinstance(item, Message):
-                kept.append(item)
-        for item in kept:
-            self._queue.put_nowait(item)
+        """Forget the messages received on a stream that failed: the broker redelivers them."""
+        self._messages.clear()
 
     # ------------------------------------------------------------------ acks
 

@@ -1,7 +1,11 @@
 """The producer facade: batches messages and pipelines them over one ``SendStream``.
 
 Messages are framed by the :class:`~danube_pipeline.client._accumulator.Accumulator` into
-record batches (:mod:`danube_pipeline.batches`); each closed batch travels as one
+record batches (:mod:`danube_pipeline.batches`). With ``linger_ms=0`` (the default) a batch is
+sent as soon as one of the ``max_in_flight_batches`` slots is free, so a lone message goes at
+once and a burst goes as one batch, while under load batches grow with the acks' round trip
+(Nagle's rule with pipelining); with ``linger_ms > 0`` a batch waits that long for more
+messages (Kafka's ``linger.ms``). Each closed batch travels as one
 ``SendBatchRequest`` with a client-chosen ``sequence_id``, its header carrying this producer's
 id, name and schema and a CRC32C. The broker checks the batch and appends its bytes unchanged,
 in the order it reads them, and answers in the same order, so the answer at the head of the
@@ -76,7 +80,7 @@ class Producer:
         *,
         producer_name: str,
         schema: AvroSchema | None = None,
-        linger_ms: int = 5,
+        linger_ms: int = 0,
         max_batch_messages: int = 1000,
         max_batch_bytes: int = 1 << 20,
         max_in_flight_batches: int = 8,
@@ -89,6 +93,7 @@ class Producer:
         self._schema = schema
         self._max_in_flight = max_in_flight_batches
         self._max_batch_bytes = max_batch_bytes
+        self._adaptive = linger_ms == 0
         self._accumulator = Accumulator(
             max_batch_messages=max_batch_messages,
             max_batch_bytes=max_batch_bytes,
@@ -219,7 +224,10 @@ class Producer:
         """
         if self._state != "open":
             raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
-        return self._accumulator.append(payload, attributes, key)
+        future = self._accumulator.append(payload, attributes, key)
+        if self._adaptive:
+            self._wakeup.set()
+        return future
 
     async def send(
         self, payload: bytes, *, attributes: Mapping[str, str] | None = None, key: str | None = None
@@ -406,7 +414,8 @@ class Producer:
         """The sender: keeps a stream open while there is work and writes ready batches."""
         while True:
             self._wakeup.clear()
-            if self._stream is None and (self._pending or self._inflight):
+            waiting = self._pending or self._inflight or (self._adaptive and self._accumulator.has_open_batch)
+            if self._stream is None and waiting:
                 try:
                     await self._connect(refresh=self._needs_lookup, create=self._needs_producer)
                 except DanubeError as exc:
@@ -418,11 +427,13 @@ class Producer:
                     self._needs_lookup = True
                     self._needs_producer = True
                     continue
-            while (
-                self._stream is not None
-                and self._pending
-                and len(self._inflight) < self._max_in_flight
-            ):
+            while self._stream is not None and len(self._inflight) < self._max_in_flight:
+                if not self._pending:
+                    if not self._adaptive or not self._accumulator.has_open_batch:
+                        break
+                    # A free in-flight slot and no linger: send what has accumulated now. Under
+                    # load every slot is busy and batches grow until one frees (self-clocking).
+                    self._accumulator.close_batch()
                 await self._write(self._stream, self._pending.popleft())
             await self._wakeup.wait()
 

@@ -1,7 +1,7 @@
 """User-facing value types of the Danube client.
 
 Generated protobuf types stay inside the client's private modules; everything a caller sees is
-one of the enums and frozen dataclasses below. The
+one of the enums, frozen dataclasses and named tuples below. The
 ``_from_pb`` helpers are the only place where wire messages become these types.
 """
 
@@ -54,9 +54,9 @@ class AvroSchema:
     raw_schema: str
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message delivered to a consumer.
+class Message(NamedTuple):
+    """One message delivered to a consumer (an immutable record; a named tuple, because a
+    consumer builds one per message and a tuple is the cheapest immutable object to build).
 
     Attributes:
         topic: ``"/{namespace}/{topic}"``.

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-__all__ = ["BrokerProcess", "EtcdServer", "etcd_binary", "free_port"]
+__all__ = ["BrokerProcess", "ChildProcess", "EtcdServer", "etcd_binary", "free_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -129,9 +129,10 @@ def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         proc.wait(timeout=10)
 
 
-class _ChildProcess:
-    """Lifecycle shared by the launchers: a child process, its appended log file, and
-    stop (SIGTERM, then SIGKILL after a grace period) / kill (SIGKILL) / context manager."""
+class ChildProcess:
+    """Lifecycle shared by the launchers (and the benchmarks' peer servers): a child process
+    that dies with its launcher, its appended log file, and stop (SIGTERM, then SIGKILL after a
+    grace period) / kill (SIGKILL) / context manager."""
 
     log_path: Path
     """Where the child's output is appended; set by each subclass."""
@@ -143,7 +144,7 @@ class _ChildProcess:
     def start(self, *, timeout_s: float) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _spawn_and_wait(
+    def spawn_and_wait(
         self,
         command: list[str],
         *,
@@ -226,7 +227,7 @@ class _ChildProcess:
         self.stop()
 
 
-class EtcdServer(_ChildProcess):
+class EtcdServer(ChildProcess):
     """One single-member etcd server on loopback, with its own data directory.
 
     Example::
@@ -322,7 +323,7 @@ class EtcdServer(_ChildProcess):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn_and_wait(
+        self.spawn_and_wait(
             self.command(),
             what=f"etcd at {self.client_url}",
             ready=self._healthy,
@@ -331,7 +332,7 @@ class EtcdServer(_ChildProcess):
         )
 
 
-class BrokerProcess(_ChildProcess):
+class BrokerProcess(ChildProcess):
     """One broker (``python -m broker``) as a child process.
 
     The broker CLI contract: ``--etcd-endpoints h:p,h:p --listen host:port --data-dir DIR
@@ -415,7 +416,7 @@ class BrokerProcess(_ChildProcess):
             self._ready = self._read_ready()
             return self._ready is not None
 
-        self._spawn_and_wait(
+        self.spawn_and_wait(
             self.command(),
             what="broker",
             ready=ready,

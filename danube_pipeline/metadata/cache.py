@@ -67,6 +67,7 @@ class LocalCache:
             raise ValueError("LocalCache needs at least one prefix")
         self._store = store
         self._prefixes = _minimal_prefixes(prefixes)
+        self._everything = self._prefixes == ["/"]
         self._data: dict[str, JsonValue] = {}
         self._revision = 0
         self._started = False
@@ -199,7 +200,7 @@ class LocalCache:
     # ---- applying changes
 
     def _covers(self, key: str) -> bool:
-        return any(key.startswith(p) for p in self._prefixes)
+        return self._everything or any(key.startswith(p) for p in self._prefixes)
 
     def _apply(self, event: WatchEvent) -> None:
         if event.type is WatchEventType.PUT:
