@@ -8,6 +8,7 @@ status in one place, :func:`broker.status.rpc`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -114,29 +115,40 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
         requests would be persisted after a gap, so a client resending from the failed one
         would duplicate and reorder.
         """
-        pending: asyncio.Queue[tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None] = asyncio.Queue()
+        # The reader appends (sequence id, append future or error); None marks the end.
+        pending: collections.deque[tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None] = (
+            collections.deque()
+        )
+        arrived = asyncio.Event()
+
+        def put(item: tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None) -> None:
+            pending.append(item)
+            arrived.set()
 
         async def reader() -> None:
             last: asyncio.Future[tuple[int, int]] | None = None
             try:
                 async for request in request_iterator:
                     if last is not None and last.done() and not last.cancelled() and last.exception() is not None:
-                        await pending.put((request.sequence_id, last.exception() or RuntimeError("write failed")))
+                        put((request.sequence_id, last.exception() or RuntimeError("write failed")))
                         return
                     try:
                         fut = self._broker.publish(request.producer_id, request.batch)
                     except Exception as exc:  # noqa: BLE001 - answered in order, then the stream ends
-                        await pending.put((request.sequence_id, exc))
+                        put((request.sequence_id, exc))
                         return
                     last = fut
-                    await pending.put((request.sequence_id, fut))
+                    put((request.sequence_id, fut))
             finally:
-                await pending.put(None)
+                put(None)
 
         reader_task = asyncio.create_task(reader())
         try:
             while True:
-                item = await pending.get()
+                while not pending:
+                    arrived.clear()
+                    await arrived.wait()
+                item = pending.popleft()
                 if item is None:
                     break
                 sequence_id, outcome = item
