@@ -4,7 +4,7 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
 
     python -m broker --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
-        [--max-batch-bytes N]
+        [--max-batch-bytes N] [--lease-ttl-s S]
         [--ready-file PATH] [--log-level INFO]
 """
 
@@ -48,6 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     p.add_argument("--segment-max-bytes", type=int, default=DEFAULT_SEGMENT_MAX_BYTES, help="seal WAL segments at this size")
     p.add_argument("--segment-max-age-s", type=float, default=DEFAULT_SEGMENT_MAX_AGE_S, help="seal non-empty WAL segments at this age")
     p.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, help="largest record batch a producer may send, in bytes")
+    p.add_argument("--lease-ttl-s", type=int, default=10, help="TTL of the registration lease, in seconds")
     p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
     p.add_argument("--log-level", default="INFO", help="logging level")
     args = p.parse_args(argv)
@@ -57,8 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
         stream=sys.stderr,
     )
     endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
-    if args.segment_max_bytes <= 0 or args.segment_max_age_s <= 0 or args.max_batch_bytes <= 0:
-        p.error("--segment-max-bytes, --segment-max-age-s and --max-batch-bytes must be positive")
+    if min(args.segment_max_bytes, args.segment_max_age_s, args.max_batch_bytes, args.lease_ttl_s) <= 0:
+        p.error("--segment-max-bytes, --segment-max-age-s, --max-batch-bytes and --lease-ttl-s must be positive")
     return BrokerConfig(
         data_dir=Path(args.data_dir).resolve(),
         etcd_endpoints=endpoints,
@@ -68,6 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
         segment_max_bytes=args.segment_max_bytes,
         segment_max_age_s=args.segment_max_age_s,
         max_batch_bytes=args.max_batch_bytes,
+        lease_ttl_s=args.lease_ttl_s,
         ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
     )
 
