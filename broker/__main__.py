@@ -22,10 +22,15 @@ from pathlib import Path
 from danube_pipeline import settings
 
 from broker.config import (
+    DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
     DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
+    DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
+    DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
     DEFAULT_SEGMENT_MAX_AGE_S,
     DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SUBSCRIPTION_IDLE_S,
     BrokerConfig,
 )
 from broker.server import BrokerServer
@@ -49,6 +54,16 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     p.add_argument("--segment-max-age-s", type=float, default=DEFAULT_SEGMENT_MAX_AGE_S, help="seal non-empty WAL segments at this age")
     p.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, help="largest record batch a producer may send, in bytes")
     p.add_argument("--lease-ttl-s", type=int, default=10, help="TTL of the registration lease, in seconds")
+    p.add_argument("--max-receiver-queue-size", type=int, default=DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
+                   help="largest consumer window granted, in messages")
+    p.add_argument("--max-consumer-buffer-bytes", type=int, default=DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
+                   help="batch bytes queued for one consumer stream, at most")
+    p.add_argument("--max-stream-unanswered-bytes", type=int, default=DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
+                   help="batch bytes one SendStream may have unanswered before the broker stops reading it")
+    p.add_argument("--closed-producer-ttl-s", type=int, default=DEFAULT_CLOSED_PRODUCER_TTL_S,
+                   help="seconds a closed producer's etcd key is kept, at most")
+    p.add_argument("--subscription-idle-s", type=float, default=DEFAULT_SUBSCRIPTION_IDLE_S,
+                   help="seconds a subscription without consumers stays loaded")
     p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
     p.add_argument("--log-level", default="INFO", help="logging level")
     args = p.parse_args(argv)
@@ -58,20 +73,26 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
         stream=sys.stderr,
     )
     endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
-    if min(args.segment_max_bytes, args.segment_max_age_s, args.max_batch_bytes, args.lease_ttl_s) <= 0:
-        p.error("--segment-max-bytes, --segment-max-age-s, --max-batch-bytes and --lease-ttl-s must be positive")
-    return BrokerConfig(
-        data_dir=Path(args.data_dir).resolve(),
-        etcd_endpoints=endpoints,
-        listen=args.listen,
-        advertised_addr=args.advertised_addr,
-        cluster_name=args.cluster_name,
-        segment_max_bytes=args.segment_max_bytes,
-        segment_max_age_s=args.segment_max_age_s,
-        max_batch_bytes=args.max_batch_bytes,
-        lease_ttl_s=args.lease_ttl_s,
-        ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
-    )
+    try:
+        return BrokerConfig(
+            data_dir=Path(args.data_dir).resolve(),
+            etcd_endpoints=endpoints,
+            listen=args.listen,
+            advertised_addr=args.advertised_addr,
+            cluster_name=args.cluster_name,
+            segment_max_bytes=args.segment_max_bytes,
+            segment_max_age_s=args.segment_max_age_s,
+            max_batch_bytes=args.max_batch_bytes,
+            lease_ttl_s=args.lease_ttl_s,
+            max_receiver_queue_size=args.max_receiver_queue_size,
+            max_consumer_buffer_bytes=args.max_consumer_buffer_bytes,
+            max_stream_unanswered_bytes=args.max_stream_unanswered_bytes,
+            closed_producer_ttl_s=args.closed_producer_ttl_s,
+            subscription_idle_s=args.subscription_idle_s,
+            ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
+        )
+    except ValueError as exc:  # InvalidNameError is a ValueError too
+        p.error(str(exc))
 
 
 async def run(config: BrokerConfig) -> None:

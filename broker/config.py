@@ -6,11 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from danube_pipeline import settings
+from danube_pipeline.names import validate_cluster_name
 
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_AGE_S = 60.0
 DEFAULT_LISTEN = "127.0.0.1:6650"
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_RECEIVER_QUEUE_SIZE = 10_000
+DEFAULT_MAX_CONSUMER_BUFFER_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_STREAM_UNANSWERED_BYTES = 64 * 1024 * 1024
+DEFAULT_CLOSED_PRODUCER_TTL_S = 60
+DEFAULT_SUBSCRIPTION_IDLE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,21 @@ class BrokerConfig:
         shutdown_grace_s: grace period for in-flight RPCs on shutdown.
         max_batch_bytes: largest record batch a producer may send, in bytes.
         grpc_max_message_bytes: gRPC max send/receive message size, in bytes.
+        max_receiver_queue_size: the largest consumer window granted, in messages; a larger
+            ``receiver_queue_size`` asked for in ``Subscribe`` is lowered to it.
+        max_consumer_buffer_bytes: batch bytes queued for one consumer's ``Receive`` stream
+            and not yet sent, at most (dispatch to it pauses above; one batch always fits).
+        max_stream_unanswered_bytes: batch bytes one ``SendStream`` may have received and not
+            answered yet; the broker stops reading that stream above it (gRPC flow control
+            then holds the producer back).
+        closed_producer_ttl_s: a closed producer's key (``status: false``) is deleted this many
+            seconds after the close, at the latest (``docs/etcd-layout.md`` §3.3).
+        subscription_idle_s: a subscription without consumers is unloaded from memory after
+            this many seconds (its cursor is stored first; its etcd keys stay).
+
+    Raises:
+        InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
+        ValueError: a size, count or duration is not positive.
     """
 
     data_dir: Path
@@ -51,6 +72,28 @@ class BrokerConfig:
     shutdown_grace_s: float = 5.0
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     grpc_max_message_bytes: int = 64 * 1024 * 1024
+    max_receiver_queue_size: int = DEFAULT_MAX_RECEIVER_QUEUE_SIZE
+    max_consumer_buffer_bytes: int = DEFAULT_MAX_CONSUMER_BUFFER_BYTES
+    max_stream_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES
+    closed_producer_ttl_s: int = DEFAULT_CLOSED_PRODUCER_TTL_S
+    subscription_idle_s: float = DEFAULT_SUBSCRIPTION_IDLE_S
+
+    def __post_init__(self) -> None:
+        validate_cluster_name(self.cluster_name)
+        limits = {
+            "segment_max_bytes": self.segment_max_bytes,
+            "segment_max_age_s": self.segment_max_age_s,
+            "lease_ttl_s": self.lease_ttl_s,
+            "max_batch_bytes": self.max_batch_bytes,
+            "max_receiver_queue_size": self.max_receiver_queue_size,
+            "max_consumer_buffer_bytes": self.max_consumer_buffer_bytes,
+            "max_stream_unanswered_bytes": self.max_stream_unanswered_bytes,
+            "closed_producer_ttl_s": self.closed_producer_ttl_s,
+            "subscription_idle_s": self.subscription_idle_s,
+        }
+        bad = [name for name, value in limits.items() if value <= 0]
+        if bad:
+            raise ValueError(f"must be positive: {', '.join(bad)}")
 
     @property
     def wal_dir(self) -> Path:

@@ -19,6 +19,8 @@ DEFAULT_RECEIVER_QUEUE_SIZE = 1000
 """Unacknowledged messages a consumer may hold when it asks for no window of its own."""
 MAX_DELIVERY_BYTES = 4 * 1024 * 1024
 """Batch bytes per ``Receive`` answer, at most (a single larger batch travels alone)."""
+DEFAULT_MAX_BUFFER_BYTES = 16 * 1024 * 1024
+"""Batch bytes queued for one consumer's stream and not yet sent, at most (by default)."""
 
 
 class Handout:
@@ -104,22 +106,42 @@ class Delivery:
 class Consumer:
     """One consumer attached to a subscription.
 
+    Two limits decide whether the consumer takes another batch: its window (at most
+    ``receiver_queue_size`` unacknowledged messages) and its buffer (at most
+    ``max_buffer_bytes`` of batches queued for its stream and not sent yet). The buffer bounds
+    the broker's memory for a consumer that asks for a huge window and never reads: the
+    stream stops sending when gRPC flow control says the client is not reading, the queue
+    fills up to the limit, and dispatch to this consumer pauses.
+
     Attributes:
         id: u64 consumer id.
         name: the consumer's name.
         receiver_queue_size: most unacknowledged messages outstanding at once; a batch is handed
             out whole while the consumer has room for at least one message.
+        max_buffer_bytes: most batch bytes queued and not yet sent; a batch is queued while
+            the queue holds less.
         handouts: the batches it holds, by base offset.
         unacked: messages handed to it and not acknowledged.
+        queued_bytes: batch bytes in ``queue``.
     """
 
-    def __init__(self, consumer_id: int, name: str, subscription: Subscription, receiver_queue_size: int) -> None:
+    def __init__(
+        self,
+        consumer_id: int,
+        name: str,
+        subscription: Subscription,
+        receiver_queue_size: int,
+        *,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+    ) -> None:
         self.id = consumer_id
         self.name = name
         self.subscription = subscription
         self.receiver_queue_size = receiver_queue_size
+        self.max_buffer_bytes = max_buffer_bytes
         self.handouts: dict[int, Handout] = {}
         self.unacked = 0
+        self.queued_bytes = 0
         self.queue: deque[Delivery] = deque()
         self.attached = False
         self.closed = False
@@ -127,7 +149,9 @@ class Consumer:
 
     @property
     def permits(self) -> int:
-        """How many more messages may be handed to this consumer now."""
+        """How many more messages may be handed to this consumer now (0 while its buffer is full)."""
+        if self.queued_bytes >= self.max_buffer_bytes:
+            return 0
         return self.receiver_queue_size - self.unacked
 
     def push(self, batch: StoredBatch, handout: Handout) -> None:
@@ -137,6 +161,7 @@ class Consumer:
         self.handouts[handout.base] = handout
         self.unacked += handout.unacked_count
         self.queue.append(Delivery(batch, handout, handout.redelivery_count))
+        self.queued_bytes += len(batch.data)
         self._wake.set()
 
     def release(self, handout: Handout, acked: int) -> None:
@@ -172,12 +197,16 @@ class Consumer:
                     continue
                 group: list[Delivery] = []
                 size = 0
+                was_full = self.queued_bytes >= self.max_buffer_bytes
                 while self.queue and (not group or size + len(self.queue[0].batch.data) <= max_bytes):
                     d = self.queue.popleft()
+                    self.queued_bytes -= len(d.batch.data)
                     if self.handouts.get(d.handout.base) is d.handout:  # not fully acked meanwhile
                         d.handout.sent = True
                         group.append(d)
                         size += len(d.batch.data)
+                if was_full and self.queued_bytes < self.max_buffer_bytes:
+                    self.subscription.consumer_has_room(self)
                 if group:
                     yield group
         finally:

@@ -8,6 +8,16 @@ subscribing, acknowledging, creating and looking up topics. It reads metadata fr
 
 A topic is served here while ``/cluster/brokers/{own id}/{ns}/{topic}`` exists (§1.4): the
 broker follows that prefix and loads or unloads topics as assignments appear and disappear.
+
+etcd may be unreachable at any time, and a write that timed out may still be applied by etcd
+later. So when a creation or a close could not be written (``CreateProducer``, ``Subscribe``,
+``CloseProducer`` failing with :class:`~danube_pipeline.errors.MetadataStoreError`), the broker
+*reconciles* etcd with what it knows, every :data:`RECONCILE_INTERVAL_S` until
+:data:`RECONCILE_PASSES` passes succeeded: a producer key of a topic served here that says
+``status: true`` for a producer not open here is marked closed, and the keys of a subscription
+whose first ``Subscribe`` failed are deleted unless it was created since. Closed producers' keys
+expire on their own (:class:`broker.expiry.ExpiringKeys`, §3.3). Other writes that must happen
+(the active consumer of a subscription) are retried by :class:`broker.tasks.BackgroundWrites`.
 """
 
 from __future__ import annotations
@@ -36,16 +46,25 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.outages import OutageLog
 from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
 
 from broker.config import BrokerConfig
-from broker.consumer import Consumer
+from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
+from broker.expiry import ExpiringKeys
+from broker.idempotency import RecentRequests
 from broker.producer import Producer
+from broker.storage import DiskMonitor
+from broker.tasks import BackgroundWrites, spawn
 from broker.topic import Topic
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
+RECONCILE_INTERVAL_S = 2.0
+"""Pause between two reconciliation passes (see the module docstring)."""
+RECONCILE_PASSES = 10
+"""Successful passes made after the last uncertain write: late writes of etcd are caught too."""
 _MAX_REMEMBERED_CLOSED_CONSUMERS = 10_000
 _MAX_PUTS_PER_TXN = 100
 """Keys written per etcd transaction when many are closed at once (etcd's ``--max-txn-ops``
@@ -85,6 +104,13 @@ class Broker:
         cache: the LocalCache, for reads.
         registry: the schema registry.
         on_topics_changed: called whenever a topic is loaded or unloaded (the load report).
+        on_storage_full: called with ``True`` when the WAL disk fills up and ``False`` when
+            it takes writes again (:class:`broker.storage.DiskMonitor`).
+
+    Attributes:
+        disk: the storage-full state.
+        background: metadata writes retried until etcd takes them.
+        requests: recent creations by client request id.
     """
 
     def __init__(
@@ -96,6 +122,7 @@ class Broker:
         cache: LocalCache,
         registry: SchemaRegistry,
         on_topics_changed: Callable[[], None] = lambda: None,
+        on_storage_full: Callable[[bool], None] = lambda _full: None,
     ) -> None:
         self.config = config
         self.broker_id = broker_id
@@ -110,6 +137,13 @@ class Broker:
         self._remove_listener: Callable[[], None] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._stopping = False
+        self.disk = DiskMonitor(config.wal_dir, on_change=on_storage_full)
+        self.background = BackgroundWrites(OutageLog(log, "metadata writes to etcd"))
+        self.closed_keys = ExpiringKeys(store, config.closed_producer_ttl_s)
+        self.requests = RecentRequests()
+        self._creating: set[int] = set()  # producer ids whose key is being written
+        self._reconcile_passes = 0
+        self._reconciler: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,29 +174,78 @@ class Broker:
     async def close(self) -> None:
         """Mark every open producer closed in etcd, store cursors, close the WALs (synced)."""
         self.end_consumer_streams()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-        closed = [(keys.topic_producer(p.topic.name, p.id), p.metadata(status=False)) for p in self.producers.values()]
+        for task in (self._flusher, self._reconciler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        closed: list[tuple[str, Any]] = [
+            (keys.topic_producer(p.topic.name, p.id), p.metadata(status=False)) for p in self.producers.values()
+        ]
+        for producer in self.producers.values():
+            producer.closed = True
         self.producers.clear()
         try:
             for start in range(0, len(closed), _MAX_PUTS_PER_TXN):
-                await self.store.put_many(closed[start : start + _MAX_PUTS_PER_TXN])
+                await self.closed_keys.put_many(closed[start : start + _MAX_PUTS_PER_TXN])
         except MetadataStoreError as exc:
-            log.warning("cannot mark producers closed: %s", exc)
+            log.warning("cannot mark producers closed (the next owner of their topics will): %s", exc)
         for topic in list(self.topics.values()):
             try:
                 await topic.close()
             except Exception:
                 log.exception("closing topic %s failed", topic.path)
         self.topics.clear()
+        await self.background.close()
+        self.disk.stop()
 
     async def _cursor_flusher(self) -> None:
         while True:
             await asyncio.sleep(self.config.cursor_flush_interval_s)
             for topic in list(self.topics.values()):
-                await topic.flush_cursors()
+                await topic.flush_cursors()  # failures are logged once per outage
+
+    # ------------------------------------------------------------------ reconciling
+
+    def uncertain_write(self) -> None:
+        """A creation or close could not be written to etcd, which may still apply it later:
+        reconcile (again) for the next :data:`RECONCILE_PASSES` successful passes."""
+        self._reconcile_passes = RECONCILE_PASSES
+        if (self._reconciler is None or self._reconciler.done()) and not self._stopping:
+            self._reconciler = spawn(self._reconcile(), name="reconcile")
+
+    async def _reconcile(self) -> None:
+        while self._reconcile_passes > 0 and not self._stopping:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                for topic in list(self.topics.values()):
+                    await self._reconcile_producers(topic)
+                    await topic.reconcile_subscriptions(done=self._reconcile_passes == 1)
+            except MetadataStoreError as exc:
+                self.background.outage.failed(exc)
+                continue
+            self._reconcile_passes -= 1
+
+    async def _reconcile_producers(self, topic: Topic) -> None:
+        """Mark closed every producer key of ``topic`` that says ``status: true`` for a producer
+        not open here (a create that failed, or a close whose write failed).
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        kvs, _ = await self.store.get_prefix(keys.topic_producers_prefix(topic.name))
+        for kv in kvs:
+            try:
+                producer = values.ProducerMetadata.from_json(kv.value)
+            except ValueError:
+                continue
+            pid = producer.producer_id
+            if not producer.status or pid in topic.producers or pid in self._creating:
+                continue
+            closed = dataclasses.replace(producer, status=False)
+            if await self.closed_keys.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision):
+                log.info("%s: producer %d (%s) marked closed: its create or close did not complete",
+                         topic.path, pid, producer.producer_name)
 
     # ------------------------------------------------------------------ assignments
 
@@ -179,12 +262,10 @@ class Broker:
         name = self._assignment_topic(event.key)
         if name is None or self._stopping:
             return
-        loop = asyncio.get_running_loop()
         if event.type is WatchEventType.PUT:
-            task = loop.create_task(self._load_quietly(name))
+            spawn(self._load_quietly(name), name=f"load:{name}")
         else:
-            task = loop.create_task(self.unload_topic(name))
-        task.add_done_callback(lambda _t: None)
+            spawn(self.unload_topic(name), name=f"unload:{name}")
 
     async def _load_quietly(self, name: TopicName) -> None:
         try:
@@ -243,14 +324,18 @@ class Broker:
             segment_max_age_s=cfg.segment_max_age_s,
             initial_offset=initial_offset,
         )
+        wal.storage_monitor = self.disk
         topic = Topic(
             name,
             wal,
             store=self.store,
             cache=self.cache,
+            background=self.background,
             delivery=DeliveryMode.from_stored(self.cache.get(keys.topic_delivery(name))),
             cursor_flush_acks=cfg.cursor_flush_acks,
             max_batch_bytes=cfg.max_batch_bytes,
+            max_consumer_buffer_bytes=cfg.max_consumer_buffer_bytes,
+            subscription_idle_s=cfg.subscription_idle_s,
         )
         self.topics[name.path] = topic
         if sealed_raw is not None:
@@ -265,7 +350,8 @@ class Broker:
         return topic
 
     async def _close_stale_producers(self, name: TopicName) -> None:
-        """Set ``status`` false on every producer key of ``name`` still marked open.
+        """Set ``status`` false on every producer key of ``name`` still marked open, under the
+        expiring lease of closed producers.
 
         Called when this broker loads the topic, before any producer is created on it here:
         an open producer key can only belong to an earlier owner (or an earlier run of this
@@ -284,7 +370,7 @@ class Broker:
                 continue
             if producer.status:
                 closed = dataclasses.replace(producer, status=False)
-                await self.store.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision)
+                await self.closed_keys.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision)
                 log.info("producer %d (%s) on %s marked closed: its owner is gone",
                          producer.producer_id, producer.producer_name, name)
 
@@ -294,9 +380,7 @@ class Broker:
         if topic is None:
             return
         for pid in [p for p, prod in self.producers.items() if prod.topic is topic]:
-            producer = self.producers.pop(pid)
-            with contextlib.suppress(MetadataStoreError):
-                await self.store.put(keys.topic_producer(name, pid), producer.metadata(status=False))
+            await self._mark_closed(self.producers.pop(pid))
         await topic.close()
         self._on_topics_changed()
         log.info("topic %s unloaded", name)
@@ -437,7 +521,8 @@ class Broker:
             InvalidNameError: a name is malformed.
             SchemaNotFoundError, InvalidSchemaError: the schema is unknown or not Avro.
             NotServedHereError: another broker owns the topic.
-            MetadataStoreError: etcd unreachable.
+            MetadataStoreError: etcd unreachable. The producer key may still be written by
+                etcd later; reconciliation then marks it closed, and it expires.
         """
         name = TopicName.parse(topic_path)
         validate_part("producer", producer_name)
@@ -456,7 +541,14 @@ class Broker:
             schema=schema,
             parsed_schema=parsed,
         )
-        await self.store.put(keys.topic_producer(name, producer.id), producer.metadata(status=True))
+        self._creating.add(producer.id)
+        try:
+            await self.store.put(keys.topic_producer(name, producer.id), producer.metadata(status=True))
+        except MetadataStoreError:
+            self.uncertain_write()  # etcd may apply the write later: the key is then closed
+            raise
+        finally:
+            self._creating.discard(producer.id)
         self.producers[producer.id] = producer
         topic.producers[producer.id] = producer
         log.info("producer %d (%s) on %s", producer.id, producer_name, name)
@@ -492,17 +584,29 @@ class Broker:
         return topic.publish(producer, batch)
 
     async def close_producer(self, producer_id: int) -> None:
-        """Forget the producer and set ``status`` false in its key (§3.3).
+        """Forget the producer and set ``status`` false in its key, which then expires (§3.3).
+
+        When etcd is unreachable the key is written by reconciliation, once etcd answers.
 
         Raises:
             ProducerNotFoundError: unknown or already closed.
-            MetadataStoreError: etcd unreachable.
         """
         producer = self.producers.pop(producer_id, None)
         if producer is None:
             raise ProducerNotFoundError(producer_id)
         producer.topic.producers.pop(producer.id, None)
-        await self.store.put(keys.topic_producer(producer.topic.name, producer.id), producer.metadata(status=False))
+        await self._mark_closed(producer)
+
+    async def _mark_closed(self, producer: Producer) -> None:
+        """Write the producer's key closed under the expiring lease now, or by reconciliation
+        once etcd answers."""
+        producer.closed = True
+        key = keys.topic_producer(producer.topic.name, producer.id)
+        try:
+            await self.closed_keys.put(key, producer.metadata(status=False))
+        except MetadataStoreError as exc:
+            log.info("producer %d: closed here; its key is marked closed once etcd answers (%s)", producer.id, exc)
+            self.uncertain_write()
 
     # ------------------------------------------------------------------ consumers
 
@@ -518,24 +622,30 @@ class Broker:
     ) -> Consumer:
         """Attach a new consumer to a subscription of a topic served here (§3.4).
 
+        The consumer's window is ``receiver_queue_size`` messages (the default when 0), at
+        most the broker's ``max_receiver_queue_size``.
+
         Raises:
             InvalidNameError: a name is malformed.
             TopicNotFoundError: the topic does not exist.
             NotServedHereError: another broker owns it.
             SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
-            MetadataStoreError: etcd unreachable.
+            MetadataStoreError: etcd unreachable (a subscription this call created is removed
+                again, in etcd too, once etcd answers).
         """
         name = TopicName.parse(topic_path)
         validate_part("subscription", subscription)
         validate_part("consumer", consumer_name)
         topic = await self.topic_for(name)
+        window = min(receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE, self.config.max_receiver_queue_size)
         consumer = await topic.subscribe(
             subscription=subscription,
             subscription_type=subscription_type,
             consumer_id=_new_id(self.consumers.keys()),
             consumer_name=consumer_name,
             earliest=initial_position is InitialPosition.EARLIEST,
-            receiver_queue_size=receiver_queue_size,
+            receiver_queue_size=window,
+            on_uncertain_write=self.uncertain_write,
         )
         self._remember_consumer(consumer)
         log.info("consumer %d (%s) subscribed %s/%s as %s",

@@ -4,7 +4,10 @@ candidacy and load reports (``docs/etcd-layout.md`` §1).
 On :meth:`Membership.join` the broker writes ``/cluster/register/{id}`` under its lease,
 ``/cluster/{cluster_name}``, ``/cluster/brokers/{id}/state`` (``active``), runs for
 ``/cluster/leader`` (create-if-absent under the lease) and publishes ``/cluster/load/{id}``.
-A background task refreshes the load report and registers again if the lease was lost.
+A background task refreshes the load report. When the lease's keep-alive finds the lease gone
+(etcd was unreachable for longer than the TTL), the same task registers again at once: a new
+lease, the registration, the state, leadership candidacy and a load report, retried every
+:data:`REREGISTER_RETRY_S` until etcd takes them. Failures are logged once per outage.
 """
 
 from __future__ import annotations
@@ -17,9 +20,20 @@ from collections.abc import Callable
 
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
-from danube_pipeline.metadata.store import Lease, MetadataStore, WatchEvent, WatchEventType
+from danube_pipeline.metadata.store import (
+    Lease,
+    MetadataStore,
+    WatchEvent,
+    WatchEventType,
+)
+from danube_pipeline.outages import OutageLog
+
+from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
+
+REREGISTER_RETRY_S = 0.25
+"""Pause between two attempts to register again after the lease was lost."""
 
 
 def _cpu_percent() -> int:
@@ -77,6 +91,7 @@ class Membership:
         self.load_report_interval_s = load_report_interval_s
         self._topic_list = topic_list
         self._lease: Lease | None = None
+        self._registered = False
         self._is_leader = False
         self._leaving = False
         self._report_wake = asyncio.Event()
@@ -102,32 +117,56 @@ class Membership:
         """Publish a new load report soon (a topic was loaded or unloaded)."""
         self._report_wake.set()
 
-    async def _register(self) -> None:
-        self._lease = await self.store.grant_lease(self.lease_ttl_s)
+    async def _register(self, reason: str = "boot") -> Lease:
+        self._registered = False
+        self._is_leader = False
+        old = self._lease
+        if old is not None and not old.expired:  # a half-done earlier attempt: let it go
+            self._lease = None
+            spawn(old.revoke(), name=f"revoke-lease-{old.id}")
+        lease = await self.store.grant_lease(self.lease_ttl_s)
+        lease.on_expired = self._lease_expired
+        self._lease = lease
         registration = values.BrokerRegistration(
             admin_addr=f"http://{self.advertised_addr}",
             advertised_addr=self.advertised_addr,
             broker_addr=f"http://{self.advertised_addr}",
             prom_exporter=None,
         )
-        await self.store.put(keys.broker_register(self.broker_id), registration, lease=self._lease)
+        await self.store.put(keys.broker_register(self.broker_id), registration, lease=lease)
         await self.store.put_many(
             [
                 (keys.cluster_name(self.cluster_name), None),
-                (keys.broker_state(self.broker_id), values.BrokerState(mode="active", reason="boot")),
+                (keys.broker_state(self.broker_id), values.BrokerState(mode="active", reason=reason)),
             ]
         )
         await self._campaign()
         revision = await self.store.put(keys.load_report(self.broker_id), self.load_report())
         await self.cache.wait_for_revision(revision)
+        self._registered = True
+        return lease
+
+    def _lease_expired(self, lease: Lease) -> None:
+        """``lease`` is gone in etcd: register again now (the load reporter does it)."""
+        if lease is self._lease and not self._leaving:
+            self._registered = False
+            self._is_leader = False
+            self._report_wake.set()
 
     async def _campaign(self) -> None:
         if self._leaving or self._lease is None:
             return
+        lease = self._lease
+        if lease.expired:  # registering again runs for leader with the new lease
+            return
         try:
-            won = await self.store.put_if_absent(keys.CLUSTER_LEADER, self.broker_id, lease=self._lease)
+            won = await self.store.put_if_absent(keys.CLUSTER_LEADER, self.broker_id, lease=lease)
         except Exception as exc:  # noqa: BLE001 - retried on the next leader change
-            log.warning("leader election failed: %s", exc)
+            if "lease not found" in str(exc):  # it just expired: registering again runs for leader
+                log.info("leader election deferred: lease %d expired; registering again", lease.id)
+                self._lease_expired(lease)
+            else:
+                log.warning("leader election failed: %s", exc)
             return
         if won:
             self._is_leader = True
@@ -136,7 +175,7 @@ class Membership:
     def _on_leader_event(self, event: WatchEvent) -> None:
         if event.key == keys.CLUSTER_LEADER and event.type is WatchEventType.DELETE and not self._leaving:
             self._is_leader = False
-            asyncio.get_running_loop().create_task(self._campaign())
+            spawn(self._campaign(), name="leader-campaign")
 
     def load_report(self) -> values.LoadReport:
         """The value of ``/cluster/load/{id}`` now (§1.6)."""
@@ -151,17 +190,28 @@ class Membership:
         )
 
     async def _load_reporter(self) -> None:
+        outage = OutageLog(log, "registration and load report")
+        wait_s = self.load_report_interval_s
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._report_wake.wait(), self.load_report_interval_s)
+                await asyncio.wait_for(self._report_wake.wait(), wait_s)
             self._report_wake.clear()
+            if self._leaving:
+                return
             try:
-                if self._lease is not None and self._lease.expired:
-                    log.warning("registration lease %d expired; registering again", self._lease.id)
-                    await self._register()
-                await self.store.put(keys.load_report(self.broker_id), self.load_report())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("load report failed: %s", exc)
+                if not self._registered or self._lease is None or self._lease.expired:
+                    if not outage.failing:
+                        log.warning("broker %d: registration lease lost; registering again", self.broker_id)
+                    lease = await self._register(reason="registered again after its lease expired")
+                    log.info("broker %d registered again (lease %d)", self.broker_id, lease.id)
+                else:
+                    await self.store.put(keys.load_report(self.broker_id), self.load_report())
+            except Exception as exc:  # noqa: BLE001 - etcd unreachable: retried soon
+                outage.failed(exc)
+                wait_s = REREGISTER_RETRY_S
+                continue
+            outage.succeeded()
+            wait_s = self.load_report_interval_s
 
     async def mark_draining(self, reason: str) -> None:
         """Write state ``draining`` (§1.3); a failure is logged."""

@@ -25,6 +25,8 @@ class Producer:
         topic: the topic it publishes to.
         schema: the registered writer schema, if the producer declared one.
         parsed_schema: fastavro's parsed form of ``schema``.
+        sent_messages: messages accepted from it.
+        closed: set once it is closed (by the client, or its topic unloaded).
     """
 
     id: int
@@ -34,6 +36,7 @@ class Producer:
     schema: RegisteredSchema | None = None
     parsed_schema: Any = None
     sent_messages: int = field(default=0)
+    closed: bool = field(default=False)
 
     def check_batch_identity(self, header: BatchHeader) -> None:
         """A batch must carry this producer's id, name and schema: the broker stores the

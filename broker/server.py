@@ -27,15 +27,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
+from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.schema_registry import SchemaRegistry
 
 from broker import services
-from broker.config import BrokerConfig
+from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
 from broker.core import Broker
 from broker.membership import Membership
+from broker.status import tolerant_handler
+from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
+
+PRODUCER_SERVICE = "danube.v1.ProducerService"
+"""The health service name that turns ``NOT_SERVING`` while the WAL disk is full."""
 
 
 def load_or_create_broker_id(data_dir: Path) -> int:
@@ -71,6 +76,7 @@ def create_server(
     health_servicer: health.aio.HealthServicer,
     cluster_name: str,
     max_message_bytes: int,
+    max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
 ) -> tuple[aio.Server, int]:
     """Build the gRPC server with every Danube service and health, bound to ``address``.
 
@@ -80,6 +86,7 @@ def create_server(
         health_servicer: the ``grpc.health.v1`` servicer to expose.
         cluster_name: answered by ``Discovery.ClusterMetadata``.
         max_message_bytes: gRPC send and receive limit per message, in bytes.
+        max_unanswered_bytes: per ``SendStream``, batch bytes received and not answered, at most.
 
     Returns:
         The (not yet started) server and the bound port.
@@ -94,11 +101,17 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_ProducerServiceServicer_to_server(services.ProducerServicer(broker), server)
-    pb_grpc.add_ConsumerServiceServicer_to_server(services.ConsumerServicer(broker), server)
-    pb_grpc.add_DiscoveryServicer_to_server(services.DiscoveryServicer(broker, cluster_name), server)
-    pb_grpc.add_AdminServicer_to_server(services.AdminServicer(broker), server)
-    pb_grpc.add_SchemaRegistryServicer_to_server(services.SchemaRegistryServicer(broker), server)
+    servicers: dict[str, object] = {
+        "danube.v1.ProducerService": services.ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
+        "danube.v1.ConsumerService": services.ConsumerServicer(broker),
+        "danube.v1.Discovery": services.DiscoveryServicer(broker, cluster_name),
+        "danube.v1.Admin": services.AdminServicer(broker),
+        "danube.v1.SchemaRegistry": services.SchemaRegistryServicer(broker),
+    }
+    server.add_generic_rpc_handlers(
+        tuple(tolerant_handler(pb.DESCRIPTOR.services_by_name[name.rpartition(".")[2]], servicer)
+              for name, servicer in servicers.items())
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:
@@ -157,6 +170,7 @@ class BrokerServer:
             cache=cache,
             registry=SchemaRegistry(store),
             on_topics_changed=lambda: membership.topics_changed() if membership else None,
+            on_storage_full=self._storage_changed,
         )
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server, self.port = create_server(
@@ -165,6 +179,7 @@ class BrokerServer:
             health_servicer=self._health,
             cluster_name=cfg.cluster_name,
             max_message_bytes=cfg.grpc_max_message_bytes,
+            max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
         )
         host, _ = _split_host_port(cfg.listen)
         if cfg.advertised_addr:
@@ -186,6 +201,7 @@ class BrokerServer:
         await membership.join()
         await broker.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(PRODUCER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         if cfg.ready_file is not None:
             write_ready_file(
                 cfg.ready_file,
@@ -195,6 +211,14 @@ class BrokerServer:
             "broker %d serving on %s (advertised %s), %d topics loaded",
             self.broker_id, cfg.listen, self.advertised_addr, len(broker.topics),
         )
+
+    def _storage_changed(self, full: bool) -> None:
+        """Show a full WAL disk in health: ``danube.v1.ProducerService`` is ``NOT_SERVING``
+        while appends are refused (reads, and the overall status, go on)."""
+        if self._stopping:
+            return
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if full else health_pb2.HealthCheckResponse.SERVING
+        spawn(self._health.set(PRODUCER_SERVICE, status), name="health:producer")
 
     async def wait_closed(self) -> None:
         """Return once :meth:`stop` has finished."""

@@ -10,21 +10,33 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from danube_pipeline.errors import MalformedRequestError, SegmentNotFoundError
+from danube_pipeline.errors import (
+    ERROR_CLASS_METADATA_KEY,
+    ERROR_FIELDS_METADATA_KEY,
+    BatchNotAppendedError,
+    DanubeError,
+    MalformedRequestError,
+    SegmentNotFoundError,
+    encode_error_metadata,
+)
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
+from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
 from broker.consumer import Delivery
 from broker.core import Broker
+from broker.idempotency import RecentRequests
 from broker.producer import Producer
 from broker.status import rpc
+from broker.tasks import spawn
 from broker.topic import Topic
 from broker.wal import SealedSegment
 
@@ -45,6 +57,21 @@ def _segment_info(seg: SealedSegment) -> pb.SegmentInfo:
     )
 
 
+def _failed(fut: asyncio.Future[tuple[int, int]]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is not None
+
+
+def _error_status(error: DanubeError) -> pb.ErrorStatus:
+    """``error`` as data, with what a failed RPC carries as its status and trailing metadata."""
+    metadata = dict(encode_error_metadata(error))
+    return pb.ErrorStatus(
+        code=error.grpc_code.value[0],
+        message=str(error),
+        error_class=metadata[ERROR_CLASS_METADATA_KEY],
+        fields=metadata[ERROR_FIELDS_METADATA_KEY],
+    )
+
+
 def _batch_delivery(d: Delivery) -> pb.BatchDelivery:
     handout = d.handout
     return pb.BatchDelivery(
@@ -59,6 +86,7 @@ class ProducerBroker(Protocol):
     """What :class:`ProducerServicer` needs of the broker core (:class:`broker.core.Broker`)."""
 
     broker_id: int
+    requests: RecentRequests
 
     async def create_producer(
         self,
@@ -77,21 +105,34 @@ class ProducerBroker(Protocol):
 
 
 class ProducerServicer(pb_grpc.ProducerServiceServicer):
-    """``danube.v1.ProducerService``."""
+    """``danube.v1.ProducerService``.
 
-    def __init__(self, broker: ProducerBroker) -> None:
+    Args:
+        broker: the broker core.
+        max_unanswered_bytes: batch bytes one ``SendStream`` may have received and not
+            answered yet; above it the stream's requests are not read until answers go out.
+    """
+
+    def __init__(self, broker: ProducerBroker, *, max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES) -> None:
         self._broker = broker
+        self._max_unanswered_bytes = max_unanswered_bytes
 
     @rpc
     async def CreateProducer(self, request: pb.CreateProducerRequest, context: Any) -> pb.CreateProducerResponse:
         schema = request.schema if request.HasField("schema") else None
-        producer = await self._broker.create_producer(
-            request.topic,
-            request.producer_name,
-            access_mode=request.access_mode,
-            schema_id=schema.schema_id if schema else 0,
-            schema_version=schema.schema_version if schema else 0,
-            delivery=DeliveryMode.from_wire(request.delivery),
+        producer = await self._broker.requests.run(
+            "producer",
+            request.request_id,
+            functools.partial(
+                self._broker.create_producer,
+                request.topic,
+                request.producer_name,
+                access_mode=request.access_mode,
+                schema_id=schema.schema_id if schema else 0,
+                schema_version=schema.schema_version if schema else 0,
+                delivery=DeliveryMode.from_wire(request.delivery),
+            ),
+            still_valid=lambda p: not p.closed,
         )
         return pb.CreateProducerResponse(
             producer_id=producer.id,
@@ -111,34 +152,53 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
     ) -> AsyncIterator[pb.SendBatchResponse]:
         """Read requests in order, enqueue each append at once, answer in the same order.
 
-        The stream stops at the first request whose append failed (or was refused): later
-        requests would be persisted after a gap, so a client resending from the failed one
-        would duplicate and reorder.
+        A batch that is refused or whose append fails is answered with its error as data
+        (``SendBatchResponse.error``). Nothing after it is appended: later batches would be
+        persisted after a gap, so a client resending from the failed one would duplicate and
+        reorder; each is answered with :class:`~danube_pipeline.errors.BatchNotAppendedError`.
+        The broker keeps the stream open until the client ends it, so no write of the client
+        runs into a finished call and every answer arrives, in order.
+
+        Memory is bounded per stream: once ``max_unanswered_bytes`` of batches are received
+        and not answered, no more requests are read until answers go out (gRPC flow control
+        then holds the producer back).
         """
-        # The reader appends (sequence id, append future or error); None marks the end.
-        pending: collections.deque[tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None] = (
+        # The reader appends (sequence id, batch size, append future or error); None marks the end.
+        pending: collections.deque[tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException] | None] = (
             collections.deque()
         )
         arrived = asyncio.Event()
+        room = asyncio.Event()
+        unanswered = 0
 
-        def put(item: tuple[int, asyncio.Future[tuple[int, int]] | BaseException] | None) -> None:
+        def put(item: tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException] | None) -> None:
             pending.append(item)
             arrived.set()
 
         async def reader() -> None:
-            last: asyncio.Future[tuple[int, int]] | None = None
+            nonlocal unanswered
+            last: tuple[int, asyncio.Future[tuple[int, int]]] | None = None
+            failed: int | None = None  # sequence id of the first batch that failed
             try:
                 async for request in request_iterator:
-                    if last is not None and last.done() and not last.cancelled() and last.exception() is not None:
-                        put((request.sequence_id, last.exception() or RuntimeError("write failed")))
-                        return
+                    if failed is None and last is not None and _failed(last[1]):
+                        failed = last[0]
+                    if failed is not None:
+                        put((request.sequence_id, 0, BatchNotAppendedError(request.sequence_id, failed)))
+                        continue
+                    size = len(request.batch)
                     try:
                         fut = self._broker.publish(request.producer_id, request.batch)
-                    except Exception as exc:  # noqa: BLE001 - answered in order, then the stream ends
-                        put((request.sequence_id, exc))
-                        return
-                    last = fut
-                    put((request.sequence_id, fut))
+                    except Exception as exc:  # noqa: BLE001 - answered in order
+                        failed = request.sequence_id
+                        put((request.sequence_id, 0, exc))
+                        continue
+                    last = (request.sequence_id, fut)
+                    unanswered += size
+                    put((request.sequence_id, size, fut))
+                    while unanswered > self._max_unanswered_bytes:
+                        room.clear()
+                        await room.wait()
             finally:
                 put(None)
 
@@ -151,13 +211,22 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                 item = pending.popleft()
                 if item is None:
                     break
-                sequence_id, outcome = item
-                if isinstance(outcome, BaseException):
+                sequence_id, size, outcome = item
+                if not isinstance(outcome, BaseException):
+                    # Not shielded: if the stream dies, the append still completes (the WAL
+                    # resolves futures it finds still pending and skips cancelled ones).
+                    try:
+                        first, last = await outcome
+                    except DanubeError as exc:
+                        outcome = exc
+                    else:
+                        yield pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=sequence_id)
+                if isinstance(outcome, DanubeError):
+                    yield pb.SendBatchResponse(sequence_id=sequence_id, error=_error_status(outcome))
+                elif isinstance(outcome, BaseException):
                     raise outcome
-                # Not shielded: if the stream dies, the append still completes (the WAL resolves
-                # futures it finds still pending and skips cancelled ones).
-                first, last = await outcome
-                yield pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=sequence_id)
+                unanswered -= size
+                room.set()
             await reader_task
         finally:
             if not reader_task.done():
@@ -187,13 +256,19 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
             position = InitialPosition(request.initial_position)
         except ValueError as exc:
             raise MalformedRequestError(f"unknown initial position {request.initial_position}") from exc
-        consumer = await self._broker.subscribe(
-            request.topic,
-            request.subscription,
-            subscription_type=sub_type,
-            consumer_name=request.consumer_name or request.subscription,
-            initial_position=position,
-            receiver_queue_size=request.receiver_queue_size,
+        consumer = await self._broker.requests.run(
+            "consumer",
+            request.request_id,
+            functools.partial(
+                self._broker.subscribe,
+                request.topic,
+                request.subscription,
+                subscription_type=sub_type,
+                consumer_name=request.consumer_name or request.subscription,
+                initial_position=position,
+                receiver_queue_size=request.receiver_queue_size,
+            ),
+            still_valid=lambda c: not c.closed,
         )
         return pb.SubscribeResponse(consumer_id=consumer.id, broker_id=self._broker.broker_id)
 
@@ -205,8 +280,8 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
             async for group in consumer.deliveries():
                 yield pb.Deliveries(batches=[_batch_delivery(d) for d in group])
         finally:
-            task = asyncio.get_running_loop().create_task(sub.flush_cursor())
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            # A failure is counted by the cursor writer and retried at the next flush.
+            spawn(sub.flush_cursor(), name=f"cursor:{sub.topic}:{sub.name}", on_error=lambda _exc: None)
 
     @rpc
     async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
@@ -258,7 +333,11 @@ class AdminServicer(pb_grpc.AdminServicer):
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.CreateTopicResponse:
         name = TopicName.parse(request.topic)
-        created = await self._broker.create_topic(name, delivery=DeliveryMode.from_wire(request.delivery))
+        created = await self._broker.requests.run(
+            "topic",
+            request.request_id,
+            functools.partial(self._broker.create_topic, name, delivery=DeliveryMode.from_wire(request.delivery)),
+        )
         if not created:
             await self._broker.topic_for(name)  # load it if it is ours; NotServedHere if not
         return pb.CreateTopicResponse(created=created)
@@ -323,8 +402,6 @@ class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):
     async def RegisterSchema(self, request: pb.RegisterSchemaRequest, context: Any) -> pb.RegisterSchemaResponse:
         if request.schema_type != pb.AVRO:
             raise MalformedRequestError(f"unsupported schema type {request.schema_type}")
-        if not request.subject:
-            raise MalformedRequestError("subject is required")
         registered = await self._registry.register_avro(
             request.subject, request.raw_schema, created_by=request.created_by or "danube-client"
         )

@@ -5,6 +5,17 @@ as details, and trailing metadata carrying its class name and constructor argume
 (:func:`danube_pipeline.errors.encode_error_metadata`), so the client rebuilds the same typed
 exception with the same fields (``danube_pipeline.errors.error_from_status``). Anything else is
 a bug: it is logged with its traceback and answered ``INTERNAL``.
+
+Two more things happen here for every RPC:
+
+* Requests are decoded by :func:`tolerant_handler`: bytes that are not the request message
+  reach the servicer as :class:`UndecodableRequest` and are answered ``INVALID_ARGUMENT``
+  (:class:`~danube_pipeline.errors.MalformedRequestError`), where gRPC's own decoding would
+  answer ``UNKNOWN`` and log a traceback.
+* The client's deadline bounds the broker's etcd operations
+  (:func:`danube_pipeline.metadata.store.deadline_scope`): an etcd call that would outlive it
+  fails first with :class:`~danube_pipeline.errors.MetadataStoreError`, which the client
+  receives instead of ``DEADLINE_EXCEEDED``.
 """
 
 from __future__ import annotations
@@ -17,11 +28,103 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from danube_pipeline.errors import DanubeError, encode_error_metadata
+from danube_pipeline.errors import (
+    DanubeError,
+    MalformedRequestError,
+    encode_error_metadata,
+)
+from danube_pipeline.metadata.store import deadline_scope
 
 log = logging.getLogger(__name__)
+
+DEADLINE_MARGIN_S = 0.25
+"""etcd operations of an RPC end this long before the client's deadline (or a tenth of the
+time left, if less), leaving time to send the typed error back."""
+
+
+class UndecodableRequest:
+    """What a request that does not decode as its message becomes (see :func:`tolerant_handler`).
+
+    Attributes:
+        message_type: the full protobuf name of the expected message.
+        reason: the decoder's error, bounded.
+    """
+
+    __slots__ = ("message_type", "reason")
+
+    def __init__(self, message_type: str, reason: str) -> None:
+        self.message_type = message_type
+        self.reason = reason
+
+    def error(self) -> MalformedRequestError:
+        """The error the RPC answers with."""
+        return MalformedRequestError(f"the request does not decode as {self.message_type}: {self.reason}")
+
+
+def _tolerant_deserializer(message_class: type[Message]) -> Callable[[bytes], Message | UndecodableRequest]:
+    name = message_class.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Message | UndecodableRequest:
+        try:
+            return message_class.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return UndecodableRequest(name, str(exc)[:200] or type(exc).__name__)
+
+    return deserialize
+
+
+def tolerant_handler(service: ServiceDescriptor, servicer: object) -> grpc.GenericRpcHandler:
+    """The gRPC handler of every method of ``service``, calling the same-named methods of
+    ``servicer`` (what the generated ``add_*Servicer_to_server`` registers), with requests
+    decoded by a deserializer that never raises: undecodable bytes arrive as
+    :class:`UndecodableRequest`, which :func:`rpc` answers ``INVALID_ARGUMENT``.
+
+    Args:
+        service: the protobuf service descriptor (``danube_pb2.DESCRIPTOR.services_by_name``).
+        servicer: an object with one :func:`rpc`-decorated method per RPC.
+
+    Returns:
+        A handler for ``server.add_generic_rpc_handlers``.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        behaviour = getattr(servicer, method.name)
+        deserialize = _tolerant_deserializer(method.input_type._concrete_class)
+        serialize = method.output_type._concrete_class.SerializeToString
+        if method.client_streaming and method.server_streaming:
+            factory = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
+            factory = grpc.unary_stream_rpc_method_handler
+        elif method.client_streaming:
+            factory = grpc.stream_unary_rpc_method_handler
+        else:
+            factory = grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = factory(behaviour, request_deserializer=deserialize, response_serializer=serialize)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The requests of a client stream; an undecodable one ends it with its error.
+
+    Raises:
+        MalformedRequestError: a request did not decode.
+    """
+    async for request in requests:
+        if isinstance(request, UndecodableRequest):
+            raise request.error()
+        yield request
+
+
+def _deadline_budget(context: Any) -> float | None:
+    """Seconds the RPC's etcd operations may take: the client's time left less a margin."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return max(remaining - min(DEADLINE_MARGIN_S, remaining / 10), 0.0)
 
 
 async def abort_with(context: aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
@@ -48,8 +151,13 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         async def stream_wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
             try:
-                async for item in fn(self, request, context):
-                    yield item
+                if isinstance(request, UndecodableRequest):
+                    raise request.error()
+                if not isinstance(request, Message):  # a client stream
+                    request = checked_requests(request)
+                with deadline_scope(_deadline_budget(context)):
+                    async for item in fn(self, request, context):
+                        yield item
             except BaseException as exc:
                 if _passthrough(exc) or not isinstance(exc, Exception):
                     raise
@@ -60,7 +168,10 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def unary_wrapper(self: Any, request: Any, context: Any) -> Any:
         try:
-            return await fn(self, request, context)
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
+            with deadline_scope(_deadline_budget(context)):
+                return await fn(self, request, context)
         except BaseException as exc:
             if _passthrough(exc) or not isinstance(exc, Exception):
                 raise
@@ -69,4 +180,4 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
     return unary_wrapper
 
 
-__all__ = ["abort_with", "rpc"]
+__all__ = ["UndecodableRequest", "abort_with", "checked_requests", "rpc", "tolerant_handler"]

@@ -25,12 +25,19 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from danube_pipeline.errors import SubscriptionBusyError
 from danube_pipeline.modes import SubscriptionType
 
-from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer, Handout
+from broker.consumer import (
+    DEFAULT_MAX_BUFFER_BYTES,
+    DEFAULT_RECEIVER_QUEUE_SIZE,
+    Consumer,
+    Handout,
+)
+from broker.tasks import spawn
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,7 @@ class Subscription:
         cursor_flush_acks: persist after this many acks (§3.5: 1000).
         on_active_change: called with the new active consumer (or ``None``) when the active
             consumer leaves (the caller records the first consumer itself).
+        on_idle: called with this subscription when its last consumer leaves.
     """
 
     def __init__(
@@ -68,6 +76,7 @@ class Subscription:
         persist_cursor: Callable[[int], Awaitable[None]],
         cursor_flush_acks: int = 1000,
         on_active_change: Callable[[Consumer | None], None] | None = None,
+        on_idle: Callable[[Subscription], None] | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -83,6 +92,8 @@ class Subscription:
         self._persisted_cursor = persisted_cursor
         self._persist_cursor = persist_cursor
         self._on_active_change = on_active_change
+        self._on_idle = on_idle
+        self._idle_since = time.monotonic()
         self._acks_since_flush = 0
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
@@ -130,10 +141,22 @@ class Subscription:
         """Exclusive/Failover: the consumer receiving messages; Shared: the first consumer."""
         return self.consumers[0] if self.consumers else None
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the last consumer left; 0 while a consumer is attached."""
+        return 0.0 if self.consumers else time.monotonic() - self._idle_since
+
     def add_consumer(
-        self, consumer_id: int, name: str, subscription_type: SubscriptionType, receiver_queue_size: int
+        self,
+        consumer_id: int,
+        name: str,
+        subscription_type: SubscriptionType,
+        receiver_queue_size: int,
+        *,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> Consumer:
-        """Attach a new consumer.
+        """Attach a new consumer with a window of ``receiver_queue_size`` messages and at most
+        ``max_buffer_bytes`` of batches queued for its stream.
 
         Raises:
             SubscriptionBusyError: Exclusive subscription already has a consumer, or consumers
@@ -146,7 +169,9 @@ class Subscription:
         if self.type == SubscriptionType.EXCLUSIVE and self.consumers:
             raise SubscriptionBusyError(self.name, "an Exclusive subscription allows one consumer")
         self.type = subscription_type
-        consumer = Consumer(consumer_id, name, self, receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE)
+        consumer = Consumer(
+            consumer_id, name, self, receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE, max_buffer_bytes=max_buffer_bytes
+        )
         self.consumers.append(consumer)
         asyncio.get_running_loop().call_later(ATTACH_TIMEOUT_S, self._expire_unattached, consumer)
         self._wake.set()
@@ -158,6 +183,10 @@ class Subscription:
 
     def consumer_attached(self, consumer: Consumer) -> None:
         """A consumer opened its Receive stream: dispatch to it."""
+        self._wake.set()
+
+    def consumer_has_room(self, consumer: Consumer) -> None:
+        """A consumer's stream took batches from its full buffer: dispatch to it again."""
         self._wake.set()
 
     def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
@@ -178,6 +207,7 @@ class Subscription:
         taken_back = len(consumer.handouts)
         consumer.handouts.clear()
         consumer.queue.clear()
+        consumer.queued_bytes = 0
         consumer.unacked = 0
         with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
@@ -187,6 +217,10 @@ class Subscription:
         )
         if was_active and self._on_active_change is not None:
             self._on_active_change(self.active_consumer)
+        if not self.consumers:
+            self._idle_since = time.monotonic()
+            if self._on_idle is not None and not self._closed:
+                self._on_idle(self)
         self._wake.set()
 
     # ------------------------------------------------------------------ acks
@@ -199,8 +233,11 @@ class Subscription:
         """Acknowledge every offset of the inclusive ``(first, last)`` ranges, by any consumer of
         the subscription; schedules a cursor write every ``cursor_flush_acks`` acks.
 
-        Offsets not handed out, or already acknowledged, are ignored.
+        Offsets not handed out, or already acknowledged, are ignored, and so is every ack
+        once the subscription is closed (unloaded: a new instance owns the cursor).
         """
+        if self._closed:
+            return
         n = 0
         for first, last in ranges:
             if last < first:
@@ -218,7 +255,10 @@ class Subscription:
                     i += 1
         self._acks_since_flush += n
         if self._acks_since_flush >= self.cursor_flush_acks and (self._flush_task is None or self._flush_task.done()):
-            self._flush_task = asyncio.create_task(self.flush_cursor())
+            # A failure is counted by the cursor writer and retried at the next flush.
+            self._flush_task = spawn(
+                self.flush_cursor(), name=f"cursor:{self.topic}:{self.name}", on_error=lambda _exc: None
+            )
         self._wake.set()
 
     @property
@@ -228,11 +268,16 @@ class Subscription:
         return cursor is not None and cursor != self._persisted_cursor
 
     async def flush_cursor(self) -> None:
-        """Store the cursor if it changed since the last write.
+        """Store the cursor if it changed since the last write (not after :meth:`close`).
 
         Raises:
             MetadataStoreError: etcd refused or could not be reached (retried next flush).
         """
+        if self._closed:
+            return
+        await self._flush()
+
+    async def _flush(self) -> None:
         async with self._flush_lock:
             cursor = self.cursor
             if cursor is None or cursor == self._persisted_cursor:
@@ -325,8 +370,13 @@ class Subscription:
             else:
                 await self._wake.wait()
 
-    async def close(self) -> None:
-        """Stop dispatching, end every consumer's stream, and store the cursor."""
+    async def close(self, *, store_cursor: bool = True) -> None:
+        """Stop dispatching, end every consumer's stream, and store the cursor (unless
+        ``store_cursor`` is false).
+
+        Raises:
+            MetadataStoreError: the cursor could not be stored.
+        """
         if self._closed:
             return
         self._closed = True
@@ -340,4 +390,5 @@ class Subscription:
         if self._flush_task is not None:
             with contextlib.suppress(Exception):
                 await self._flush_task
-        await self.flush_cursor()
+        if store_cursor:
+            await self._flush()

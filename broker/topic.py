@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import fastavro
@@ -17,10 +19,15 @@ from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
 from danube_pipeline.names import TopicName
 
-from broker.config import DEFAULT_MAX_BATCH_BYTES
+from broker.config import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
+    DEFAULT_SUBSCRIPTION_IDLE_S,
+)
 from broker.consumer import Consumer
 from broker.producer import Producer
 from broker.subscription import Subscription
+from broker.tasks import BackgroundWrites, spawn
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -34,9 +41,13 @@ class Topic:
         wal: its opened write-ahead log.
         store: etcd, for writes (producers, subscriptions, cursors).
         cache: the broker's LocalCache, for reads (policy, cursors).
+        background: where writes that must eventually happen are retried (the active
+            consumer, undoing a failed subscribe); its outage log also counts cursor writes.
         delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
         cursor_flush_acks: see :class:`broker.subscription.Subscription`.
         max_batch_bytes: largest record batch a producer may send, in bytes.
+        max_consumer_buffer_bytes: see :class:`broker.consumer.Consumer`.
+        subscription_idle_s: a subscription without consumers is unloaded after this long.
     """
 
     def __init__(
@@ -46,9 +57,12 @@ class Topic:
         *,
         store: MetadataWriter,
         cache: MetadataReader,
+        background: BackgroundWrites,
         delivery: DeliveryMode = DeliveryMode.RELIABLE,
         cursor_flush_acks: int = 1000,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        max_consumer_buffer_bytes: int = DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
+        subscription_idle_s: float = DEFAULT_SUBSCRIPTION_IDLE_S,
     ) -> None:
         self.name = name
         self.wal = wal
@@ -57,8 +71,13 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self._store = store
         self._cache = cache
+        self._background = background
         self._cursor_flush_acks = cursor_flush_acks
         self.max_batch_bytes = max_batch_bytes
+        self.max_consumer_buffer_bytes = max_consumer_buffer_bytes
+        self.subscription_idle_s = subscription_idle_s
+        self._unloaded_cursors: dict[str, int] = {}  # last cursor of unloaded subscriptions
+        self._doomed: dict[str, float] = {}  # subscriptions whose first Subscribe failed
         self._policy_key = keys.namespace_policy(name.namespace)
         self._policy_raw: object = None
         self._policy: values.NamespacePolicy | None = None
@@ -147,46 +166,33 @@ class Topic:
         consumer_name: str,
         earliest: bool,
         receiver_queue_size: int,
+        on_uncertain_write: Callable[[], None] = lambda: None,
     ) -> Consumer:
-        """Attach a consumer, creating the subscription if needed, and record it in etcd.
+        """Attach a consumer, creating (or loading) the subscription if needed, and record it
+        in etcd.
 
-        The start position of a new subscription is the stored cursor + 1 if one exists, else
-        the first local offset (EARLIEST) or the next offset (LATEST).
+        The start position of a subscription loaded here is the stored cursor + 1 if one
+        exists, else the first local offset (EARLIEST) or the next offset (LATEST).
 
         Raises:
             SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
-            MetadataStoreError: etcd could not be written.
+            MetadataStoreError: etcd could not be written. A subscription this call created is
+                unloaded again, and :meth:`reconcile_subscriptions` deletes its keys if etcd
+                applies the failed writes later (``on_uncertain_write`` is called to start it).
         """
         async with self._subscribe_lock:
             sub = self.subscriptions.get(subscription)
+            sub_key = keys.topic_subscription(self.name, subscription)
+            created = sub is None and self._cache.get(sub_key) is None
             if sub is None:
-                stored = self._cache.get(keys.subscription_cursor(self.name, subscription))
-                cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
-                if cursor is not None:
-                    # A cursor older than the WAL start (e.g. after a topic move) resumes at
-                    # the first offset held locally.
-                    start = max(cursor + 1, self.wal.first_offset)
-                elif earliest:
-                    start = self.wal.first_offset
-                else:
-                    start = self.wal.next_offset
-                sub = Subscription(
-                    topic=self.path,
-                    name=subscription,
-                    subscription_type=subscription_type,
-                    wal=self.wal,
-                    start_offset=start,
-                    persisted_cursor=cursor,
-                    persist_cursor=self._cursor_writer(subscription),
-                    cursor_flush_acks=self._cursor_flush_acks,
-                    on_active_change=functools.partial(self._active_changed, subscription),
-                )
-                self.subscriptions[subscription] = sub
-                log.info("%s: subscription %s (%s) starts at offset %d", self.path, subscription, subscription_type.name, start)
-            consumer = sub.add_consumer(consumer_id, consumer_name, subscription_type, receiver_queue_size)
+                sub = self._load_subscription(subscription, subscription_type, earliest)
+            consumer = sub.add_consumer(
+                consumer_id, consumer_name, subscription_type, receiver_queue_size,
+                max_buffer_bytes=self.max_consumer_buffer_bytes,
+            )
             try:
                 await self._store.put(
-                    keys.topic_subscription(self.name, subscription),
+                    sub_key,
                     values.SubscriptionMetadata(
                         consumer_id=sub.active_consumer.id if sub.active_consumer else None,
                         consumer_name=consumer_name,
@@ -198,14 +204,107 @@ class Topic:
                     await sub.flush_cursor()
             except BaseException:
                 sub.remove_consumer(consumer, reason="subscribe failed")
+                if created and not sub.consumers:
+                    await self._drop_created_subscription(sub)
+                    on_uncertain_write()
                 raise
+            self._doomed.pop(subscription, None)
             return consumer
+
+    def _load_subscription(self, name: str, subscription_type: SubscriptionType, earliest: bool) -> Subscription:
+        stored = self._cache.get(keys.subscription_cursor(self.name, name))
+        cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+        unloaded = self._unloaded_cursors.pop(name, None)
+        if unloaded is not None and (cursor is None or unloaded > cursor):
+            cursor = unloaded  # stored while unloading; the cache may not have it yet
+        if cursor is not None:
+            # A cursor older than the WAL start (e.g. after a topic move) resumes at the first
+            # offset held locally.
+            start = max(cursor + 1, self.wal.first_offset)
+        elif earliest:
+            start = self.wal.first_offset
+        else:
+            start = self.wal.next_offset
+        sub = Subscription(
+            topic=self.path,
+            name=name,
+            subscription_type=subscription_type,
+            wal=self.wal,
+            start_offset=start,
+            persisted_cursor=cursor,
+            persist_cursor=self._cursor_writer(name),
+            cursor_flush_acks=self._cursor_flush_acks,
+            on_active_change=functools.partial(self._active_changed, name),
+            on_idle=self._subscription_idle,
+        )
+        self.subscriptions[name] = sub
+        log.info("%s: subscription %s (%s) starts at offset %d", self.path, name, subscription_type.name, start)
+        return sub
+
+    async def _drop_created_subscription(self, sub: Subscription) -> None:
+        """Unload a subscription whose first ``Subscribe`` failed; its keys, if etcd writes
+        them after all, are deleted by :meth:`reconcile_subscriptions`."""
+        if self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+        await sub.close(store_cursor=False)
+        self._doomed[sub.name] = time.monotonic()
+        log.info("%s: subscription %s unloaded again: its Subscribe failed", self.path, sub.name)
+
+    async def reconcile_subscriptions(self, *, done: bool = False) -> None:
+        """Delete the keys of every subscription whose first ``Subscribe`` failed and that was
+        not created since (``docs/etcd-layout.md`` §3.4, §3.5); forget them when ``done``.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        async with self._subscribe_lock:
+            for name in list(self._doomed):
+                if name in self.subscriptions:
+                    del self._doomed[name]
+                    continue
+                removed = 0
+                for key in (keys.subscription_cursor(self.name, name), keys.topic_subscription(self.name, name)):
+                    removed += await self._store.delete(key)
+                if removed:
+                    log.info("%s: keys of subscription %s deleted: its Subscribe failed", self.path, name)
+            if done:
+                self._doomed.clear()
+
+    def _subscription_idle(self, sub: Subscription) -> None:
+        """``sub`` has no consumer left: unload it if it stays so for ``subscription_idle_s``."""
+        asyncio.get_running_loop().call_later(
+            self.subscription_idle_s, lambda: spawn(self._unload_if_idle(sub), name=f"unload:{self.path}:{sub.name}")
+        )
+
+    async def _unload_if_idle(self, sub: Subscription) -> None:
+        async with self._subscribe_lock:
+            if self.closed or self.subscriptions.get(sub.name) is not sub or sub.consumers:
+                return
+            if sub.idle_s < self.subscription_idle_s:
+                self._subscription_idle(sub)  # a consumer came and went meanwhile
+                return
+            try:
+                await sub.flush_cursor()
+            except Exception:  # noqa: BLE001 - counted by the cursor writer; try again later
+                self._subscription_idle(sub)
+                return
+            del self.subscriptions[sub.name]
+            if sub.cursor is not None:
+                self._unloaded_cursors[sub.name] = sub.cursor
+            await sub.close(store_cursor=False)
+            log.info("%s: subscription %s unloaded after %.0f s without consumers", self.path, sub.name, sub.idle_s)
 
     def _cursor_writer(self, subscription: str) -> Callable[[int], Awaitable[None]]:
         key = keys.subscription_cursor(self.name, subscription)
+        outage = self._background.outage
 
         async def write(cursor: int) -> None:
-            await self._store.put(key, cursor)
+            try:
+                await self._store.put(key, cursor)
+            except Exception as exc:
+                outage.failed(exc)
+                raise
+            outage.succeeded()
 
         return write
 
@@ -221,22 +320,18 @@ class Topic:
             subscription_name=subscription,
             subscription_type=int(sub.type),
         )
-
-        async def write() -> None:
-            try:
-                await self._store.put(keys.topic_subscription(self.name, subscription), value)
-            except Exception as exc:  # noqa: BLE001 - best effort, rewritten on next change
-                log.warning("%s/%s: cannot record the active consumer: %s", self.path, subscription, exc)
-
-        asyncio.get_running_loop().create_task(write())
+        key = keys.topic_subscription(self.name, subscription)
+        self._background.submit(key, functools.partial(self._store.put, key, value))
 
     async def flush_cursors(self) -> None:
-        """Store every changed subscription cursor (``docs/etcd-layout.md`` §3.5); errors are logged."""
+        """Store every changed subscription cursor (``docs/etcd-layout.md`` §3.5).
+
+        Failures are counted by the outage log (one warning per etcd outage) and retried at
+        the next flush.
+        """
         for sub in list(self.subscriptions.values()):
-            try:
+            with contextlib.suppress(Exception):
                 await sub.flush_cursor()
-            except Exception as exc:  # noqa: BLE001 - retried at the next flush
-                log.warning("%s/%s: cursor flush failed: %s", self.path, sub.name, exc)
 
     async def close(self) -> None:
         """Close every subscription (storing cursors) and the WAL (synced)."""

@@ -325,13 +325,25 @@ def batch_records(data: bytes | memoryview, position: int = 0) -> Iterator[Recor
 # --------------------------------------------------------------------------- writing
 
 
+def _encode_text(text: str, what: str) -> bytes:
+    """``text`` in UTF-8.
+
+    Raises:
+        MalformedRequestError: ``text`` holds a lone surrogate, which UTF-8 cannot carry.
+    """
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise _malformed(f"{what} is not encodable as UTF-8: {exc}") from exc
+
+
 def _encode_attributes(attributes: Mapping[str, str]) -> bytes:
     if len(attributes) > _MAX_U16:
         raise _malformed(f"{len(attributes)} attributes, at most {_MAX_U16}")
     parts = []
     for name, value in attributes.items():
-        k = name.encode()
-        v = value.encode()
+        k = _encode_text(name, "an attribute name")
+        v = _encode_text(value, "an attribute value")
         if len(k) > _MAX_U16:
             raise _malformed(f"attribute name of {len(k)} bytes, at most {_MAX_U16}")
         if len(v) > _MAX_U32:
@@ -409,13 +421,14 @@ class BatchBuilder:
         Raises:
             MalformedRequestError: an attribute or the record breaks a limit of the format
                 (more than 65,535 attributes, an attribute name over 65,535 bytes, a record
-                over 4 GiB, a timestamp before the batch's first).
+                over 4 GiB, a timestamp before the batch's first), or the key or an attribute
+                is not encodable as UTF-8 (a lone surrogate); the builder is unchanged then.
         """
         delta = timestamp_us - self.first_timestamp_us
         if not 0 <= delta <= _MAX_U32:
             raise _malformed(f"timestamp {timestamp_us} is not within 4295 s after the batch's first")
         attrs = _encode_attributes(attributes) if attributes else b""
-        key_bytes = key.encode() if key is not None else b""
+        key_bytes = _encode_text(key, "the key") if key is not None else b""
         length = _RECORD_MIN_LENGTH + len(key_bytes) + len(attrs) + len(payload)
         if length > _MAX_U32:
             raise _malformed(f"record of {length} bytes, at most {_MAX_U32}")
@@ -441,11 +454,12 @@ class BatchBuilder:
         """The batch, base offset 0, CRC computed.
 
         Raises:
-            MalformedRequestError: no record was appended, or the producer name is over 65,535 bytes.
+            MalformedRequestError: no record was appended, or the producer name is over 65,535
+                bytes or not encodable as UTF-8 (a lone surrogate).
         """
         if not self.record_count:
             raise _malformed("a batch holds at least one record")
-        name = producer_name.encode()
+        name = _encode_text(producer_name, "the producer name")
         if len(name) > _MAX_U16:
             raise _malformed(f"producer name of {len(name)} bytes, at most {_MAX_U16}")
         fixed = _FIXED.pack(

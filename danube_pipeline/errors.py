@@ -208,6 +208,37 @@ class MetadataStoreError(DanubeError):
         super().__init__(f"metadata store {operation} failed: {reason}")
 
 
+class StorageFullError(DanubeError):
+    """The broker's disk has no room for a write (``ENOSPC`` or ``EDQUOT``).
+
+    Nothing of the refused batch was kept. Retriable: the broker keeps serving reads, and
+    publishing resumes by itself once space is freed.
+    """
+
+    retriable = True
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"storage full at {bounded(path)}: {reason}")
+
+
+class BatchNotAppendedError(DanubeError):
+    """A batch of a ``SendStream`` was not appended because an earlier batch of the same stream
+    failed: resend from the failed batch, on a new stream, to keep the order."""
+
+    retriable = True
+    grpc_code = grpc.StatusCode.ABORTED
+
+    def __init__(self, sequence_id: int, failed_sequence_id: int) -> None:
+        self.sequence_id = sequence_id
+        self.failed_sequence_id = failed_sequence_id
+        super().__init__(
+            f"batch {sequence_id} not appended: batch {failed_sequence_id} of this stream failed before it"
+        )
+
+
 class OffsetRangeError(DanubeError):
     """Offsets were not contiguous where the design requires them to be."""
 
@@ -251,6 +282,8 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     BrokerUnavailableError,
     MetadataStoreError,
     OffsetRangeError,
+    StorageFullError,
+    BatchNotAppendedError,
 )
 """The error classes that travel from broker to client with their typed fields."""
 

@@ -1,30 +1,90 @@
-"""Topic, namespace and subscription names.
+"""Name grammars: one per kind of name, checked with a full match on client and broker alike.
 
-A topic name is ``/{namespace}/{topic}`` (``docs/etcd-layout.md``, "Conventions").
-Both parts are 1 to 128 characters from ``[A-Za-z0-9_-]`` so they embed unescaped in etcd key
-paths, object-store paths, Iceberg identifiers and Dagster partition keys.
+Every name embeds unescaped in etcd key paths, WAL directory names, object-store paths, Iceberg
+identifiers and Dagster partition keys, so each kind has one grammar (``docs/etcd-layout.md``,
+"Name grammar"):
+
+==============================================  ==============================  ===============
+kind                                            characters                      length (bytes)
+==============================================  ==============================  ===============
+namespace, topic, subscription, producer,       ``[A-Za-z0-9_-]``               1-128
+consumer
+schema subject                                  ``[A-Za-z0-9._-]``, first       1-255
+                                                character a letter or digit
+cluster name                                    ``[A-Za-z0-9_-]``, not one of   1-128
+                                                :data:`RESERVED_CLUSTER_NAMES`
+==============================================  ==============================  ===============
+
+Names are ASCII, so characters and bytes count the same. Matching uses :func:`re.fullmatch`
+(``$`` would also match before a trailing newline). Errors quote a bounded prefix of the bad
+input (:func:`danube_pipeline.errors.bounded`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 from danube_pipeline.errors import InvalidNameError
 
-_PART = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+MAX_NAME_BYTES: Final = 128
+"""Longest namespace, topic, subscription, producer, consumer or cluster name."""
+
+MAX_SUBJECT_BYTES: Final = 255
+"""Longest schema subject."""
+
+_PART = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_SUBJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+RESERVED_CLUSTER_NAMES: Final = frozenset({"register", "brokers", "unassigned", "load", "leader"})
+"""Children of ``/cluster`` other than the cluster name itself (``docs/etcd-layout.md`` §1)."""
 
 
 def validate_part(kind: str, value: str) -> str:
-    """Check one name part (namespace, topic, subscription, producer or consumer name).
+    """Check one name (namespace, topic, subscription, producer or consumer).
+
+    Returns:
+        ``value`` unchanged.
 
     Raises:
-        InvalidNameError: if ``value`` is empty, longer than 128 characters or has a character
-            outside ``[A-Za-z0-9_-]``.
+        InvalidNameError: if ``value`` is not 1-128 characters of ``[A-Za-z0-9_-]``.
     """
-    if not _PART.match(value):
+    if _PART.fullmatch(value) is None:
         raise InvalidNameError(kind, value, "must be 1-128 characters of [A-Za-z0-9_-]")
     return value
+
+
+def validate_subject(subject: str) -> str:
+    """Check a schema subject (``docs/etcd-layout.md`` §4.2).
+
+    Returns:
+        ``subject`` unchanged.
+
+    Raises:
+        InvalidNameError: if ``subject`` is not 1-255 characters of ``[A-Za-z0-9._-]`` starting
+            with a letter or digit (``_global`` and ``_index`` are reserved, §4.1 and §4.4).
+    """
+    if _SUBJECT.fullmatch(subject) is None:
+        raise InvalidNameError(
+            "schema subject",
+            subject,
+            "must be 1-255 characters of [A-Za-z0-9._-], starting with a letter or digit",
+        )
+    return subject
+
+
+def validate_cluster_name(name: str) -> str:
+    """Check a cluster name (``docs/etcd-layout.md`` §1.1).
+
+    Raises:
+        InvalidNameError: if ``name`` is not 1-128 characters of ``[A-Za-z0-9_-]`` or is one of
+            :data:`RESERVED_CLUSTER_NAMES`.
+    """
+    validate_part("cluster", name)
+    if name in RESERVED_CLUSTER_NAMES:
+        raise InvalidNameError("cluster", name, f"{name!r} is a reserved key under /cluster")
+    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
+import re
 import time
 from typing import Any
 
@@ -33,11 +35,27 @@ from danube_pipeline.metadata.values import (
     SchemaMetadata,
     SchemaVersion,
 )
+from danube_pipeline.names import validate_part, validate_subject
 
 __all__ = ["RegisteredSchema", "SchemaRegistry", "avro_fingerprint", "parse_avro"]
 
 AVRO = "Avro"
 DEFAULT_COMPATIBILITY_MODE = "Backward"
+
+MAX_SCHEMA_BYTES = 256 * 1024
+"""Largest schema definition accepted, in bytes of UTF-8 JSON (``docs/etcd-layout.md`` §4.3)."""
+MAX_SCHEMA_DEPTH = 64
+"""Deepest nesting of JSON objects and arrays accepted in a schema definition."""
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_DEPTH_STEP = {"{": 1, "[": 1, "}": -1, "]": -1}
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of objects and arrays in JSON ``text``, found without recursion
+    (strings are skipped; malformed text gets some number, and fails to parse later)."""
+    brackets = (_DEPTH_STEP.get(ch, 0) for ch in _JSON_STRING.sub("", text) if ch in _DEPTH_STEP)
+    return max(itertools.accumulate(brackets, initial=0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,8 +87,15 @@ def parse_avro(subject: str, raw_schema: str) -> Any:
         ``str`` for a primitive; a ``list`` for a union.
 
     Raises:
-        InvalidSchemaError: if ``raw_schema`` is not JSON or not a valid Avro schema.
+        InvalidSchemaError: if ``raw_schema`` is over :data:`MAX_SCHEMA_BYTES`, nests deeper
+            than :data:`MAX_SCHEMA_DEPTH`, is not JSON or is not a valid Avro schema.
     """
+    size = len(raw_schema.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidSchemaError(subject, f"{size} bytes, more than the {MAX_SCHEMA_BYTES} allowed")
+    depth = _json_depth(raw_schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidSchemaError(subject, f"nested {depth} levels deep, more than the {MAX_SCHEMA_DEPTH} allowed")
     try:
         loaded = json.loads(raw_schema)
     except ValueError as exc:
@@ -131,20 +156,21 @@ class SchemaRegistry:
         the id counter for a new subject); the loser re-reads and retries.
 
         Args:
-            subject: the subject name (one etcd path segment: no ``/``).
+            subject: the subject name (``danube_pipeline.names.validate_subject``).
             raw_schema: Avro schema JSON text, stored verbatim.
-            created_by: recorded in ``created_by``.
+            created_by: recorded in ``created_by``; a name of the producer grammar.
 
         Returns:
             The registered (or already existing) version.
 
         Raises:
-            InvalidSchemaError: if the schema does not parse, or ``subject`` is empty,
-                contains ``/`` or starts with ``_`` (reserved for ``_global``/``_index``).
+            InvalidNameError: ``subject`` or ``created_by`` breaks its grammar
+                (``docs/etcd-layout.md``, "Name grammar").
+            InvalidSchemaError: the schema is too large, too deep, or does not parse.
             MetadataStoreError: if etcd cannot be reached.
         """
-        if not subject or "/" in subject or subject.startswith("_"):
-            raise InvalidSchemaError(subject, "subject must be non-empty, without '/', not '_…'")
+        validate_subject(subject)
+        validate_part("created_by", created_by)
         fingerprint = _fingerprint_of(parse_avro(subject, raw_schema))
         metadata_key = keys.schema_metadata(subject)
         while True:

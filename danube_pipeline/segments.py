@@ -197,7 +197,8 @@ def decode_segment(
     data: bytes | memoryview, *, where: str = "segment", index_interval_records: int = 1000
 ) -> DecodedSegment:
     """Decode and verify a complete segment of either version (header, every CRC, contiguous
-    offsets).
+    offsets, and in version 2 every batch's record framing, as
+    :func:`~danube_pipeline.batches.validate_batch` checks it).
 
     Args:
         data: the segment or ``.dnb1`` object bytes.
@@ -205,7 +206,8 @@ def decode_segment(
         index_interval_records: records between entries of the sparse offset index.
 
     Raises:
-        CorruptRecordError: bad header, torn or corrupt batch or record.
+        CorruptRecordError: bad header, torn or corrupt batch or record, or a batch whose CRC
+            matches but whose records break the framing.
         OffsetRangeError: offsets not contiguous from the header's start offset.
     """
     header = SegmentHeader.decode(data, where=where)
@@ -230,6 +232,11 @@ def decode_segment(
                 index.append([batch.base_offset, pos])
                 next_index_at = batch.base_offset + index_interval_records
             try:
+                # The CRC only proves the bytes are the ones written: check the record framing
+                # too, as the broker did before appending, so a batch whose records break it
+                # (trailing bytes, a key or payload running past its record) is never decoded
+                # into truncated records.
+                batches.validate_batch(batch.data)
                 records.extend(batches.batch_records(batch.data))
             except (MalformedRequestError, struct.error, UnicodeDecodeError) as exc:
                 raise CorruptRecordError(where, pos, f"undecodable batch: {exc}") from exc

@@ -4,10 +4,13 @@ files, with typed in-memory stand-ins for etcd."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from helpers import eventually
 
@@ -16,7 +19,10 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.values import JsonRecord, JsonValue
 from danube_pipeline.modes import SubscriptionType
 from danube_pipeline.names import TopicName
+from danube_pipeline.outages import OutageLog
 from danube_pipeline.proto import danube_pb2 as pb
+
+from broker.tasks import BackgroundWrites
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -41,6 +47,14 @@ class _RecordingStore:
         self.puts.append((key, value))
         return len(self.puts)
 
+    async def delete(self, key: str) -> bool:
+        self.puts.append((key, None))
+        return True
+
+
+def _background() -> BackgroundWrites:
+    return BackgroundWrites(OutageLog(logging.getLogger("test"), "test writes"))
+
 
 def _batch(*payloads: bytes, producer_id: int = 1, producer_name: str = "p") -> tuple[bytes, int]:
     """One record batch of ``payloads``, as a producer frames it, and its record count."""
@@ -52,7 +66,8 @@ def _batch(*payloads: bytes, producer_id: int = 1, producer_name: str = "p") -> 
 
 async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the WAL write of batch N fails, SendStream must not publish later batches: they
-    would persist after the gap and a client resending from N would duplicate and reorder.
+    would persist after the gap and a client resending from N would duplicate and reorder. Every
+    batch is answered, errors as data, and the broker does not end the stream first.
 
     FAKE fault injection: ``os.fdatasync`` (as used by broker.wal) raises ENOSPC on its second
     call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
@@ -64,7 +79,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     from broker.wal import WriteAheadLog
 
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
-    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache())
+    topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache(), background=_background())
     producer = Producer(id=1, name="p", access_mode=0, topic=topic)
 
     class OneTopicBroker:
@@ -109,17 +124,20 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
         # before the test task (woken by this event) runs again.
         third_sent.set()
         yield request(2)  # arrives after the failure
-        await asyncio.Event().wait()  # the client keeps the stream open
 
     gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(OneTopicBroker()), requests(), None)
-    answers = [(await gen.__anext__()).sequence_id]
+    answers = [await gen.__anext__()]
     first_answered.set()
     await asyncio.wait_for(third_sent.wait(), 5)  # the transport is slow to take the next answer
-    with pytest.raises(OSError):
-        async for answer in gen:
-            answers.append(answer.sequence_id)
+    answers += [answer async for answer in gen]  # the broker answers everything, then ends
     try:
-        assert answers == [0]
+        assert [a.sequence_id for a in answers] == [0, 1, 2]
+        assert not answers[0].HasField("error") and (answers[0].first_offset, answers[0].last_offset) == (0, 0)
+        # The failed batch gets its typed error as data; the next one is not appended.
+        assert answers[1].error.error_class == "StorageFullError"
+        assert answers[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert answers[2].error.error_class == "BatchNotAppendedError"
+        assert json.loads(answers[2].error.fields) == {"sequence_id": 2, "failed_sequence_id": 1}
         assert [r.payload for b in wal.read(0, 100) for r in batch_records(b.data)] == [b"s0"]
         assert wal.next_offset == 1  # request 2 was never enqueued (it would hold offset 1)
     finally:
@@ -176,7 +194,7 @@ async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
     store = _RecordingStore()
     cache = _DictCache({keys.subscription_cursor(name, "s"): 49})
-    topic = Topic(name, wal, store=store, cache=cache)
+    topic = Topic(name, wal, store=store, cache=cache, background=_background())
     try:
         await topic.subscribe(
             subscription="s", subscription_type=SubscriptionType.EXCLUSIVE, consumer_id=1,

@@ -16,7 +16,7 @@ import broker.wal.log as walmod
 import broker.wal.segment as segmod
 from broker.wal import WriteAheadLog, active_name, sealed_name
 from danube_pipeline.batches import BatchBuilder, batch_records, set_base_offset
-from danube_pipeline.errors import CorruptRecordError
+from danube_pipeline.errors import CorruptRecordError, StorageFullError
 from danube_pipeline.records import SEGMENT_HEADER_SIZE, Record
 from danube_pipeline.segments import decode_segment, scan_segment
 
@@ -482,7 +482,7 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
         with pytest.raises(OSError):
             await wal.seal_active()
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
-        with pytest.raises(OSError):
+        with pytest.raises(StorageFullError):
             await append(wal, [msg(5)])
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert wal.next_offset == 5 and wal.durable_end == 5
@@ -658,7 +658,7 @@ async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: P
         monkeypatch.setattr(walmod.os, "fdatasync", failing_once)
         doomed = enqueue(wal, [msg(2)])
         sealed = await asyncio.wait_for(wal.seal_active(), timeout=5)
-        with pytest.raises(OSError):
+        with pytest.raises(StorageFullError):
             await doomed
         assert sealed is not None and (sealed.start_offset, sealed.end_offset) == (0, 1)
         assert await append(wal, [msg(3)]) == (2, 2)  # offset 2 handed out again, never acked before

@@ -14,6 +14,12 @@ meanwhile), then resolves every waiting future. A producer is acknowledged only 
 All file descriptors are opened, closed and renamed from the event loop or from the writer
 while it holds the I/O lock, and reads are synchronous ``os.pread`` calls from the event loop,
 so a reader never races a rename or a close.
+
+A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
+:class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
+reads go on, and the next write that fits succeeds. The WAL tells its
+:class:`StorageMonitor` when it becomes full and when a write succeeds again, and logs once per
+episode.
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+from danube_pipeline.errors import StorageFullError
+from danube_pipeline.outages import OutageLog
 from danube_pipeline.segments import StoredBatch
 
 from broker.tasks import run_to_completion
@@ -48,6 +58,25 @@ _MAX_OPEN_SEALED_FDS = 64
 DEFAULT_INLINE_WRITE_MAX_BYTES = 64 * 1024
 """Group commits up to this size are written and synced on the event loop; larger ones in a
 worker thread, so the loop keeps serving while the disk works."""
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_error(exc: BaseException, path: Path) -> BaseException:
+    """``exc`` as the error an append reports: a full disk becomes
+    :class:`~danube_pipeline.errors.StorageFullError`, anything else stays as it is."""
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return StorageFullError(str(path), os.strerror(exc.errno))
+    return exc
+
+
+class StorageMonitor(Protocol):
+    """Who learns that a WAL's disk is full, and that it takes writes again."""
+
+    def storage_full(self, directory: Path, error: StorageFullError) -> None: ...
+
+    def storage_available(self, directory: Path) -> None: ...
 
 
 class WriteAheadLog:
@@ -88,6 +117,9 @@ class WriteAheadLog:
         self._roll_pending = False  # the active segment was sealed but no new one exists yet
         self._listeners: list[Callable[[int], None]] = []
         self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
+        self.storage_monitor: StorageMonitor | None = None
+        self._storage_full = False
+        self._seal_outage = OutageLog(log, f"sealing WAL segments in {directory}")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -217,7 +249,8 @@ class WriteAheadLog:
 
         Returns:
             A future resolving to ``(first_offset, last_offset)`` after the ``fdatasync`` that
-            makes them durable, or failing with the ``OSError`` of the write.
+            makes them durable, or failing with :class:`~danube_pipeline.errors.StorageFullError`
+            (disk full) or the ``OSError`` of the write.
 
         Raises:
             ValueError: if ``record_count`` is not positive.
@@ -242,6 +275,7 @@ class WriteAheadLog:
 
         Raises:
             ValueError, RuntimeError: see :meth:`enqueue`.
+            StorageFullError: the disk is full (nothing of the batch is kept).
             OSError: the write or ``fdatasync`` failed (nothing of the batch is kept).
         """
         return await asyncio.shield(self.enqueue(batch, record_count))
@@ -315,8 +349,9 @@ class WriteAheadLog:
                 ):
                     try:
                         await self._seal_locked()
-                    except OSError:  # keep appending to the active segment; retried next write
-                        log.exception("WAL %s: sealing by size failed", self.directory)
+                        self._seal_outage.succeeded()
+                    except OSError as exc:  # keep appending to the active segment; retried next write
+                        self._seal_outage.failed(exc)
 
     def _take_batch(self) -> list[PendingAppend]:
         """Everything queued, but no more than fits the active segment (at least one append),
@@ -366,6 +401,11 @@ class WriteAheadLog:
         active.end = batch[-1].last_offset
         if self._active_first_append_s is None:
             self._active_first_append_s = time.time()
+        if self._storage_full:
+            self._storage_full = False
+            log.info("WAL %s: writes succeed again", self.directory)
+            if self.storage_monitor is not None:
+                self.storage_monitor.storage_available(self.directory)
         self._signal_advanced()
         for item in batch:
             if not item.future.done():
@@ -374,9 +414,9 @@ class WriteAheadLog:
     def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were
         never acknowledged), cut the file back, and hand the offsets out again."""
-        log.error("WAL %s: write failed, failing %d queued appends: %s", self.directory, len(batch) + len(self._queue), exc)
         failed = batch + self._queue
         self._queue = []
+        error = self._report_failure(exc, len(failed))
         assert self._active is not None
         self._next_offset = self._active.end + 1
         try:
@@ -385,7 +425,6 @@ class WriteAheadLog:
         except OSError as trunc_exc:
             self._failed = trunc_exc
             log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self.directory, trunc_exc)
-        error = exc if isinstance(exc, Exception) else OSError(str(exc))
         for item in failed:
             if not item.future.done():
                 item.future.set_exception(error)
@@ -393,14 +432,36 @@ class WriteAheadLog:
 
     def _fail_queued(self, exc: OSError) -> None:
         """No active segment to write to: fail everything queued (nothing was written)."""
-        log.error("WAL %s: no active segment, failing %d queued appends: %s", self.directory, len(self._queue), exc)
         failed, self._queue = self._queue, []
+        error = self._report_failure(exc, len(failed))
         assert self._active is not None
         self._next_offset = self._active.end + 1
         for item in failed:
             if not item.future.done():
-                item.future.set_exception(exc)
+                item.future.set_exception(error)
         self._wake_waiters()
+
+    def _report_failure(self, exc: BaseException, appends: int) -> Exception:
+        """Log a failed write (a full disk once per episode) and return the error the
+        appends fail with."""
+        error = storage_error(exc, self.directory)
+        if isinstance(error, StorageFullError):
+            if not self._storage_full:
+                self._storage_full = True
+                log.warning(
+                    "WAL %s: disk full, appends refused until space is freed (reads go on): %s",
+                    self.directory, exc,
+                )
+                if self.storage_monitor is not None:
+                    self.storage_monitor.storage_full(self.directory, error)
+            return error
+        log.error("WAL %s: write failed, failing %d queued appends: %s", self.directory, appends, exc)
+        return error if isinstance(error, Exception) else OSError(str(error))
+
+    @property
+    def storage_full(self) -> bool:
+        """Whether the last write failed for lack of space (cleared by the next good write)."""
+        return self._storage_full
 
     # ------------------------------------------------------------------ sealing
 
@@ -512,8 +573,9 @@ class WriteAheadLog:
                     first = self._active_first_append_s
                     if first is not None and time.time() - first >= self.segment_max_age_s:
                         await self._seal_locked()
-            except OSError:
-                log.exception("WAL %s: sealing by age failed", self.directory)
+                        self._seal_outage.succeeded()
+            except OSError as exc:
+                self._seal_outage.failed(exc)
 
     def sealed_segments(self) -> list[SealedSegment]:
         """Every sealed segment, ascending by start offset."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import grpc
 
+from danube_pipeline.client._tasks import cancel_and_wait
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_LENGTH_BYTES = 64 * 1024 * 1024
@@ -107,7 +107,4 @@ class ConnectionPool:
         self._stubs.clear()
         for channel in channels:
             await channel.close()
-        for task in list(self._closing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._closing)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -17,7 +18,11 @@ from typing import Any, TypeVar
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client._status import rpc_errors, unavailable
-from danube_pipeline.errors import BrokerUnavailableError, DanubeError, TopicNotFoundError
+from danube_pipeline.errors import (
+    BrokerUnavailableError,
+    DanubeError,
+    TopicNotFoundError,
+)
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -156,10 +161,12 @@ class Context:
             DanubeError: the broker refused (e.g. ``InvalidNameError``).
         """
 
+        # One request id for every attempt: a retry after an attempt that did create the topic
+        # (its answer lost) still answers created = true from the same broker.
+        request = pb.CreateTopicRequest(topic=topic, delivery=delivery.name, request_id=uuid.uuid4().hex)
+
         async def create(stubs: Stubs) -> bool:
-            response = await stubs.admin.CreateTopic(
-                pb.CreateTopicRequest(topic=topic, delivery=delivery.name), timeout=self.request_timeout_s
-            )
+            response = await stubs.admin.CreateTopic(request, timeout=self.request_timeout_s)
             return bool(response.created)
 
         created = await self.call_any(create)

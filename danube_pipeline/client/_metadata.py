@@ -36,7 +36,12 @@ from danube_pipeline.client._status import (
     rpc_errors,
     unavailable,
 )
-from danube_pipeline.client.types import BrokerAddress, ClusterInfo, _cluster_info_from_pb
+from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client.types import (
+    BrokerAddress,
+    ClusterInfo,
+    _cluster_info_from_pb,
+)
 from danube_pipeline.errors import BrokerUnavailableError, DanubeError
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -180,11 +185,7 @@ class ClusterMetadata:
         """Cancel a refresh in flight."""
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await cancel_and_wait(task)
 
     # ------------------------------------------------------------------ refresh
 

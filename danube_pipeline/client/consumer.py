@@ -21,10 +21,16 @@ from types import TracebackType
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import rpc_errors, unavailable
-from danube_pipeline.client.types import InitialPosition, Message, SubscriptionType, _messages_from_delivery
+from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client.types import (
+    InitialPosition,
+    Message,
+    SubscriptionType,
+    _messages_from_delivery,
+)
 from danube_pipeline.errors import (
-    ConsumerClosedError,
     BrokerUnavailableError,
+    ConsumerClosedError,
     ConsumerNotFoundError,
     DanubeError,
 )
@@ -153,13 +159,7 @@ class Consumer:
             return
         self._state = "closed"
         self._ctx.children.discard(self)
-        for task in (self._receiver, self._acker):
-            if task is not None:
-                task.cancel()
-        for task in (self._receiver, self._acker):
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_and_wait(self._receiver, self._acker)
         try:
             await self._flush_acks()
         except DanubeError as exc:
@@ -248,6 +248,7 @@ class Consumer:
             consumer_name=self.consumer_name,
             initial_position=self._initial_position.name,
             receiver_queue_size=self._receiver_queue_size,
+            request_id=uuid.uuid4().hex,  # the same on every retry of this subscribe
         )
 
         async def subscribe(stubs: Stubs) -> tuple[Stubs, pb.SubscribeResponse]:

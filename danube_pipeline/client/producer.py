@@ -14,10 +14,14 @@ stream belongs to the oldest unanswered batch, whose message ``i`` gets the offs
 
 When the stream fails:
 
-* with an error whose ``invalid_metadata`` or ``retriable`` flag is set (``UNAVAILABLE``,
-  ``NotServedHereError``, ``ProducerNotFoundError``), the producer looks the topic up again,
-  re-creates itself on the (possibly new) owner and resends every unanswered batch in order,
-  framed again under its new producer id: delivery is at least once;
+* with an error whose ``invalid_metadata`` flag is set (``UNAVAILABLE``,
+  ``NotServedHereError``, ``ProducerNotFoundError``), the producer waits ``retry_backoff_ms``,
+  looks the topic up again, re-creates itself on the (possibly new) owner and resends every
+  unanswered batch in order, framed again under its new producer id: delivery is at least once;
+* with an error that is only ``retriable`` (``StorageFullError``: the broker's disk is full),
+  it waits ``retry_backoff_ms`` and resends on a new stream as the same producer;
+* either way, the oldest unanswered batch fails with the error once it was tried
+  ``1 + metadata_retries`` times;
 * with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
   of the batch the broker was answering fail; the producer opens a new stream and the later
   batches are sent again.
@@ -30,6 +34,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import uuid
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 
@@ -39,19 +44,23 @@ from danube_pipeline.client._accumulator import Accumulator, Batch
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import from_rpc_error, rpc_errors, unavailable
+from danube_pipeline.client._tasks import cancel_and_wait
 from danube_pipeline.client.types import AvroSchema
 from danube_pipeline.errors import (
-    ProducerClosedError,
     BrokerUnavailableError,
     DanubeError,
     MalformedRequestError,
     OffsetRangeError,
+    ProducerClosedError,
+    error_from_status,
 )
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class Producer:
@@ -113,6 +122,7 @@ class Producer:
         self._owner_address: str | None = None
         self._needs_lookup = False
         self._needs_producer = False
+        self._retry_at = 0.0
         self._sequence = itertools.count(1)
         self._runner: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -171,15 +181,7 @@ class Producer:
                 batch.fail(closed)
             self._inflight.clear()
             self._pending.clear()
-            for task in (self._runner, self._reader):
-                if task is not None:
-                    task.cancel()
-            for task in (self._runner, self._reader):
-                if task is not None:
-                    try:
-                        await task
-                    except (asyncio.CancelledError, Exception):
-                        pass
+            await cancel_and_wait(self._runner, self._reader)
             if self._stream is not None:
                 self._stream.cancel()
                 self._stream = None
@@ -280,6 +282,8 @@ class Producer:
             # that restarted forgot it and closes its key when it loads the topic.
             await self._close_on_broker(timeout_s=min(1.0, self._ctx.request_timeout_s))
 
+        request_id = uuid.uuid4().hex  # the same on every retry of this creation
+
         async def create_producer(stubs: Stubs) -> tuple[Stubs, pb.CreateProducerResponse]:
             timeout = self._ctx.request_timeout_s
             if self._schema is not None and not self.schema_id:
@@ -308,6 +312,7 @@ class Producer:
                     access_mode=0,
                     schema=schema_ref,
                     delivery=DeliveryMode.RELIABLE.name,
+                    request_id=request_id,
                 ),
                 timeout=timeout,
             )
@@ -347,7 +352,10 @@ class Producer:
         if exc.retriable or exc.invalid_metadata:
             log.info("producer %s: stream failed (%s); reconnecting", self.producer_name, exc)
             self._needs_lookup = self._needs_lookup or exc.invalid_metadata
-            self._needs_producer = True
+            # A broker that is gone or no longer owns the topic forgot the producer; one that
+            # only refused for now (storage full) still has it: a new stream is enough.
+            self._needs_producer = self._needs_producer or exc.invalid_metadata
+            self._retry_at = asyncio.get_running_loop().time() + self._ctx.backoff_s
             if isinstance(exc, BrokerUnavailableError) and self._owner_address is not None:
                 self._ctx.pool.discard(self._owner_address)
                 self._ctx.metadata.invalidate(self.topic)
@@ -398,6 +406,13 @@ class Producer:
                         ),
                     )
                     return
+                if response.HasField("error"):
+                    # The broker refused or failed this batch; later ones of this stream are
+                    # not appended. The error belongs to the oldest unanswered batch.
+                    error = response.error
+                    code = _STATUS_CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+                    self._stream_failed(gen, error_from_status(code, error.message, error.error_class, error.fields))
+                    return
                 self._inflight.popleft()
                 count = batch.message_count
                 if response.last_offset - response.first_offset + 1 != count:
@@ -416,6 +431,9 @@ class Producer:
             self._wakeup.clear()
             waiting = self._pending or self._inflight or (self._adaptive and self._accumulator.has_open_batch)
             if self._stream is None and waiting:
+                delay_s = self._retry_at - asyncio.get_running_loop().time()
+                if delay_s > 0:  # back off after a retriable failure
+                    await asyncio.sleep(delay_s)
                 try:
                     await self._connect(refresh=self._needs_lookup, create=self._needs_producer)
                 except DanubeError as exc:
@@ -454,10 +472,18 @@ class Producer:
             sequence_id=batch.sequence_id,
         )
         try:
-            with self._stream_failures(gen, address):
-                await call.write(request)
-        except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-            self._stream_failed(gen, unavailable(address, f"SendStream write failed: {exc}"))
+            await call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            # The call has ended: the reader reports why (the broker's answers, then the
+            # call's status). A failed write can also make gRPC replace that status with its
+            # own INTERNAL "Internal error from Core" (grpc/grpc#36066), so it is not reported
+            # here.
+            log.debug("producer %s: SendStream write failed: %s", self.producer_name, exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
 
     def __repr__(self) -> str:
         return (

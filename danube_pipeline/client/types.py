@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from danube_pipeline.batches import iter_batch
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
+from danube_pipeline.names import validate_subject
 from danube_pipeline.proto import danube_pb2 as pb
 
 __all__ = [
@@ -46,12 +47,19 @@ class AvroSchema:
     """An Avro schema a producer registers before it publishes (``docs/etcd-layout.md`` §4).
 
     Attributes:
-        subject: the schema-registry subject, e.g. ``"flights-value"``.
+        subject: the schema-registry subject, e.g. ``"flights-value"``
+            (:func:`danube_pipeline.names.validate_subject`).
         raw_schema: the Avro schema as JSON text.
+
+    Raises:
+        InvalidNameError: ``subject`` breaks the subject grammar (checked on creation).
     """
 
     subject: str
     raw_schema: str
+
+    def __post_init__(self) -> None:
+        validate_subject(self.subject)
 
 
 class Message(NamedTuple):

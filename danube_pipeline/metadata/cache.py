@@ -24,10 +24,15 @@ from danube_pipeline.metadata.etcd import (
 )
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import JsonValue
+from danube_pipeline.outages import OutageLog
 
 __all__ = ["LocalCache"]
 
 log = logging.getLogger(__name__)
+
+_MAX_RELOAD_BACKOFF_S = 1.0
+"""Longest wait between two reload attempts while etcd is unreachable: a broker sees etcd's
+state again within about a second of etcd answering."""
 
 
 def _minimal_prefixes(prefixes: Sequence[str]) -> list[str]:
@@ -72,6 +77,7 @@ class LocalCache:
         self._revision = 0
         self._started = False
         self._stopping = False
+        self._reloads = OutageLog(log, "LocalCache reload from etcd")
         self._task: asyncio.Task[None] | None = None
         self._watch: aetcd.Watch | None = None
         self._advanced = asyncio.Event()
@@ -166,12 +172,13 @@ class LocalCache:
                     return
                 try:
                     await self._reload()
+                    self._reloads.succeeded()
                     backoff_s = 0.1
                     break
                 except MetadataStoreError as exc:
-                    log.warning("LocalCache reload failed (retrying in %.1fs): %s", backoff_s, exc)
+                    self._reloads.failed(exc)
                     await asyncio.sleep(backoff_s)
-                    backoff_s = min(backoff_s * 2, 5.0)
+                    backoff_s = min(backoff_s * 2, _MAX_RELOAD_BACKOFF_S)
 
     async def _reload(self) -> None:
         data, revision = await self._load()

@@ -14,10 +14,14 @@ from danube_pipeline.metadata.values import JsonRecord, JsonValue
 
 
 class MetadataWriter(Protocol):
-    """Writes one key (``MetadataStore.put``)."""
+    """Writes or deletes one key (``MetadataStore.put``, ``MetadataStore.delete``)."""
 
     async def put(self, key: str, value: JsonValue | JsonRecord) -> int:
         """Write ``value`` at ``key``; return the etcd revision of the write."""
+        ...
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
         ...
 
 

@@ -8,7 +8,9 @@ Values are JSON: they are written with :func:`danube_pipeline.metadata.values.en
 UTF-8 JSON) and read back with :func:`~danube_pipeline.metadata.values.decode`.
 
 Every failure to reach etcd, or an RPC etcd rejects, is raised as
-:class:`~danube_pipeline.errors.MetadataStoreError` (``retriable``).
+:class:`~danube_pipeline.errors.MetadataStoreError` (``retriable``). Each unary etcd request
+waits at most ``request_timeout_s``, and never past the deadline of the enclosing
+:func:`deadline_scope` (the broker opens one per RPC with the client's deadline).
 
 The wire layer is ``aetcd`` 1.0 (asyncio gRPC client for the etcd v3 API). Reads, puts and
 transactions go through its raw KV stub so that every answer carries the etcd header revision;
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Self
 
@@ -45,7 +49,36 @@ from danube_pipeline.metadata.etcd import (
 from danube_pipeline.metadata.lease import Lease
 from danube_pipeline.metadata.values import JsonRecord, JsonValue
 
-__all__ = ["KeyValue", "Lease", "MetadataStore", "WatchEvent", "WatchEventType"]
+__all__ = ["KeyValue", "Lease", "MetadataStore", "WatchEvent", "WatchEventType", "deadline_scope"]
+
+_CHANNEL_OPTIONS = (
+    # Reconnect to a restarted etcd within about a second (gRPC's default backoff grows to 2 min).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+_deadline: ContextVar[float | None] = ContextVar("danube_etcd_deadline", default=None)
+
+
+@contextlib.contextmanager
+def deadline_scope(budget_s: float | None) -> Iterator[None]:
+    """Bound every etcd request made inside the block (and in tasks it creates) to end within
+    ``budget_s`` seconds from now; ``None`` adds no bound. Scopes nest: the earlier deadline wins.
+
+    A request that would outlive the deadline fails with
+    :class:`~danube_pipeline.errors.MetadataStoreError` when it is reached.
+    """
+    if budget_s is None:
+        yield
+        return
+    deadline = time.monotonic() + budget_s
+    outer = _deadline.get()
+    token = _deadline.set(deadline if outer is None else min(deadline, outer))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
 
 
 class MetadataStore:
@@ -90,7 +123,7 @@ class MetadataStore:
         failures: list[str] = []
         for endpoint in endpoints:
             host, port = split_endpoint(endpoint)
-            client = aetcd.Client(host=host, port=port, timeout=request_timeout_s)
+            client = aetcd.Client(host=host, port=port, timeout=request_timeout_s, options=dict(_CHANNEL_OPTIONS))
             store = cls(client, f"{host}:{port}", request_timeout_s=request_timeout_s)
             try:
                 await asyncio.wait_for(store.range_raw(b"/", None, limit=1), connect_timeout_s)
@@ -134,6 +167,21 @@ class MetadataStore:
 
     # ---- wire helpers
 
+    def _timeout(self, operation: str) -> float:
+        """Seconds the next etcd request may take: ``request_timeout_s``, or less to end by
+        the deadline of the enclosing :func:`deadline_scope`.
+
+        Raises:
+            MetadataStoreError: the deadline has passed.
+        """
+        deadline = _deadline.get()
+        if deadline is None:
+            return self._request_timeout_s
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MetadataStoreError(operation, "no time left before the request's deadline")
+        return min(self._request_timeout_s, remaining)
+
     async def _connected(self) -> aetcd.Client:
         if self._closed:
             raise MetadataStoreError("request", "the metadata store is closed")
@@ -144,6 +192,7 @@ class MetadataStore:
         self, key: bytes, range_end: bytes | None, *, revision: int = 0, limit: int = 0
     ) -> Any:
         with wrap_errors("get"):
+            timeout = self._timeout("get")
             client = await self._connected()
             request = rpc.RangeRequest(
                 key=key,
@@ -153,27 +202,37 @@ class MetadataStore:
                 sort_order=rpc.RangeRequest.ASCEND,
                 sort_target=rpc.RangeRequest.KEY,
             )
-            return await client.kvstub.Range(
-                request, timeout=self._request_timeout_s, metadata=client.metadata
-            )
+            return await client.kvstub.Range(request, timeout=timeout, metadata=client.metadata)
 
     async def _txn(
         self, operation: str, compare: Sequence[Any], success: Sequence[Any]
     ) -> tuple[bool, int]:
         with wrap_errors(operation):
+            timeout = self._timeout(operation)
             client = await self._connected()
             response = await client.kvstub.Txn(
                 rpc.TxnRequest(compare=list(compare), success=list(success), failure=[]),
-                timeout=self._request_timeout_s,
+                timeout=timeout,
                 metadata=client.metadata,
             )
         return bool(response.succeeded), int(response.header.revision)
 
-    async def refresh_lease(self, lease_id: int) -> int:
+    async def refresh_lease(self, lease_id: int, *, timeout_s: float | None = None) -> int:
+        """Send one keep-alive for ``lease_id``; return the TTL etcd granted (0 = the lease is gone).
+
+        Raises:
+            MetadataStoreError: etcd did not answer within ``timeout_s`` (default the request
+                timeout).
+        """
         with wrap_errors("lease keep-alive"):
             client = await self._connected()
-            reply = await client.refresh_lease(lease_id)
-        return int(reply.TTL) if reply is not None else 0
+            async for reply in client.leasestub.LeaseKeepAlive(
+                [rpc.LeaseKeepAliveRequest(ID=lease_id)],
+                timeout=timeout_s or self._request_timeout_s,
+                metadata=client.metadata,
+            ):
+                return int(reply.TTL)
+        return 0
 
     async def revoke_lease(self, lease_id: int) -> None:
         with wrap_errors("lease revoke"):
@@ -237,18 +296,25 @@ class MetadataStore:
             MetadataStoreError: if etcd cannot be reached.
         """
         with wrap_errors("put"):
+            timeout = self._timeout("put")
             client = await self._connected()
             response = await client.kvstub.Put(
                 rpc.PutRequest(
                     key=key.encode(), value=values.encode(value), lease=lease.id if lease else 0
                 ),
-                timeout=self._request_timeout_s,
+                timeout=timeout,
                 metadata=client.metadata,
             )
         return int(response.header.revision)
 
-    async def put_many(self, items: Sequence[tuple[str, JsonValue | JsonRecord]]) -> int:
+    async def put_many(
+        self, items: Sequence[tuple[str, JsonValue | JsonRecord]], *, lease: Lease | None = None
+    ) -> int:
         """Write several keys in one etcd transaction: all or none, at one revision.
+
+        Args:
+            items: ``(key, value)`` pairs.
+            lease: attach every key to this lease.
 
         Returns:
             The etcd revision of the write.
@@ -257,7 +323,8 @@ class MetadataStore:
             MetadataStoreError: if etcd cannot be reached or rejects the transaction (e.g. the
                 same key twice, or more operations than etcd's ``--max-txn-ops``, 128 by default).
         """
-        _, revision = await self._txn("put_many", [], [put_op(k, v) for k, v in items])
+        lease_id = lease.id if lease else 0
+        _, revision = await self._txn("put_many", [], [put_op(k, v, lease_id) for k, v in items])
         return revision
 
     async def compare_and_put_many(
@@ -305,7 +372,12 @@ class MetadataStore:
         return ok
 
     async def compare_and_put(
-        self, key: str, value: JsonValue | JsonRecord, *, expected_mod_revision: int
+        self,
+        key: str,
+        value: JsonValue | JsonRecord,
+        *,
+        expected_mod_revision: int,
+        lease: Lease | None = None,
     ) -> bool:
         """Write ``key`` only if its ``mod_revision`` is still ``expected_mod_revision``.
 
@@ -314,6 +386,7 @@ class MetadataStore:
             value: the new value.
             expected_mod_revision: the ``mod_revision`` last read; ``0`` means the key must
                 not exist.
+            lease: attach the key to this lease.
 
         Returns:
             True if written; False if the key changed meanwhile.
@@ -324,7 +397,7 @@ class MetadataStore:
         compare = compare_absent(key) if expected_mod_revision == 0 else compare_mod(
             key, expected_mod_revision
         )
-        ok, _ = await self._txn("compare_and_put", [compare], [put_op(key, value)])
+        ok, _ = await self._txn("compare_and_put", [compare], [put_op(key, value, lease.id if lease else 0)])
         return ok
 
     async def delete(self, key: str) -> bool:
@@ -337,10 +410,11 @@ class MetadataStore:
             MetadataStoreError: if etcd cannot be reached.
         """
         with wrap_errors("delete"):
+            timeout = self._timeout("delete")
             client = await self._connected()
             response = await client.kvstub.DeleteRange(
                 rpc.DeleteRangeRequest(key=key.encode()),
-                timeout=self._request_timeout_s,
+                timeout=timeout,
                 metadata=client.metadata,
             )
         return int(response.deleted) > 0
@@ -356,10 +430,11 @@ class MetadataStore:
         """
         raw = prefix.encode() or ALL_KEYS
         with wrap_errors("delete_prefix"):
+            timeout = self._timeout("delete_prefix")
             client = await self._connected()
             response = await client.kvstub.DeleteRange(
                 rpc.DeleteRangeRequest(key=raw, range_end=prefix_range_end(prefix.encode())),
-                timeout=self._request_timeout_s,
+                timeout=timeout,
                 metadata=client.metadata,
             )
         return int(response.deleted)

@@ -46,18 +46,20 @@ class SchemaReference(_message.Message):
     def __init__(self, schema_id: _Optional[int] = ..., schema_version: _Optional[int] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class CreateProducerRequest(_message.Message):
-    __slots__ = ("topic", "producer_name", "access_mode", "schema", "delivery")
+    __slots__ = ("topic", "producer_name", "access_mode", "schema", "delivery", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     producer_name: str
     access_mode: int
     schema: SchemaReference
     delivery: DeliveryMode
-    def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateProducerResponse(_message.Message):
     __slots__ = ("producer_id", "broker_id", "max_message_size_bytes", "max_batch_bytes")
@@ -82,14 +84,28 @@ class SendBatchRequest(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., sequence_id: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
-    __slots__ = ("first_offset", "last_offset", "sequence_id")
+    __slots__ = ("first_offset", "last_offset", "sequence_id", "error")
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     first_offset: int
     last_offset: int
     sequence_id: int
-    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ...) -> None: ...
+    error: ErrorStatus
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ...) -> None: ...
+
+class ErrorStatus(_message.Message):
+    __slots__ = ("code", "message", "error_class", "fields")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    error_class: str
+    fields: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., error_class: _Optional[str] = ..., fields: _Optional[str] = ...) -> None: ...
 
 class CloseProducerRequest(_message.Message):
     __slots__ = ("producer_id",)
@@ -102,20 +118,22 @@ class CloseProducerResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size")
+    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
     INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
     RECEIVER_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     subscription: str
     subscription_type: SubscriptionType
     consumer_name: str
     initial_position: InitialPosition
     receiver_queue_size: int
-    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
     __slots__ = ("consumer_id", "broker_id")
@@ -220,12 +238,14 @@ class ClusterMetadataResponse(_message.Message):
     def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("topic", "delivery")
+    __slots__ = ("topic", "delivery", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     delivery: DeliveryMode
-    def __init__(self, topic: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, topic: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateTopicResponse(_message.Message):
     __slots__ = ("created",)
