@@ -4,7 +4,8 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
 
     python -m broker --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
-        [--max-batch-bytes N] [--lease-ttl-s S]
+        [--max-batch-bytes N] [--lease-ttl-s S] [--object-store-url URL] [--s3-endpoint-url URL]
+        [--local-retention-bytes N] [--local-retention-ms MS] [--position-below-retention MODE]
         [--ready-file PATH] [--log-level INFO]
 """
 
@@ -24,10 +25,15 @@ from danube_pipeline import settings
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
+    DEFAULT_LOCAL_RETENTION_BYTES,
+    DEFAULT_LOCAL_RETENTION_CHECK_S,
+    DEFAULT_LOCAL_RETENTION_MS,
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
     DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
     DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
+    DEFAULT_OBJECT_CACHE_BYTES,
+    DEFAULT_PREFETCH_BYTES,
     DEFAULT_SEGMENT_MAX_AGE_S,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SUBSCRIPTION_IDLE_S,
@@ -64,6 +70,24 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
                    help="seconds a closed producer's etcd key is kept, at most")
     p.add_argument("--subscription-idle-s", type=float, default=DEFAULT_SUBSCRIPTION_IDLE_S,
                    help="seconds a subscription without consumers stays loaded")
+    p.add_argument("--object-store-url", default=settings.object_store_url(),
+                   help="object store holding the tiered segment objects, file:// or s3:// "
+                        "(default $DANUBE_OBJECT_STORE_URL or file://$DANUBE_HOME/objects)")
+    p.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint (MinIO, moto) for s3:// stores")
+    p.add_argument("--s3-region", default=None, help="S3 region; credentials come from the AWS environment")
+    p.add_argument("--object-cache-bytes", type=int, default=DEFAULT_OBJECT_CACHE_BYTES,
+                   help="bound of the cache of objects read back, in bytes")
+    p.add_argument("--prefetch-bytes", type=int, default=DEFAULT_PREFETCH_BYTES,
+                   help="object bytes a cold read fetches ahead")
+    p.add_argument("--local-retention-bytes", type=int, default=DEFAULT_LOCAL_RETENTION_BYTES,
+                   help="WAL bytes kept per topic once sealed segments are verified in object storage")
+    p.add_argument("--local-retention-ms", type=int, default=DEFAULT_LOCAL_RETENTION_MS,
+                   help="sealed, tiered segments are deleted from the WAL once sealed this long ago")
+    p.add_argument("--local-retention-check-s", type=float, default=DEFAULT_LOCAL_RETENTION_CHECK_S,
+                   help="how often local retention runs, in seconds")
+    p.add_argument("--position-below-retention", choices=("earliest", "error"), default="earliest",
+                   help="a subscription whose position expired jumps to the earliest retained offset "
+                        "(logged and counted) or fails its consumers")
     p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
     p.add_argument("--log-level", default="INFO", help="logging level")
     args = p.parse_args(argv)
@@ -89,10 +113,28 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
             max_stream_unanswered_bytes=args.max_stream_unanswered_bytes,
             closed_producer_ttl_s=args.closed_producer_ttl_s,
             subscription_idle_s=args.subscription_idle_s,
+            object_store_url=args.object_store_url,
+            object_store_options=_s3_options(args),
+            object_cache_bytes=args.object_cache_bytes,
+            prefetch_bytes=args.prefetch_bytes,
+            local_retention_bytes=args.local_retention_bytes,
+            local_retention_ms=args.local_retention_ms,
+            local_retention_check_s=args.local_retention_check_s,
+            position_below_retention=args.position_below_retention,
             ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
         )
     except ValueError as exc:  # InvalidNameError is a ValueError too
         p.error(str(exc))
+
+
+def _s3_options(args: argparse.Namespace) -> dict[str, object]:
+    """fsspec options for an ``s3://`` object store (credentials: the AWS environment)."""
+    options: dict[str, object] = {}
+    if args.s3_endpoint_url:
+        options["endpoint_url"] = args.s3_endpoint_url
+    if args.s3_region:
+        options["client_kwargs"] = {"region_name": args.s3_region}
+    return options
 
 
 async def run(config: BrokerConfig) -> None:

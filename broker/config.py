@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from danube_pipeline import settings
 from danube_pipeline.names import validate_cluster_name
@@ -17,6 +18,11 @@ DEFAULT_MAX_CONSUMER_BUFFER_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_STREAM_UNANSWERED_BYTES = 64 * 1024 * 1024
 DEFAULT_CLOSED_PRODUCER_TTL_S = 60
 DEFAULT_SUBSCRIPTION_IDLE_S = 60.0
+DEFAULT_LOCAL_RETENTION_BYTES = 1024 * 1024 * 1024
+DEFAULT_LOCAL_RETENTION_MS = 60 * 60 * 1000
+DEFAULT_LOCAL_RETENTION_CHECK_S = 5.0
+DEFAULT_OBJECT_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_PREFETCH_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,21 @@ class BrokerConfig:
             seconds after the close, at the latest (``docs/etcd-layout.md`` §3.3).
         subscription_idle_s: a subscription without consumers is unloaded from memory after
             this many seconds (its cursor is stored first; its etcd keys stay).
+        object_store_url: the object store the tiering assets write segment objects to
+            (``file://`` or ``s3://``), read for offsets no longer in the local WAL.
+        object_store_options: fsspec storage options for it (S3 endpoint, credentials,
+            region).
+        object_cache_bytes: bound of the broker's cache of objects read back, in bytes.
+        prefetch_bytes: how many bytes of the following objects a cold read fetches ahead.
+        local_retention_bytes: a topic's WAL keeps at most this many bytes on disk, counting
+            only sealed segments already verified in object storage as deletable (the topic's
+            ``/topics/{ns}/{topic}/local_retention`` key overrides it, ``docs/etcd-layout.md``
+            §3.6).
+        local_retention_ms: ... and deletes such segments once sealed this long ago.
+        local_retention_check_s: how often local retention runs.
+        position_below_retention: ``"earliest"`` (a subscription whose position expired jumps
+            to the earliest retained offset, logged and counted) or ``"error"`` (its consumers
+            get ``PositionBelowRetentionError``).
 
     Raises:
         InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
@@ -77,6 +98,14 @@ class BrokerConfig:
     max_stream_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES
     closed_producer_ttl_s: int = DEFAULT_CLOSED_PRODUCER_TTL_S
     subscription_idle_s: float = DEFAULT_SUBSCRIPTION_IDLE_S
+    object_store_url: str = field(default_factory=settings.object_store_url)
+    object_store_options: dict[str, Any] = field(default_factory=dict)
+    object_cache_bytes: int = DEFAULT_OBJECT_CACHE_BYTES
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    local_retention_bytes: int = DEFAULT_LOCAL_RETENTION_BYTES
+    local_retention_ms: int = DEFAULT_LOCAL_RETENTION_MS
+    local_retention_check_s: float = DEFAULT_LOCAL_RETENTION_CHECK_S
+    position_below_retention: str = "earliest"
 
     def __post_init__(self) -> None:
         validate_cluster_name(self.cluster_name)
@@ -90,10 +119,25 @@ class BrokerConfig:
             "max_stream_unanswered_bytes": self.max_stream_unanswered_bytes,
             "closed_producer_ttl_s": self.closed_producer_ttl_s,
             "subscription_idle_s": self.subscription_idle_s,
+            "object_cache_bytes": self.object_cache_bytes,
+            "local_retention_check_s": self.local_retention_check_s,
         }
         bad = [name for name, value in limits.items() if value <= 0]
         if bad:
             raise ValueError(f"must be positive: {', '.join(bad)}")
+        negative = [
+            name
+            for name, value in {
+                "prefetch_bytes": self.prefetch_bytes,
+                "local_retention_bytes": self.local_retention_bytes,
+                "local_retention_ms": self.local_retention_ms,
+            }.items()
+            if value < 0
+        ]
+        if negative:
+            raise ValueError(f"must not be negative: {', '.join(negative)}")
+        if self.position_below_retention not in ("earliest", "error"):
+            raise ValueError("position_below_retention must be 'earliest' or 'error'")
 
     @property
     def wal_dir(self) -> Path:

@@ -145,6 +145,7 @@ class Consumer:
         self.queue: deque[Delivery] = deque()
         self.attached = False
         self.closed = False
+        self.error: Exception | None = None
         self._wake = asyncio.Event()
 
     @property
@@ -173,6 +174,12 @@ class Consumer:
     def wake(self) -> None:
         self._wake.set()
 
+    def fail(self, error: Exception) -> None:
+        """End this consumer's stream with ``error`` (after the batches already queued are
+        not sent: the consumer leaves, and they are redelivered to whoever comes next)."""
+        self.error = error
+        self._wake.set()
+
     async def deliveries(self, *, max_bytes: int = MAX_DELIVERY_BYTES) -> AsyncIterator[list[Delivery]]:
         """Yield groups of queued batches (at most ``max_bytes``, or one batch) until the
         consumer closes.
@@ -182,7 +189,10 @@ class Consumer:
 
         Raises:
             MalformedRequestError: if another stream already receives for this consumer.
+            Exception: the error given to :meth:`fail`.
         """
+        if self.error is not None:
+            raise self.error
         if self.attached:
             raise MalformedRequestError(f"consumer {self.id} already has a Receive stream")
         if self.closed:
@@ -191,6 +201,8 @@ class Consumer:
         self.subscription.consumer_attached(self)
         try:
             while not self.closed:
+                if self.error is not None:
+                    raise self.error
                 if not self.queue:
                     self._wake.clear()
                     await self._wake.wait()

@@ -38,6 +38,7 @@ from danube_pipeline.errors import (
     InvalidSchemaError,
     MetadataStoreError,
     NotServedHereError,
+    OffsetRangeError,
     ProducerNotFoundError,
     TopicNotFoundError,
 )
@@ -46,6 +47,7 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.objectstore import ObjectStore
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
 
@@ -54,6 +56,8 @@ from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
 from broker.expiry import ExpiringKeys
 from broker.idempotency import RecentRequests
 from broker.producer import Producer
+from broker.remote import ObjectCache, RemoteLog
+from broker.retention import LocalRetention, RetentionLimits, RetentionOutcome
 from broker.storage import DiskMonitor
 from broker.tasks import BackgroundWrites, spawn
 from broker.topic import Topic
@@ -144,6 +148,12 @@ class Broker:
         self._creating: set[int] = set()  # producer ids whose key is being written
         self._reconcile_passes = 0
         self._reconciler: asyncio.Task[None] | None = None
+        self.objects = ObjectStore(config.object_store_url, storage_options=config.object_store_options or None)
+        self.object_cache = ObjectCache(config.object_cache_bytes)
+        self.local_retention = LocalRetention(
+            self.objects, RetentionLimits(bytes=config.local_retention_bytes, ms=config.local_retention_ms)
+        )
+        self._retention_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -159,6 +169,7 @@ class Broker:
                 except Exception:
                     log.exception("cannot load assigned topic %s", name)
         self._flusher = asyncio.create_task(self._cursor_flusher(), name="cursor-flush")
+        self._retention_task = asyncio.create_task(self._retention_loop(), name="local-retention")
 
     def end_consumer_streams(self) -> None:
         """Detach every consumer (their ``Receive`` streams end); the first step of a stop."""
@@ -174,7 +185,7 @@ class Broker:
     async def close(self) -> None:
         """Mark every open producer closed in etcd, store cursors, close the WALs (synced)."""
         self.end_consumer_streams()
-        for task in (self._flusher, self._reconciler):
+        for task in (self._flusher, self._reconciler, self._retention_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -198,6 +209,43 @@ class Broker:
         self.topics.clear()
         await self.background.close()
         self.disk.stop()
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.local_retention_check_s)
+            for topic in list(self.topics.values()):
+                if topic.closed or topic.remote is None:
+                    continue
+                try:
+                    await self.apply_local_retention(topic)
+                except OSError as exc:
+                    log.warning("%s: local retention failed (tried again in %.0f s): %s",
+                                topic.path, self.config.local_retention_check_s, exc)
+
+    async def apply_local_retention(
+        self, topic: Topic, *, retention_bytes: int | None = None, retention_ms: int | None = None
+    ) -> RetentionOutcome:
+        """Apply local WAL retention to ``topic`` now (:mod:`broker.retention`).
+
+        Args:
+            topic: a topic served here.
+            retention_bytes, retention_ms: limits for this call only; ``None`` = the topic's
+                override (``docs/etcd-layout.md`` §3.6) or the broker's setting.
+
+        Returns:
+            What was deleted, and the WAL's first offset and size afterwards.
+
+        Raises:
+            OSError: a segment file could not be deleted.
+        """
+        if topic.remote is None:
+            return RetentionOutcome(0, 0, topic.wal.first_offset, topic.wal.size_bytes)
+        limits = self.local_retention.limits(self.cache, topic.remote)
+        limits = RetentionLimits(
+            bytes=limits.bytes if retention_bytes is None else retention_bytes,
+            ms=limits.ms if retention_ms is None else retention_ms,
+        )
+        return await self.local_retention.apply(topic.wal, topic.remote, limits)
 
     async def _cursor_flusher(self) -> None:
         while True:
@@ -311,19 +359,49 @@ class Broker:
     def _loading_done(self, path: str, _task: asyncio.Task[Topic]) -> None:
         self._loading.pop(path, None)
 
-    async def _open_topic(self, name: TopicName) -> Topic:
-        cfg = self.config
-        initial_offset = 0
+    def offset_floor(self, name: TopicName, remote: RemoteLog | None) -> int:
+        """The lowest offset ``name`` may hand out next: above the sealed state's
+        ``last_committed_offset`` (§5.3) and the last completed descriptor's ``end_offset``
+        (§5.1). The table's committed offset is never above the latter: the table is built from
+        the descriptors, and retention always keeps the newest descriptor."""
+        floor = 0
         sealed_raw = self.cache.get(keys.sealed_state(name))
         if sealed_raw is not None:
-            with contextlib.suppress(ValueError):
-                initial_offset = values.SealedState.from_json(sealed_raw).last_committed_offset + 1
-        wal = await WriteAheadLog.open(
-            cfg.wal_dir / name.namespace / name.topic,
-            segment_max_bytes=cfg.segment_max_bytes,
-            segment_max_age_s=cfg.segment_max_age_s,
-            initial_offset=initial_offset,
+            with contextlib.suppress(ValueError, TypeError):
+                floor = values.SealedState.from_json(sealed_raw).last_committed_offset + 1
+        if remote is not None and remote.end_offset is not None:
+            floor = max(floor, remote.end_offset + 1)
+        return floor
+
+    async def _open_topic(self, name: TopicName) -> Topic:
+        cfg = self.config
+        remote = RemoteLog(
+            name, cache=self.cache, objects=self.objects, object_cache=self.object_cache, prefetch_bytes=cfg.prefetch_bytes
         )
+        sealed_raw = self.cache.get(keys.sealed_state(name))
+        floor = self.offset_floor(name, remote)
+        try:
+            wal = await WriteAheadLog.open(
+                cfg.wal_dir / name.namespace / name.topic,
+                segment_max_bytes=cfg.segment_max_bytes,
+                segment_max_age_s=cfg.segment_max_age_s,
+                initial_offset=floor,
+            )
+        except BaseException:
+            remote.close()
+            raise
+        if wal.next_offset < floor:
+            # The local WAL lost offsets that were already handed out (a restored old copy):
+            # appending would give them out again.
+            await wal.close()
+            remote.close()
+            error = OffsetRangeError(floor, wal.next_offset, f"{name.path} WAL {wal.directory}")
+            log.error(
+                "topic %s not loaded: its WAL ends at offset %d but offsets up to %d were already handed out "
+                "(sealed state or object descriptors); move the WAL directory aside to start at %d",
+                name, wal.next_offset - 1, floor - 1, floor,
+            )
+            raise error
         wal.storage_monitor = self.disk
         topic = Topic(
             name,
@@ -336,6 +414,8 @@ class Broker:
             max_batch_bytes=cfg.max_batch_bytes,
             max_consumer_buffer_bytes=cfg.max_consumer_buffer_bytes,
             subscription_idle_s=cfg.subscription_idle_s,
+            remote=remote,
+            below_retention=cfg.position_below_retention,
         )
         self.topics[name.path] = topic
         if sealed_raw is not None:

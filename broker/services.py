@@ -382,7 +382,11 @@ class AdminServicer(pb_grpc.AdminServicer):
         segment = topic.wal.sealed_segment(request.start_offset)
         if segment is None:
             raise SegmentNotFoundError(topic.path, request.start_offset)
-        with open(segment.path, "rb") as f:  # sealed files are immutable
+        try:
+            f = open(segment.path, "rb")  # noqa: SIM115 - sealed files are immutable
+        except FileNotFoundError:  # deleted by local retention meanwhile
+            raise SegmentNotFoundError(topic.path, request.start_offset) from None
+        with f:
             position = 0
             while True:
                 data = await asyncio.to_thread(f.read, SEGMENT_CHUNK_BYTES)
@@ -390,6 +394,56 @@ class AdminServicer(pb_grpc.AdminServicer):
                     break
                 yield pb.SegmentChunk(position=position, data=data)
                 position += len(data)
+
+
+    @rpc
+    async def ApplyLocalRetention(
+        self, request: pb.ApplyLocalRetentionRequest, context: Any
+    ) -> pb.ApplyLocalRetentionResponse:
+        topic = await self._topic(request.topic)
+        retention_bytes = request.retention_bytes if request.HasField("retention_bytes") else None
+        retention_ms = request.retention_ms if request.HasField("retention_ms") else None
+        for what, value in (("retention_bytes", retention_bytes), ("retention_ms", retention_ms)):
+            if value is not None and value < 0:
+                raise MalformedRequestError(f"{what} must not be negative, got {value}")
+        outcome = await self._broker.apply_local_retention(
+            topic, retention_bytes=retention_bytes, retention_ms=retention_ms
+        )
+        return pb.ApplyLocalRetentionResponse(
+            deleted_segments=outcome.deleted_segments,
+            deleted_bytes=outcome.deleted_bytes,
+            first_local_offset=outcome.first_local_offset,
+            wal_bytes=outcome.wal_bytes,
+        )
+
+    @rpc
+    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Any) -> pb.DescribeTopicResponse:
+        topic = await self._topic(request.topic)
+        remote = topic.remote
+        response = pb.DescribeTopicResponse(
+            first_local_offset=topic.wal.first_offset,
+            next_offset=topic.wal.next_offset,
+            wal_bytes=topic.wal.size_bytes,
+            sealed_segments=len(topic.wal.sealed_segments()),
+            earliest_offset=topic.earliest_offset,
+            cache_bytes=self._broker.object_cache.size_bytes,
+        )
+        if remote is not None and remote.first_offset is not None and remote.end_offset is not None:
+            response.remote_first_offset = remote.first_offset
+            response.remote_end_offset = remote.end_offset
+        for name, sub in sorted(topic.subscriptions.items()):
+            state = pb.SubscriptionState(
+                name=name,
+                type=int(sub.type),  # type: ignore[arg-type]  # an enum number
+                read_position=sub.read_position,
+                consumers=len(sub.consumers),
+                records_from_object_storage=sub.records_from_object_storage,
+                skipped_below_retention=sub.skipped_below_retention,
+            )
+            if sub.cursor is not None:
+                state.cursor = sub.cursor
+            response.subscriptions.append(state)
+        return response
 
 
 class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):

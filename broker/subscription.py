@@ -28,7 +28,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from danube_pipeline.errors import SubscriptionBusyError
+from danube_pipeline.errors import PositionBelowRetentionError, SubscriptionBusyError
+from danube_pipeline.segments import StoredBatch
 from danube_pipeline.modes import SubscriptionType
 
 from broker.consumer import (
@@ -37,6 +38,7 @@ from broker.consumer import (
     Consumer,
     Handout,
 )
+from broker.remote import RemoteLog
 from broker.tasks import spawn
 from broker.wal import WriteAheadLog
 
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 ATTACH_TIMEOUT_S = 30.0
 """A consumer that opens no Receive stream within this time after Subscribe is removed."""
 _MAX_READ_RECORDS_PER_ROUND = 10_000
+BELOW_RETENTION_EARLIEST = "earliest"
+BELOW_RETENTION_ERROR = "error"
+BELOW_RETENTION_MODES = (BELOW_RETENTION_EARLIEST, BELOW_RETENTION_ERROR)
 
 
 class Subscription:
@@ -62,6 +67,17 @@ class Subscription:
         on_active_change: called with the new active consumer (or ``None``) when the active
             consumer leaves (the caller records the first consumer itself).
         on_idle: called with this subscription when its last consumer leaves.
+        remote: the topic's offsets in object storage, read when the position is below the
+            WAL's first offset; ``None`` without an object store.
+        below_retention: what happens when the position falls below the earliest retained
+            offset: ``"earliest"`` jumps there (logged, counted in
+            ``skipped_below_retention``), ``"error"`` ends every consumer's stream (and refuses
+            new ones) with :class:`~danube_pipeline.errors.PositionBelowRetentionError`.
+
+    Attributes:
+        records_from_object_storage: records handed out from object storage.
+        skipped_below_retention: offsets jumped over because they expired.
+        position_error: set once the position fell below retention in ``"error"`` mode.
     """
 
     def __init__(
@@ -77,14 +93,21 @@ class Subscription:
         cursor_flush_acks: int = 1000,
         on_active_change: Callable[[Consumer | None], None] | None = None,
         on_idle: Callable[[Subscription], None] | None = None,
+        remote: RemoteLog | None = None,
+        below_retention: str = BELOW_RETENTION_EARLIEST,
     ) -> None:
         self.topic = topic
         self.name = name
         self.type = subscription_type
         self.wal = wal
-        # Offsets below the WAL's first offset are not held locally (e.g. a stored cursor
-        # older than the WAL start after a topic move): start at the first one held.
-        self.read_position = max(start_offset, wal.first_offset)
+        self.remote = remote
+        if below_retention not in BELOW_RETENTION_MODES:
+            raise ValueError(f"below_retention must be one of {BELOW_RETENTION_MODES}")
+        self.below_retention = below_retention
+        self.records_from_object_storage = 0
+        self.skipped_below_retention = 0
+        self.position_error: PositionBelowRetentionError | None = None
+        self.read_position = start_offset
         self.handouts: dict[int, Handout] = {}
         self._bases: list[int] = []  # sorted keys of handouts
         self.consumers: list[Consumer] = []
@@ -101,6 +124,10 @@ class Subscription:
         self._wake = asyncio.Event()
         self._closed = False
         self._remove_listener = wal.add_listener(lambda _end: self._wake.set())
+        self._remove_remote_listener = remote.add_listener(self._wake.set) if remote is not None else (lambda: None)
+        earliest = self.earliest_offset
+        if self.read_position < earliest:  # e.g. a stored cursor whose offsets expired
+            self._below_retention(earliest)
         self._task = asyncio.create_task(self._run(), name=f"dispatch:{topic}:{name}")
 
     # ------------------------------------------------------------------ state
@@ -161,6 +188,7 @@ class Subscription:
         Raises:
             SubscriptionBusyError: Exclusive subscription already has a consumer, or consumers
                 are attached with a different subscription type.
+            PositionBelowRetentionError: the position fell below retention in ``"error"`` mode.
         """
         if self.consumers and subscription_type != self.type:
             raise SubscriptionBusyError(
@@ -168,6 +196,8 @@ class Subscription:
             )
         if self.type == SubscriptionType.EXCLUSIVE and self.consumers:
             raise SubscriptionBusyError(self.name, "an Exclusive subscription allows one consumer")
+        if self.position_error is not None:
+            raise self.position_error
         self.type = subscription_type
         consumer = Consumer(
             consumer_id, name, self, receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE, max_buffer_bytes=max_buffer_bytes
@@ -304,14 +334,26 @@ class Subscription:
                 return consumer
         return None
 
+    @property
+    def earliest_offset(self) -> int:
+        """The earliest offset this subscription can still read: object storage's first offset
+        when it holds offsets below the WAL's first, else the WAL's first offset."""
+        local = self.wal.first_offset
+        remote = self.remote.first_offset if self.remote is not None else None
+        return remote if remote is not None and remote < local else local
+
+    def _read(self, offset: int, max_records: int) -> list[StoredBatch] | None:
+        """Batches from ``offset`` on: from the WAL when it holds ``offset``, else from object
+        storage; ``None`` while an object is being fetched (the fetch wakes the dispatcher)."""
+        if offset >= self.wal.first_offset:
+            return self.wal.read(offset, max_records)
+        if self.remote is None:
+            return []
+        return self.remote.read_cached(offset, max_records)
+
     def _skip_below(self, offset: int) -> None:
-        """Offsets below ``offset`` can never be delivered (the WAL starts above them): move
-        the read position up and forget the batches below."""
-        if self.ack_floor < offset:
-            log.warning(
-                "%s/%s: offsets %d..%d are no longer available; the cursor skips them",
-                self.topic, self.name, self.ack_floor, offset - 1,
-            )
+        """Move the read position up to ``offset`` and forget the batches below it (they are
+        acknowledged in place: nothing can deliver them any more)."""
         self.read_position = max(self.read_position, offset)
         for base in [b for b in self._bases if self.handouts[b].last < offset]:
             handout = self.handouts[base]
@@ -319,10 +361,49 @@ class Subscription:
                 handout.consumer.release(handout, handout.ack_range(handout.first, handout.last))
             self._drop_handout(handout)
 
+    def _below_retention(self, earliest: int) -> bool:
+        """The position (or a batch to redeliver) lies below ``earliest``: jump or fail, by
+        ``below_retention``. Returns whether dispatch may go on."""
+        floor = self.ack_floor
+        if self.below_retention == BELOW_RETENTION_ERROR:
+            if self.position_error is None:
+                self.position_error = PositionBelowRetentionError(self.topic, self.name, floor, earliest)
+                log.error("%s", self.position_error)
+            for consumer in list(self.consumers):
+                consumer.fail(self.position_error)
+            return False
+        skipped = max(0, earliest - floor)
+        self.skipped_below_retention += skipped
+        log.warning(
+            "%s/%s: offsets %d..%d expired before they were acknowledged; the subscription jumps "
+            "to the earliest retained offset %d (%d skipped, %d in all)",
+            self.topic, self.name, floor, earliest - 1, earliest, skipped, self.skipped_below_retention,
+        )
+        self._skip_below(earliest)
+        return True
+
+    def _skip_hole(self, offset: int, target: int | None = None) -> None:
+        """Nothing holds ``offset`` although offsets above it exist (descriptors or WAL
+        segments not contiguous): skip to ``target`` (default: the next offset held), logged
+        and counted."""
+        if target is None:
+            local = self.wal.first_offset
+            nxt = self.remote.next_start_after(offset) if self.remote is not None else None
+            target = min(nxt, local) if nxt is not None else local
+        if target <= offset:
+            return
+        self.skipped_below_retention += target - offset
+        log.error(
+            "%s/%s: offsets %d..%d are held neither in object storage nor in the WAL; skipped",
+            self.topic, self.name, offset, target - 1,
+        )
+        self._skip_below(target)
+
     def _dispatch_once(self) -> bool:
-        first = self.wal.first_offset
-        if self.read_position < first or (self._bases and self._bases[0] < first):
-            self._skip_below(first)
+        earliest = self.earliest_offset
+        if self.read_position < earliest or (self._bases and self._bases[0] < earliest):
+            if not self._below_retention(earliest):
+                return False
         eligible = self._eligible()
         if not eligible:
             return False
@@ -331,8 +412,10 @@ class Subscription:
             consumer = self._pick(eligible)
             if consumer is None:
                 return moved > 0
-            batches = self.wal.read(handout.base, 1)
-            if not batches or batches[0].base_offset != handout.base:  # no longer held locally
+            batches = self._read(handout.base, 1)
+            if batches is None:  # being fetched from object storage
+                return moved > 0
+            if not batches or batches[0].base_offset != handout.base:  # held nowhere any more
                 self._drop_handout(handout)
                 continue
             consumer.push(batches[0], handout)
@@ -342,16 +425,26 @@ class Subscription:
                 return True
         permits = sum(c.permits for c in eligible)
         if self.read_position < self.wal.durable_end:
-            batches = self.wal.read(self.read_position, min(permits, _MAX_READ_RECORDS_PER_ROUND))
+            cold = self.read_position < self.wal.first_offset
+            batches = self._read(self.read_position, min(permits, _MAX_READ_RECORDS_PER_ROUND))
+            if batches is None:
+                return moved > 0
+            if not batches and cold:
+                self._skip_hole(self.read_position)
+                return True
             if batches and batches[0].last_offset >= self.read_position and batches[0].base_offset > self.read_position:
-                self._skip_below(batches[0].base_offset)  # a gap in the WAL
+                self._skip_hole(self.read_position, batches[0].base_offset)  # a gap in the WAL
             for batch in batches:
                 consumer = self._pick(eligible)
                 if consumer is None:
                     break
+                if batch.last_offset < self.read_position:
+                    continue
                 handout = Handout(batch.base_offset, batch.last_offset, max(batch.base_offset, self.read_position))
                 self._add_handout(handout)
                 consumer.push(batch, handout)
+                if cold:
+                    self.records_from_object_storage += batch.last_offset + 1 - handout.first
                 self.read_position = batch.last_offset + 1
                 moved += 1
         return moved > 0
@@ -381,6 +474,7 @@ class Subscription:
             return
         self._closed = True
         self._remove_listener()
+        self._remove_remote_listener()
         for consumer in list(self.consumers):
             self.remove_consumer(consumer, reason="subscription closed")
         self._wake.set()

@@ -26,7 +26,8 @@ from broker.config import (
 )
 from broker.consumer import Consumer
 from broker.producer import Producer
-from broker.subscription import Subscription
+from broker.remote import RemoteLog
+from broker.subscription import BELOW_RETENTION_EARLIEST, Subscription
 from broker.tasks import BackgroundWrites, spawn
 from broker.wal import WriteAheadLog
 
@@ -48,6 +49,9 @@ class Topic:
         max_batch_bytes: largest record batch a producer may send, in bytes.
         max_consumer_buffer_bytes: see :class:`broker.consumer.Consumer`.
         subscription_idle_s: a subscription without consumers is unloaded after this long.
+        remote: the topic's offsets in object storage (read below the WAL's first offset);
+            ``None`` without an object store.
+        below_retention: see :class:`broker.subscription.Subscription`.
     """
 
     def __init__(
@@ -63,9 +67,13 @@ class Topic:
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         max_consumer_buffer_bytes: int = DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
         subscription_idle_s: float = DEFAULT_SUBSCRIPTION_IDLE_S,
+        remote: RemoteLog | None = None,
+        below_retention: str = BELOW_RETENTION_EARLIEST,
     ) -> None:
         self.name = name
         self.wal = wal
+        self.remote = remote
+        self.below_retention = below_retention
         self.delivery = delivery
         self.producers: dict[int, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
@@ -88,6 +96,14 @@ class Topic:
     def path(self) -> str:
         """``/ns/topic``."""
         return self.name.path
+
+    @property
+    def earliest_offset(self) -> int:
+        """The earliest offset a subscription can read: the first one in object storage when
+        it lies below the WAL's first offset, else the WAL's first offset."""
+        local = self.wal.first_offset
+        remote = self.remote.first_offset if self.remote is not None else None
+        return remote if remote is not None and remote < local else local
 
     # ------------------------------------------------------------------ producing
 
@@ -172,7 +188,9 @@ class Topic:
         in etcd.
 
         The start position of a subscription loaded here is the stored cursor + 1 if one
-        exists, else the first local offset (EARLIEST) or the next offset (LATEST).
+        exists, else the earliest retained offset, in object storage or in the WAL (EARLIEST),
+        or the next offset (LATEST). A position below retention is handled by the
+        subscription (``below_retention``).
 
         Raises:
             SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
@@ -218,11 +236,10 @@ class Topic:
         if unloaded is not None and (cursor is None or unloaded > cursor):
             cursor = unloaded  # stored while unloading; the cache may not have it yet
         if cursor is not None:
-            # A cursor older than the WAL start (e.g. after a topic move) resumes at the first
-            # offset held locally.
-            start = max(cursor + 1, self.wal.first_offset)
+            # Below the WAL's first offset, the subscription reads from object storage.
+            start = cursor + 1
         elif earliest:
-            start = self.wal.first_offset
+            start = self.earliest_offset
         else:
             start = self.wal.next_offset
         sub = Subscription(
@@ -236,6 +253,8 @@ class Topic:
             cursor_flush_acks=self._cursor_flush_acks,
             on_active_change=functools.partial(self._active_changed, name),
             on_idle=self._subscription_idle,
+            remote=self.remote,
+            below_retention=self.below_retention,
         )
         self.subscriptions[name] = sub
         log.info("%s: subscription %s (%s) starts at offset %d", self.path, name, subscription_type.name, start)
@@ -341,4 +360,6 @@ class Topic:
                 await sub.close()
             except Exception as exc:  # noqa: BLE001
                 log.warning("%s/%s: close failed: %s", self.path, sub.name, exc)
+        if self.remote is not None:
+            self.remote.close()
         await self.wal.close()

@@ -251,6 +251,52 @@ class OffsetRangeError(DanubeError):
         super().__init__(f"{where}: expected offset {expected_offset}, found {actual_offset}")
 
 
+class PositionBelowRetentionError(DanubeError):
+    """A subscription's position lies below the earliest retained offset of its topic: those
+    messages expired (namespace retention, ``docs/etcd-layout.md`` §2.1) and the broker is
+    configured to stop the consumer rather than jump (``--position-below-retention error``)."""
+
+    grpc_code = grpc.StatusCode.OUT_OF_RANGE
+
+    def __init__(self, topic: str, subscription: str, position: int, earliest_offset: int) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.position = position
+        self.earliest_offset = earliest_offset
+        super().__init__(
+            f"{topic}/{subscription}: position {position} is below the earliest retained offset "
+            f"{earliest_offset}; offsets {position}..{earliest_offset - 1} expired"
+        )
+
+
+class SegmentQuarantinedError(DanubeError):
+    """A topic's WAL found corruption in the middle of a segment, with valid, acknowledged
+    batches after it, and quarantined the segment: appends are refused until an operator
+    decides (``python -m broker.wal.repair``, see :mod:`broker.wal.recovery`).
+
+    Not retriable: the condition lasts until the broker is stopped and the WAL repaired.
+
+    Args:
+        path: the quarantined segment file.
+        position: byte position of the bad batch in it.
+        last_good_offset: the last offset before the bad batch (the segment's start - 1 if none).
+        next_valid_offset: the base offset of the first valid batch found after the bad one.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, path: str, position: int, last_good_offset: int, next_valid_offset: int) -> None:
+        self.path = path
+        self.position = position
+        self.last_good_offset = last_good_offset
+        self.next_valid_offset = next_valid_offset
+        super().__init__(
+            f"WAL segment {bounded(path)} is quarantined: corrupt data at byte {position} after offset "
+            f"{last_good_offset}, with valid batches from offset {next_valid_offset} after it; appends are "
+            "refused until an operator repairs the WAL (python -m broker.wal.repair)"
+        )
+
+
 class ProducerClosedError(DanubeError, RuntimeError):
     """A message was given to a client-side producer that is not open (or already closed)."""
 
@@ -284,6 +330,8 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     OffsetRangeError,
     StorageFullError,
     BatchNotAppendedError,
+    PositionBelowRetentionError,
+    SegmentQuarantinedError,
 )
 """The error classes that travel from broker to client with their typed fields."""
 

@@ -168,6 +168,28 @@ class ObjectStore:
         data = self._fs.cat_file(self._full(path))
         return bytes(data)
 
+    def get_range(self, path: str, start: int, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the object (to its end when ``end`` is ``None``), in one
+        ranged read (an HTTP ``Range`` GET on S3).
+
+        Args:
+            path: relative object path.
+            start: first byte, 0-based.
+            end: one past the last byte, or ``None`` for the rest of the object.
+
+        Returns:
+            The bytes; shorter than asked when the object is shorter.
+
+        Raises:
+            ValueError: ``path`` is empty or has ``.``, ``..`` or empty parts, or ``start`` is
+                negative.
+            FileNotFoundError: no object at ``path``.
+        """
+        if start < 0:
+            raise ValueError(f"negative start {start}")
+        data = self._fs.cat_file(self._full(path), start=start, end=end)
+        return bytes(data)
+
     def info(self, path: str, *, compute_etag: bool = False) -> ObjectInfo | None:
         """Size and etag of the object at ``path``, or ``None`` if there is none.
 

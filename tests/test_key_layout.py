@@ -102,6 +102,8 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
         "max_publish_rate": 0,
         "max_subscription_dispatch_rate": 0,
         "max_subscriptions_per_topic": 0,
+        "retention_size_mb": 0,
+        "retention_time_minutes": 0,
     }
     assert list(kv["/namespaces/default/policy"]) == sorted(kv["/namespaces/default/policy"])
     assert kv["/namespaces/default/topics/default/flights"] is None

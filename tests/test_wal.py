@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 from helpers import eventually, stays
 
@@ -16,8 +20,8 @@ import broker.wal.log as walmod
 import broker.wal.segment as segmod
 from broker.wal import WriteAheadLog, active_name, sealed_name
 from danube_pipeline.batches import BatchBuilder, batch_records, set_base_offset
-from danube_pipeline.errors import CorruptRecordError, StorageFullError
-from danube_pipeline.records import SEGMENT_HEADER_SIZE, Record
+from danube_pipeline.errors import CorruptRecordError, DanubeError, SegmentQuarantinedError, StorageFullError
+from danube_pipeline.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader, encode_record
 from danube_pipeline.segments import decode_segment, scan_segment
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -256,29 +260,6 @@ async def test_bad_tail_is_truncated(tmp_path: Path, tail: object, good_records:
         got = read(wal, 0, 100)
         assert [r.offset for r in got] == list(range(good_records + 1))
         assert got[-1].payload == msg(50).payload
-    finally:
-        await wal.close()
-
-
-async def test_corrupt_crc_in_the_middle_truncates_from_there(tmp_path: Path) -> None:
-    wal = await open_wal(tmp_path)
-    for i in range(10):
-        await append(wal, [msg(i)])  # one batch per offset
-    path = wal.active_path
-    await wal.close()
-    data = bytearray(path.read_bytes())
-    positions = scan_segment(bytes(data), keep_positions=True).positions
-    pos4 = dict(positions)[4]
-    data[pos4 + 70] ^= 0xFF  # flip a byte inside batch 4's record
-    path.write_bytes(bytes(data))
-    wal = await open_wal(tmp_path)
-    try:
-        assert path.stat().st_size == pos4
-        assert wal.next_offset == 4
-        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3]
-        assert await append(wal, [msg(99)]) == (4, 4)
-        assert read(wal, 4, 1)[0].payload == msg(99).payload
-        assert scan_segment(path.read_bytes()).error is None
     finally:
         await wal.close()
 
@@ -662,5 +643,249 @@ async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: P
             await doomed
         assert sealed is not None and (sealed.start_offset, sealed.end_offset) == (0, 1)
         assert await append(wal, [msg(3)]) == (2, 2)  # offset 2 handed out again, never acked before
+    finally:
+        await wal.close()
+
+
+# ---------------------------------------------------------------- corruption is not truncation
+
+
+async def ten_batches(dirpath: Path) -> Path:
+    """A WAL holding offsets 0..9, one batch per offset, closed; returns its active file."""
+    wal = await open_wal(dirpath)
+    for i in range(10):
+        await append(wal, [msg(i)])
+    path = wal.active_path
+    await wal.close()
+    return path
+
+
+def batch_positions(path: Path) -> dict[int, int]:
+    """``{base_offset: byte_position}`` of every good batch of a segment file."""
+    return dict(scan_segment(path.read_bytes(), keep_positions=True).positions)
+
+
+def damage(path: Path, offset: int, how: str) -> tuple[bytes, int]:
+    """Damage the batch holding ``offset`` in place; returns the new bytes and its position."""
+    data = bytearray(path.read_bytes())
+    pos = batch_positions(path)[offset]
+    if how == "record_byte":
+        data[pos + 70] ^= 0xFF  # inside the record: CRC mismatch
+    elif how == "base_offset":
+        data[pos : pos + 8] = (999).to_bytes(8, "little")  # not covered by the CRC
+    elif how == "length":
+        data[pos + 8 : pos + 12] = (0x7FFFFFFF).to_bytes(4, "little")
+    elif how == "magic":
+        data[pos + 16] = 9
+    else:
+        raise AssertionError(how)
+    path.write_bytes(bytes(data))
+    return bytes(data), pos
+
+
+def marker_of(path: Path) -> Path:
+    return path.with_name(path.name + ".quarantine")
+
+
+def repair(directory: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``python -m broker.wal.repair DIRECTORY FLAGS`` as the operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker.wal.repair", str(directory), *flags],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+@pytest.mark.parametrize("how", ["record_byte", "base_offset", "length", "magic"])
+@pytest.mark.parametrize("bad_offset", [0, 4])
+async def test_corruption_in_the_middle_quarantines_the_segment(tmp_path: Path, how: str, bad_offset: int) -> None:
+    """A bad batch followed by valid (acknowledged) batches is not a torn tail: the segment is
+    kept byte for byte, a marker is written, reads stop at the last good offset and appends
+    are refused with a typed error."""
+    path = await ten_batches(tmp_path)
+    damaged, pos = damage(path, bad_offset, how)
+    last_good = bad_offset - 1
+    wal = await open_wal(tmp_path)
+    try:
+        assert path.read_bytes() == damaged
+        q = wal.quarantine
+        assert q is not None
+        assert (q.segment, q.position, q.last_good_offset) == (path, pos, last_good)
+        assert q.next_valid_offset == bad_offset + 1
+        assert q.error
+        assert wal.durable_end == bad_offset
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(bad_offset))
+        assert read(wal, bad_offset, 10) == [] and read(wal, 7, 10) == []
+        with pytest.raises(SegmentQuarantinedError) as err:
+            await append(wal, [msg(50)])
+        e = err.value
+        assert (e.path, e.position, e.last_good_offset) == (str(path), pos, last_good)
+        assert e.next_valid_offset == bad_offset + 1
+        assert isinstance(e, DanubeError) and not e.retriable
+        assert e.grpc_code == grpc.StatusCode.FAILED_PRECONDITION and "operator" in str(e)
+        with pytest.raises(SegmentQuarantinedError):
+            enqueue(wal, [msg(51)])
+    finally:
+        await wal.close()
+    assert path.read_bytes() == damaged
+    marker = json.loads(marker_of(path).read_text())
+    assert marker["segment"] == path.name
+    assert (marker["position"], marker["last_good_offset"]) == (pos, last_good)
+    assert marker["next_valid_offset"] == bad_offset + 1
+    assert marker["error"] == q.error and marker["detected_at"]
+
+
+async def test_quarantine_persists_across_reopens(tmp_path: Path) -> None:
+    """Reopening does not lift the quarantine: it is found again in the bytes (even with the
+    marker removed by hand), and an existing marker keeps its first detection time."""
+    path = await ten_batches(tmp_path)
+    damaged, pos = damage(path, 4, "record_byte")
+    wal = await open_wal(tmp_path)
+    await wal.close()
+    first = json.loads(marker_of(path).read_text())
+    wal = await open_wal(tmp_path)
+    await wal.close()
+    assert json.loads(marker_of(path).read_text()) == first
+    marker_of(path).unlink()
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.quarantine is not None and wal.quarantine.position == pos
+        with pytest.raises(SegmentQuarantinedError):
+            await append(wal, [msg(50)])
+    finally:
+        await wal.close()
+    again = json.loads(marker_of(path).read_text())
+    assert {k: v for k, v in again.items() if k != "detected_at"} == {
+        k: v for k, v in first.items() if k != "detected_at"
+    }
+    assert path.read_bytes() == damaged
+
+
+@pytest.mark.parametrize("tail", ["corrupt_last", "corrupt_then_torn"])
+async def test_bad_batch_with_nothing_valid_after_is_a_torn_tail(tmp_path: Path, tail: str) -> None:
+    """A bad last batch, or a bad batch followed only by a torn one, was never acknowledged:
+    truncated as before, no marker, appends continue."""
+    path = await ten_batches(tmp_path)
+    positions = batch_positions(path)
+    if tail == "corrupt_last":
+        _, pos = damage(path, 9, "record_byte")
+        good = 9
+    else:
+        _, pos = damage(path, 8, "record_byte")
+        data = path.read_bytes()
+        path.write_bytes(data[: positions[9] + 30])  # batch 9 torn
+        good = 8
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.quarantine is None
+        assert path.stat().st_size == pos
+        assert await append(wal, [msg(50)]) == (good, good)
+        assert [r.offset for r in read(wal, 0, 100)] == list(range(good + 1))
+    finally:
+        await wal.close()
+    assert not marker_of(path).exists()
+
+
+async def test_repair_without_flag_only_reports(tmp_path: Path) -> None:
+    path = await ten_batches(tmp_path)
+    damaged, pos = damage(path, 4, "record_byte")
+    wal = await open_wal(tmp_path)
+    await wal.close()
+    marker = marker_of(path).read_text()
+    done = repair(tmp_path)
+    assert done.returncode == 1, done.stderr
+    out = done.stdout
+    assert path.name in out and f"byte {pos}" in out
+    assert "last good offset 3" in out and "offset 5" in out and "--truncate" in out
+    assert path.read_bytes() == damaged and marker_of(path).read_text() == marker
+    assert dir_names(tmp_path) == sorted([path.name, marker_of(path).name])
+
+
+async def test_repair_truncate_keeps_the_evidence_and_the_wal_resumes(tmp_path: Path) -> None:
+    """The operator accepts the loss: the segment is kept aside as ``.quarantined``, the good
+    prefix replaces it, the marker goes, and the WAL opens and appends at last good + 1."""
+    path = await ten_batches(tmp_path)
+    damaged, pos = damage(path, 4, "record_byte")
+    wal = await open_wal(tmp_path)
+    await wal.close()
+    done = repair(tmp_path, "--truncate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 offsets" in done.stdout and "4..9" in done.stdout
+    aside = path.with_name(path.name + ".quarantined")
+    assert aside.read_bytes() == damaged
+    assert path.read_bytes() == damaged[:pos]
+    assert not marker_of(path).exists()
+    assert repair(tmp_path).returncode == 0  # nothing quarantined any more
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.quarantine is None and wal.next_offset == 4
+        assert await append(wal, [msg(50)]) == (4, 4)
+        got = read(wal, 0, 100)
+        assert [r.offset for r in got] == [0, 1, 2, 3, 4] and got[-1].payload == msg(50).payload
+    finally:
+        await wal.close()
+    assert dir_names(tmp_path) == sorted([path.name, aside.name])
+
+
+async def test_a_quarantined_segment_is_never_sealed(tmp_path: Path) -> None:
+    """An admin seal of a quarantined active segment does nothing (its bytes run past the
+    corruption, so it must never become a sealed segment that tiering would upload); the file
+    stays as it is until the repair cuts it."""
+    path = await ten_batches(tmp_path)
+    damaged, pos = damage(path, 4, "record_byte")
+    wal = await open_wal(tmp_path)
+    try:
+        assert await wal.seal_active() is None
+        assert wal.sealed_segments() == []
+        with pytest.raises(SegmentQuarantinedError):
+            await append(wal, [msg(50)])
+    finally:
+        await wal.close()
+    assert path.read_bytes() == damaged and marker_of(path).exists()
+    assert not (tmp_path / sealed_name(0, 3)).exists()
+    done = repair(tmp_path, "--truncate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert path.read_bytes() == damaged[:pos]
+    assert not [n for n in dir_names(tmp_path) if n.endswith(".quarantine")]
+    wal = await open_wal(tmp_path)
+    try:
+        assert wal.quarantine is None
+        assert await append(wal, [msg(50)]) == (4, 4)
+        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 4]
+    finally:
+        await wal.close()
+
+
+async def test_legacy_segment_with_corruption_in_the_middle_is_quarantined(tmp_path: Path) -> None:
+    """A version 1 active file (one frame per record) follows the same rule: not sealed, not
+    truncated, until the repair cuts it; then it is sealed as before."""
+    records = [
+        Record(offset=i, publish_time_us=1, producer_id=7, producer_name="p", schema_id=0, schema_version=0,
+               payload=f"v1-{i}".encode())
+        for i in range(6)
+    ]
+    header = SegmentHeader(start_offset=0, created_at_ms=1, format_version=LEGACY_FORMAT_VERSION).encode()
+    frames = [encode_record(r) for r in records]
+    pos2 = len(header) + len(frames[0]) + len(frames[1])
+    data = bytearray(header + b"".join(frames))
+    data[pos2 + 20] ^= 0xFF
+    path = tmp_path / active_name(0)
+    path.write_bytes(bytes(data))
+    wal = await open_wal(tmp_path)
+    try:
+        q = wal.quarantine
+        assert q is not None and (q.position, q.last_good_offset, q.next_valid_offset) == (pos2, 1, 3)
+        assert wal.sealed_segments() == [] and wal.active_path == path
+        assert [r.payload for r in read(wal, 0, 100)] == [b"v1-0", b"v1-1"]
+        with pytest.raises(SegmentQuarantinedError):
+            await append(wal, [msg(50)])
+    finally:
+        await wal.close()
+    assert path.read_bytes() == bytes(data)
+    done = repair(tmp_path, "--truncate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    wal = await open_wal(tmp_path)
+    try:
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 1)]
+        assert await append(wal, [msg(50)]) == (2, 2)
     finally:
         await wal.close()

@@ -41,7 +41,7 @@ from danube_pipeline.segments import StoredBatch
 
 from broker.tasks import run_to_completion
 from broker.wal.pending import PendingAppend, plan_write, write_all
-from broker.wal.recovery import LogLoader
+from broker.wal.recovery import LogLoader, Quarantine
 from broker.wal.segment import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     SealedSegment,
@@ -135,8 +135,11 @@ class WriteAheadLog:
     ) -> WriteAheadLog:
         """Open (or create) the WAL in ``directory``, recovering its files.
 
-        Recovery follows :mod:`broker.wal.recovery`: a torn or corrupt tail of the active
-        segment is truncated (and logged); appends continue at the last good offset + 1.
+        Recovery follows :mod:`broker.wal.recovery`: a torn tail of the active segment (nothing
+        valid after the first bad batch) is truncated (and logged), and appends continue at the
+        last good offset + 1; corruption followed by valid batches quarantines the segment
+        (:attr:`quarantine`): reads stop before it and appends are refused until an operator
+        runs ``python -m broker.wal.repair``.
 
         Args:
             directory: the topic's WAL directory, created if missing.
@@ -207,6 +210,7 @@ class WriteAheadLog:
         self._active = loaded.active
         self._active_first_append_s = loaded.first_append_s
         self._next_offset = loaded.active.end + 1
+        self._quarantine = loaded.quarantine
 
     def _create_active(self, start: int) -> Segment:
         return create_active_segment(self.directory, start, self.index_interval_bytes)
@@ -237,6 +241,15 @@ class WriteAheadLog:
         assert self._active is not None
         return self._active.start
 
+    _quarantine: Quarantine | None = None  # set by _load
+
+    @property
+    def quarantine(self) -> Quarantine | None:
+        """The segment recovery quarantined (corruption in the middle, valid batches after it;
+        :mod:`broker.wal.recovery`), or ``None``. While set, reads serve offsets up to its last
+        good offset and appends are refused; ``python -m broker.wal.repair`` lifts it offline."""
+        return self._quarantine
+
     def enqueue(self, batch: bytes, record_count: int) -> asyncio.Future[tuple[int, int]]:
         """Give a record batch its offsets now and queue it for the next group commit.
 
@@ -255,11 +268,15 @@ class WriteAheadLog:
         Raises:
             ValueError: if ``record_count`` is not positive.
             RuntimeError: if the WAL is closed or a previous write failed unrecoverably.
+            SegmentQuarantinedError: a segment is quarantined (:attr:`quarantine`); appending
+                would hand out offsets that valid batches after its corruption already carry.
         """
         if record_count < 1:
             raise ValueError("nothing to append")
         if self._closed:
             raise RuntimeError(f"WAL {self.directory} is closed")
+        if self._quarantine is not None:
+            raise self._quarantine.append_error()
         if self._failed is not None:
             raise RuntimeError(f"WAL {self.directory} failed: {self._failed}")
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
@@ -499,6 +516,8 @@ class WriteAheadLog:
         active = self._active
         if active is None or active.end < active.start or active.fd is None:
             return None
+        if self._quarantine is not None:  # its bytes go past the corruption: never seal them
+            return None
         return await run_to_completion(self._seal_steps(active))
 
     async def _seal_steps(self, active: Segment) -> SealedSegment:
@@ -587,6 +606,57 @@ class WriteAheadLog:
         if i < len(self._sealed) and self._sealed[i].start == start_offset:
             return self._sealed[i].info()
         return None
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of every segment file on disk, sealed and active (headers included)."""
+        total = sum(seg.length for seg in self._sealed)
+        if self._active is not None and not self._roll_pending:
+            total += self._active.length
+        return total
+
+    async def delete_oldest_sealed(self, start_offset: int) -> int:
+        """Delete the oldest sealed segment from disk (local retention).
+
+        Only the oldest one may go, so the offsets held locally stay contiguous:
+        :attr:`first_offset` becomes the next segment's start. The caller decides that the
+        segment's offsets live on elsewhere (object storage) or have expired.
+
+        Args:
+            start_offset: the segment's first offset; it must be the oldest sealed segment.
+
+        Returns:
+            The bytes freed.
+
+        Raises:
+            ValueError: ``start_offset`` is not the oldest sealed segment.
+            OSError: the file could not be removed (the WAL no longer serves it; the next
+                open finds it again).
+        """
+        async with self._io_lock:
+            if not self._sealed or self._sealed[0].start != start_offset:
+                raise ValueError(f"WAL {self.directory}: {start_offset} is not the oldest sealed segment")
+            seg = self._sealed[0]
+            if seg is self._active:  # sealed, but the next active segment does not exist yet
+                raise ValueError(f"WAL {self.directory}: segment {start_offset} is still the newest")
+            path = seg.path
+            # Drop it from the state first, in one step: from here on readers go to object
+            # storage for these offsets and never open the file again.
+            self._sealed.pop(0)
+            self._sealed_starts.pop(0)
+            if seg in self._open_sealed_fds:
+                self._open_sealed_fds.remove(seg)
+            if seg.fd is not None:
+                os.close(seg.fd)
+                seg.fd = None
+            # A failed unlink leaves the file behind; recovery takes it back at the next open.
+            await asyncio.to_thread(os.unlink, path)
+            try:
+                await asyncio.to_thread(fsync_dir, self.directory)
+            except OSError as exc:  # the unlink happened; a crash may bring the name back
+                log.warning("WAL %s: directory sync after deleting %s failed: %s", self.directory, path.name, exc)
+            log.info("WAL %s: deleted %s (%d bytes, offsets %d..%d)", self.directory, path.name, seg.length, seg.start, seg.end)
+            return seg.length
 
     @property
     def active_path(self) -> Path:

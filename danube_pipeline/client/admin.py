@@ -14,9 +14,12 @@ from danube_pipeline.client._context import Context
 from danube_pipeline.client._status import rpc_errors
 from danube_pipeline.client.types import (
     ClusterInfo,
+    LocalRetentionResult,
     SegmentInfo,
+    TopicDescription,
     TopicInfo,
     _segment_info_from_pb,
+    _topic_description_from_pb,
     _topic_info_from_pb,
 )
 from danube_pipeline.errors import CorruptRecordError, DanubeError
@@ -121,6 +124,61 @@ class AdminClient:
                 pb.SealActiveSegmentRequest(topic=path), timeout=self._ctx.request_timeout_s
             )
             return _segment_info_from_pb(response.segment) if response.sealed else None
+
+        return await self._ctx.call_owner(path, call)
+
+    async def apply_local_retention(
+        self, topic: str, *, retention_bytes: int | None = None, retention_ms: int | None = None
+    ) -> LocalRetentionResult:
+        """Apply the topic's local WAL retention now, on the broker that owns it.
+
+        Only sealed segments whose object is verified in object storage (size and MD5 etag of
+        a completed descriptor, ``docs/etcd-layout.md`` §5.1) are deleted, oldest first, while
+        they fall outside the retention.
+
+        Args:
+            topic: ``/ns/topic``.
+            retention_bytes: keep at most this many WAL bytes, for this call only (``0``: only
+                the active segment stays); ``None`` = the topic's override (§3.6) or the
+                broker's ``--local-retention-bytes``.
+            retention_ms: delete such segments sealed longer ago than this, in milliseconds,
+                for this call only; ``None`` = the configured value.
+
+        Returns:
+            A :class:`LocalRetentionResult`.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            MalformedRequestError: a limit is negative.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+        request = pb.ApplyLocalRetentionRequest(topic=path)
+        if retention_bytes is not None:
+            request.retention_bytes = retention_bytes
+        if retention_ms is not None:
+            request.retention_ms = retention_ms
+
+        async def call(stubs: Stubs) -> LocalRetentionResult:
+            r = await stubs.admin.ApplyLocalRetention(request, timeout=self._ctx.request_timeout_s)
+            return LocalRetentionResult(r.deleted_segments, r.deleted_bytes, r.first_local_offset, r.wal_bytes)
+
+        return await self._ctx.call_owner(path, call)
+
+    async def describe_topic(self, topic: str) -> TopicDescription:
+        """Where the topic's offsets live (WAL, object storage) and its loaded subscriptions.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> TopicDescription:
+            response = await stubs.admin.DescribeTopic(pb.DescribeTopicRequest(topic=path), timeout=self._ctx.request_timeout_s)
+            return _topic_description_from_pb(response)
 
         return await self._ctx.call_owner(path, call)
 

@@ -23,9 +23,12 @@ __all__ = [
     "ClusterInfo",
     "DeliveryMode",
     "InitialPosition",
+    "LocalRetentionResult",
     "Message",
     "SegmentInfo",
+    "SubscriptionInfo",
     "SubscriptionType",
+    "TopicDescription",
     "TopicInfo",
 ]
 
@@ -132,6 +135,74 @@ class SegmentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalRetentionResult:
+    """What ``Admin.ApplyLocalRetention`` did to a topic's WAL.
+
+    Attributes:
+        deleted_segments: sealed segments deleted from the broker's disk.
+        deleted_bytes: bytes freed.
+        first_local_offset: the WAL's first offset afterwards.
+        wal_bytes: the WAL's size on disk afterwards, in bytes.
+    """
+
+    deleted_segments: int
+    deleted_bytes: int
+    first_local_offset: int
+    wal_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionInfo:
+    """A subscription loaded on the broker serving its topic.
+
+    Attributes:
+        name: the subscription name.
+        subscription_type: Exclusive, Shared or Failover.
+        cursor: the last offset with everything at or below it acknowledged, ``None`` when
+            nothing is.
+        read_position: the next offset never handed out.
+        consumers: consumers attached.
+        records_from_object_storage: records handed out from object storage.
+        skipped_below_retention: offsets jumped over because they expired.
+    """
+
+    name: str
+    subscription_type: SubscriptionType
+    cursor: int | None
+    read_position: int
+    consumers: int
+    records_from_object_storage: int
+    skipped_below_retention: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """Where a topic's offsets live (``Admin.DescribeTopic``).
+
+    Attributes:
+        first_local_offset: the WAL's first offset.
+        next_offset: the offset the next message gets.
+        wal_bytes: the WAL's size on disk, in bytes.
+        sealed_segments: sealed segments in the WAL.
+        remote_first_offset: the first offset held in object storage, ``None`` when none is.
+        remote_end_offset: the last offset held in object storage (inclusive), or ``None``.
+        earliest_offset: the earliest offset a subscription can read.
+        subscriptions: the subscriptions loaded, by name.
+        cache_bytes: the broker's cache of objects read back (all topics), in bytes.
+    """
+
+    first_local_offset: int
+    next_offset: int
+    wal_bytes: int
+    sealed_segments: int
+    remote_first_offset: int | None
+    remote_end_offset: int | None
+    earliest_offset: int
+    subscriptions: list[SubscriptionInfo]
+    cache_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerInfo:
     """A registered broker (``/cluster/register/{id}``).
 
@@ -208,6 +279,31 @@ def _segment_info_from_pb(s: pb.SegmentInfo) -> SegmentInfo:
         record_count=s.record_count,
         created_at_ms=s.created_at_ms,
         sealed_at_ms=s.sealed_at_ms,
+    )
+
+
+def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
+    return TopicDescription(
+        first_local_offset=r.first_local_offset,
+        next_offset=r.next_offset,
+        wal_bytes=r.wal_bytes,
+        sealed_segments=r.sealed_segments,
+        remote_first_offset=r.remote_first_offset if r.HasField("remote_first_offset") else None,
+        remote_end_offset=r.remote_end_offset if r.HasField("remote_end_offset") else None,
+        earliest_offset=r.earliest_offset,
+        subscriptions=[
+            SubscriptionInfo(
+                name=s.name,
+                subscription_type=SubscriptionType(s.type),
+                cursor=s.cursor if s.HasField("cursor") else None,
+                read_position=s.read_position,
+                consumers=s.consumers,
+                records_from_object_storage=s.records_from_object_storage,
+                skipped_below_retention=s.skipped_below_retention,
+            )
+            for s in r.subscriptions
+        ],
+        cache_bytes=r.cache_bytes,
     )
 
 

@@ -93,6 +93,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         host=broker_host,
         port=int(broker_port),
         segment_max_age_s=60.0,
+        extra_args=["--object-store-url", (home / "objects").as_uri()],
     )
     dagster: subprocess.Popen[bytes] | None = None
     try:

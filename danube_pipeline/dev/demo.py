@@ -11,7 +11,10 @@ Stages, each timed:
    ``dagster_home/dagster.yaml`` whose storage is ``<home>/dagster``, so the runs show in the UI
    (``danube-pipeline dev --home <home>``);
 5. compact the Iceberg table with Spark (the ``compacted_table`` asset);
-6. answer a question with Spark SQL on the table: mean departure delay per carrier.
+6. apply local WAL retention so the broker's disk keeps only the newest segment, then consume
+   every flight again from the earliest offset through the broker, now served from object
+   storage, and check each payload against the source;
+7. answer a question with Spark SQL on the table: mean departure delay per carrier.
 
 It prints a summary and returns it; any failed check raises :class:`DemoError`.
 """
@@ -68,6 +71,9 @@ class DemoSummary:
     table_rows: int = 0
     data_files_before_compaction: int = 0
     data_files_after_compaction: int = 0
+    wal_bytes_after_retention: int = 0
+    read_from_object_storage: int = 0
+    cold_read_msgs_per_s: float = 0.0
     carrier_delays: list[tuple[str, float, int]] = field(default_factory=list)
     asset_checks: list[tuple[str, str, bool]] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -90,6 +96,8 @@ class DemoSummary:
             f"Iceberg rows            {self.table_rows:>12,}",
             f"data files before/after {self.data_files_before_compaction:>5} -> {self.data_files_after_compaction}"
             "   (Spark rewrite_data_files)",
+            f"local WAL bytes after retention   {self.wal_bytes_after_retention:,}",
+            f"read from object storage   {self.read_from_object_storage:,}   ({self.cold_read_msgs_per_s:,.0f} msg/s)",
             "",
             "asset checks (run of segment_objects + iceberg_table):",
             *(f"  {asset:<16} {check:<34} {'passed' if ok else 'FAILED'}" for asset, check, ok in self.asset_checks),
@@ -165,6 +173,47 @@ async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: D
                         bar.update(5000)
                 bar.update(seen % 5000)
     summary.messages_consumed = seen
+
+
+COLD_SUBSCRIPTION = "demo-cold-read"
+
+
+async def _retain_and_read_cold(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
+    """Local retention down to the newest segment, then every message again from the earliest
+    offset, served from the segment objects, each checked against what was sent."""
+    async with DanubeClient([broker_addr]) as client:
+        result = await client.admin.apply_local_retention(flights.FLIGHTS_TOPIC, retention_bytes=0)
+        if result.first_local_offset != summary.messages_published:
+            raise DemoError("local retention", f"the WAL still starts at offset {result.first_local_offset}")
+        summary.wal_bytes_after_retention = result.wal_bytes
+        seen = 0
+        start = time.perf_counter()
+        async with client.consumer(
+            flights.FLIGHTS_TOPIC,
+            subscription=COLD_SUBSCRIPTION,
+            consumer_name="demo-cold-reader",
+            initial_position=InitialPosition.EARLIEST,
+        ) as consumer:
+            with tqdm(total=len(payloads), unit="msg", disable=not progress, desc="cold read") as bar:
+                while seen < len(payloads):
+                    message = await consumer.receive(timeout_ms=30_000)
+                    if message.offset != seen:
+                        raise DemoError("cold read", f"offset {message.offset}, expected {seen}")
+                    if message.payload != payloads[seen]:
+                        raise DemoError("cold read", f"payload of offset {seen} differs from what was sent")
+                    await consumer.ack(message)
+                    seen += 1
+                    if seen % 5000 == 0:
+                        bar.update(5000)
+                bar.update(seen % 5000)
+        elapsed = time.perf_counter() - start
+        described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
+    sub = next((s for s in described.subscriptions if s.name == COLD_SUBSCRIPTION), None)
+    from_objects = sub.records_from_object_storage if sub is not None else 0
+    if from_objects != seen:
+        raise DemoError("cold read", f"{from_objects} of {seen} messages came from object storage")
+    summary.read_from_object_storage = from_objects
+    summary.cold_read_msgs_per_s = seen / elapsed if elapsed > 0 else 0.0
 
 
 async def _seal_and_count(broker_addr: str, summary: DemoSummary) -> None:
@@ -278,7 +327,6 @@ def _run_stages(
         payloads = asyncio.run(_publish(broker_addr, limit, summary, progress))
     with _stage(summary, "consume + check"):
         asyncio.run(_consume_and_check(broker_addr, payloads, summary, progress))
-    del payloads
     with _stage(summary, "seal active segment"):
         asyncio.run(_seal_and_count(broker_addr, summary))
     with _stage(summary, "dagster: objects + iceberg"):
@@ -294,6 +342,9 @@ def _run_stages(
     with _stage(summary, "dagster: spark compaction"):
         _dagster_launch("compacted_table")
     summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
+    with _stage(summary, "local retention + cold read"):
+        asyncio.run(_retain_and_read_cold(broker_addr, payloads, summary, progress))
+    del payloads
     with _stage(summary, "spark sql question"):
         _spark_question(env, summary)
 
@@ -333,7 +384,13 @@ def run_demo(
         etcd = EtcdServer(home / "etcd")
         etcd.start()
     try:
-        broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=home / "broker", segment_max_bytes=segment_max_bytes, segment_max_age_s=60.0)
+        broker = BrokerProcess(
+            etcd_endpoints=etcd.endpoints,
+            data_dir=home / "broker",
+            segment_max_bytes=segment_max_bytes,
+            segment_max_age_s=60.0,
+            extra_args=["--object-store-url", (home / "objects").as_uri()],
+        )
         broker.start()
         try:
             env = settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=[broker.address])

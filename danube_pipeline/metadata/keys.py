@@ -102,6 +102,12 @@ def topic_delivery(topic: TopicName) -> str:
     return f"{topic_root(topic)}/delivery"
 
 
+def topic_local_retention(topic: TopicName) -> str:
+    """§3.6 ``/topics/{namespace}/{topic}/local_retention``; value :class:`LocalRetention`,
+    the topic's override of the brokers' local WAL retention (written by operators)."""
+    return f"{topic_root(topic)}/local_retention"
+
+
 def topic_producers_prefix(topic: TopicName) -> str:
     """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
     return f"{topic_root(topic)}/producers/"

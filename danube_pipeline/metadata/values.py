@@ -138,6 +138,47 @@ class NamespacePolicy(JsonRecord):
     max_publish_rate: int = 0
     max_subscription_dispatch_rate: int = 0
     max_subscriptions_per_topic: int = 0
+    retention_size_mb: int = 0
+    retention_time_minutes: int = 0
+
+    ALIASES: ClassVar[dict[str, str]] = {
+        "retentionSizeInMB": "retention_size_mb",
+        "retentionTimeInMinutes": "retention_time_minutes",
+    }
+    """Danube's (and Pulsar's) camelCase retention names, accepted when reading (§2.1)."""
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """As :meth:`JsonRecord.from_json`; ``retentionTimeInMinutes`` and
+        ``retentionSizeInMB`` are read as ``retention_time_minutes`` and ``retention_size_mb``
+        when the snake-case field is absent.
+
+        Raises:
+            ValueError: ``data`` is not an object, or a retention value is not a
+                non-negative integer.
+        """
+        if isinstance(data, dict):
+            data = dict(data)
+            for alias, name in cls.ALIASES.items():
+                if alias in data and name not in data:
+                    data[name] = data[alias]
+        # (no zero-argument super(): slots=True makes a new class)
+        policy = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        for name in ("retention_size_mb", "retention_time_minutes"):
+            value = getattr(policy, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"NamespacePolicy: {name} must be a non-negative integer, got {value!r}")
+        return policy
+
+    @property
+    def retention_bytes(self) -> int:
+        """``retention_size_mb`` in bytes (MiB × 1,048,576); 0 = no size limit."""
+        return self.retention_size_mb * 1024 * 1024
+
+    @property
+    def retention_ms(self) -> int:
+        """``retention_time_minutes`` in milliseconds; 0 = kept forever."""
+        return self.retention_time_minutes * 60_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -245,6 +286,29 @@ class ObjectsCursor(JsonRecord):
     """§5.2 ``.../objects/cur``: ``start`` is the padded start offset of the newest object."""
 
     start: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LocalRetention(JsonRecord):
+    """§3.6 ``/topics/{ns}/{topic}/local_retention``: a topic's override of the brokers' local
+    WAL retention. ``-1`` (or a field left out) keeps the broker's setting."""
+
+    bytes: int = -1
+    ms: int = -1
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: ``data`` is not an object, or a field is not an integer ≥ -1.
+        """
+        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        for name in ("bytes", "ms"):
+            v = getattr(value, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+                raise ValueError(f"LocalRetention: {name} must be an integer >= -1, got {v!r}")
+        return value  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -237,6 +237,74 @@ class ClusterMetadataResponse(_message.Message):
     leader_broker_id: int
     def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
 
+class ApplyLocalRetentionRequest(_message.Message):
+    __slots__ = ("topic", "retention_bytes", "retention_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    retention_bytes: int
+    retention_ms: int
+    def __init__(self, topic: _Optional[str] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ...) -> None: ...
+
+class ApplyLocalRetentionResponse(_message.Message):
+    __slots__ = ("deleted_segments", "deleted_bytes", "first_local_offset", "wal_bytes")
+    DELETED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    deleted_segments: int
+    deleted_bytes: int
+    first_local_offset: int
+    wal_bytes: int
+    def __init__(self, deleted_segments: _Optional[int] = ..., deleted_bytes: _Optional[int] = ..., first_local_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class SubscriptionState(_message.Message):
+    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    READ_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FROM_OBJECT_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BELOW_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: SubscriptionType
+    cursor: int
+    read_position: int
+    consumers: int
+    records_from_object_storage: int
+    skipped_below_retention: int
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicResponse(_message.Message):
+    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes")
+    FIRST_LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    first_local_offset: int
+    next_offset: int
+    wal_bytes: int
+    sealed_segments: int
+    remote_first_offset: int
+    remote_end_offset: int
+    earliest_offset: int
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionState]
+    cache_bytes: int
+    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "delivery", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -607,6 +607,16 @@ class AdminStub:
                 request_serializer=danube__pb2.ReadSegmentRequest.SerializeToString,
                 response_deserializer=danube__pb2.SegmentChunk.FromString,
                 _registered_method=True)
+        self.ApplyLocalRetention = channel.unary_unary(
+                '/danube.v1.Admin/ApplyLocalRetention',
+                request_serializer=danube__pb2.ApplyLocalRetentionRequest.SerializeToString,
+                response_deserializer=danube__pb2.ApplyLocalRetentionResponse.FromString,
+                _registered_method=True)
+        self.DescribeTopic = channel.unary_unary(
+                '/danube.v1.Admin/DescribeTopic',
+                request_serializer=danube__pb2.DescribeTopicRequest.SerializeToString,
+                response_deserializer=danube__pb2.DescribeTopicResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -647,6 +657,22 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyLocalRetention(self, request, context):
+        """Applies the topic's local WAL retention now: deletes the oldest sealed segments whose
+        object is verified in object storage and that fall outside the retention (the broker's
+        setting, the topic's override, or the limits given here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTopic(self, request, context):
+        """Where a topic's offsets live (WAL, object storage) and its loaded subscriptions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -674,6 +700,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ReadSegment,
                     request_deserializer=danube__pb2.ReadSegmentRequest.FromString,
                     response_serializer=danube__pb2.SegmentChunk.SerializeToString,
+            ),
+            'ApplyLocalRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyLocalRetention,
+                    request_deserializer=danube__pb2.ApplyLocalRetentionRequest.FromString,
+                    response_serializer=danube__pb2.ApplyLocalRetentionResponse.SerializeToString,
+            ),
+            'DescribeTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTopic,
+                    request_deserializer=danube__pb2.DescribeTopicRequest.FromString,
+                    response_serializer=danube__pb2.DescribeTopicResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -813,6 +849,60 @@ class Admin:
             '/danube.v1.Admin/ReadSegment',
             danube__pb2.ReadSegmentRequest.SerializeToString,
             danube__pb2.SegmentChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyLocalRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/ApplyLocalRetention',
+            danube__pb2.ApplyLocalRetentionRequest.SerializeToString,
+            danube__pb2.ApplyLocalRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/DescribeTopic',
+            danube__pb2.DescribeTopicRequest.SerializeToString,
+            danube__pb2.DescribeTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,
