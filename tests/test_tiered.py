@@ -316,3 +316,39 @@ async def test_local_retention_keeps_the_wal_bounded_under_ingest(
     assert max(sizes[2:]) <= 4 * SEGMENT_BYTES + 2 * SEGMENT_BYTES, sizes
     wal_files = list((broker.data_dir / "wal" / "default" / "tiered-bounded").iterdir())
     assert sum(f.stat().st_size for f in wal_files) == described.wal_bytes
+
+
+async def test_tiering_refuses_other_bytes_or_overlaps_for_registered_offsets(
+    tmp_path: Path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
+) -> None:
+    """A completed descriptor already holds these offsets with other content (say, written
+    by another owner of the topic): tiering refuses, and changes nothing."""
+    from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
+    from danube_pipeline.metadata.values import ObjectDescriptor
+
+    store = file_store(tmp_path)
+    broker = start(start_broker, store)
+    topic = "/default/tiered-conflict"
+    name = TopicName.parse(topic)
+    async with DanubeClient([broker.address]) as client:
+        await produce(client, topic, 0, 100)
+        segment = await client.admin.seal_active_segment(topic)
+        assert segment is not None and segment.end_offset == 99
+        async with await MetadataStore.connect(etcd_endpoints) as meta:
+            other = ObjectDescriptor(
+                completed=True, created_at=1, end_offset=99, etag="0" * 32, object_id="data-0-99.dnb1",
+                offset_index=[[0, 32]], size=segment.size_bytes + 1, start_offset=0,
+            )
+            await meta.put(keys.object_descriptor(name, 0), other)
+            with pytest.raises(CorruptRecordError, match="different content"):
+                await tier_sealed_segments(name, store=meta, admin=client.admin, objects=store.objects)
+            same_size = ObjectDescriptor(**{**other.to_json(), "size": segment.size_bytes})
+            await meta.put(keys.object_descriptor(name, 0), same_size)
+            with pytest.raises(CorruptRecordError, match="different content"):
+                await tier_sealed_segments(name, store=meta, admin=client.admin, objects=store.objects)
+            await meta.delete(keys.object_descriptor(name, 0))
+            overlapping = ObjectDescriptor(**{**other.to_json(), "start_offset": 50, "object_id": "data-50-99.dnb1"})
+            await meta.put(keys.object_descriptor(name, 50), overlapping)
+            with pytest.raises(OffsetRangeError, match="overlaps"):
+                await tier_sealed_segments(name, store=meta, admin=client.admin, objects=store.objects)
+            assert not store.objects.exists("topics/default/tiered-conflict/data-0-99.dnb1")
