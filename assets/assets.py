@@ -2,15 +2,19 @@
 
 ``segment_objects`` → ``iceberg_table`` → ``compacted_table``: sealed WAL segments become
 objects plus etcd descriptors, then one Iceberg snapshot per object, then Spark compacts the
-table's small files. Each materialization records metadata (offsets, bytes, row counts,
-snapshot ids, file counts) so the Dagster UI tells the story without opening logs; a value that
-is not known (no descriptor, an empty table) is left out rather than written as a sentinel.
+table's small files. ``iceberg_table`` → ``retention``: the namespace's retention policy
+applied to the table, the descriptors, the objects and the broker's WAL. Each materialization
+records metadata (offsets, bytes, row counts, snapshot ids, file counts) so the Dagster UI tells
+the story without opening logs; a value that is not known (no descriptor, an empty table) is
+left out rather than written as a sentinel.
 The asset checks of :mod:`assets.checks` run in the same run as their asset.
 """
 
 import asyncio
+import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 from dagster import AssetExecutionContext, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
 
@@ -24,9 +28,13 @@ from assets.resources import (
 )
 from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
+from danube_pipeline.retention import RetentionReport, apply_retention
 from danube_pipeline.schema_registry import SchemaRegistry
 from danube_pipeline.spark import compact_table
 from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 TIERING_GROUP = "tiering"
 
@@ -194,6 +202,96 @@ def compacted_table(
                 "rewritten_bytes": MetadataValue.int(result.rewritten_bytes),
                 "snapshot_id": MetadataValue.text(str(result.snapshot_id)) if result.snapshot_id else None,
                 "committed_end_offset": iceberg.committed_end_offset(table),
+            }
+        )
+    )
+
+
+def _utc(epoch_ms: int | None) -> str | None:
+    if epoch_ms is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+@asset(
+    partitions_def=topics_partitions,
+    group_name=TIERING_GROUP,
+    deps=[iceberg_table],
+    kinds={"spark", "iceberg", "etcd"},
+    retry_policy=TIERING_RETRY_POLICY,
+    description=(
+        "The topic after its namespace's retention policy (retention_time_minutes, "
+        "retention_size_mb; docs/etcd-layout.md §2.1): expired rows deleted from the table "
+        "(Spark DELETE, then expire_snapshots and remove_orphan_files), expired object "
+        "descriptors and their objects deleted (the newest descriptor is always kept), and the "
+        "broker asked to apply its local WAL retention."
+    ),
+)
+def retention(
+    context: AssetExecutionContext,
+    etcd: EtcdResource,
+    broker: BrokerResource,
+    object_store: ObjectStoreResource,
+    iceberg_catalog: IcebergCatalogResource,
+    spark: SparkResource,
+) -> MaterializeResult:
+    """:func:`danube_pipeline.retention.apply_retention` on the topic; Spark starts only when
+    the table has something to delete or expire."""
+    topic = _topic(context)
+    objects = object_store.store()
+    catalog = iceberg_catalog.load()
+
+    with ExitStack() as stack:
+
+        def session() -> "SparkSession":
+            return stack.enter_context(spark.session())
+
+        async def run() -> RetentionReport:
+            async with await etcd.connect() as store, broker.client() as client:
+                return await apply_retention(
+                    topic,
+                    store=store,
+                    objects=objects,
+                    catalog=catalog,
+                    spark=session,
+                    admin=client.admin,
+                    catalog_name=spark.resolved_catalog_name(),
+                )
+
+        report = asyncio.run(run())
+    if report.policy_error is not None:
+        context.log.warning(f"{topic.path}: namespace policy unreadable, no retention applied: {report.policy_error}")
+    context.log.info(
+        f"{topic.path}: retained from offset {report.retained_start}; {report.rows_deleted} rows, "
+        f"{report.snapshots_expired} snapshots, {report.orphan_files_removed} orphan files, "
+        f"{report.descriptors_deleted} descriptors and {report.objects_deleted} objects deleted; "
+        f"WAL step {report.wal_step}"
+    )
+    return MaterializeResult(
+        metadata=_known(
+            {
+                "topic": topic.path,
+                "table": f"{spark.resolved_catalog_name()}.{report.table}" if report.table else None,
+                "retention_ms": report.retention_ms,
+                "retention_bytes": MetadataValue.int(report.retention_bytes),
+                "policy_error": report.policy_error,
+                "now": _utc(report.now_ms),
+                "cutoff": _utc(report.cutoff_ms),
+                "cutoff_ms": report.cutoff_ms,
+                "retained_start": report.retained_start,
+                "rows_deleted": MetadataValue.int(report.rows_deleted),
+                "snapshots_expired": report.snapshots_expired,
+                "data_files_deleted": report.data_files_deleted,
+                "orphan_files_removed": report.orphan_files_removed,
+                "descriptors_deleted": report.descriptors_deleted,
+                "objects_deleted": report.objects_deleted,
+                "deleted_object_ids": MetadataValue.json(report.deleted_object_ids),
+                "first_object_offset": report.first_object_offset,
+                "earliest_offset": report.earliest_offset,
+                "wal_step": report.wal_step,
+                "wal_deleted_segments": report.wal_deleted_segments,
+                "wal_first_local_offset": report.wal_first_local_offset,
+                "wal_bytes": MetadataValue.int(report.wal_bytes) if report.wal_bytes is not None else None,
             }
         )
     )

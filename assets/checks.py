@@ -12,10 +12,13 @@ says what disagrees:
       object store with the size the descriptor records.
 
 ``iceberg_table``
-    * ``offsets_match_descriptors``: the table's committed end offset (its newest
-      ``danube.end-offset`` snapshot summary) is the last completed descriptor's end offset.
+    * ``offsets_match_descriptors``: the table's committed end offset (its
+      ``danube.committed-end-offset`` property) is the last completed descriptor's end offset.
     * ``row_count_matches_descriptors``: the table holds as many rows as the completed
-      descriptors cover (``end_offset - start_offset + 1`` each).
+      descriptors cover from the table's first offset on (``end_offset - start_offset + 1``
+      each, the first one cut at the table's first offset: retention deletes the table's
+      oldest rows before it deletes a descriptor, and keeps a descriptor until all its records
+      expired).
     * ``no_duplicate_offsets``: no ``_offset`` is held by two rows.
 
 Checks are not blocking: a failure is reported (severity ERROR) without stopping the assets
@@ -188,12 +191,25 @@ def offsets_match_descriptors(
 def row_count_matches_descriptors(
     context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
 ) -> AssetCheckResult:
-    """The table holds as many rows as the completed descriptors cover."""
+    """The table holds as many rows as the completed descriptors cover from the table's first
+    offset on.
+
+    Retention (:mod:`danube_pipeline.retention`) deletes the table's rows below its retained
+    start first and a descriptor only once all its records expired, so the table may start
+    inside the first descriptor. Where it starts is the smallest ``_offset`` it holds; a table
+    whose rows all expired starts after its committed end offset. Rows missing or doubled
+    above that start make the counts differ.
+    """
     topic = _topic(context)
     done = _completed(etcd, topic)
     table = _table(iceberg_catalog, topic)
-    table_rows = iceberg.row_count(table) if table is not None else 0
-    descriptor_records = descriptor_record_count(done)
+    stats = iceberg.offset_stats(table) if table is not None else iceberg.OffsetStats(0, None, None)
+    table_rows = stats.rows
+    start = stats.first_offset
+    if start is None and table is not None:
+        committed = iceberg.committed_end_offset(table)
+        start = committed + 1 if committed is not None else None
+    descriptor_records = descriptor_record_count(done, from_offset=start)
     return AssetCheckResult(
         passed=table_rows == descriptor_records,
         metadata={
@@ -201,6 +217,7 @@ def row_count_matches_descriptors(
             "descriptor_records": MetadataValue.int(descriptor_records),
             "difference_rows": MetadataValue.int(table_rows - descriptor_records),
             "completed_descriptors": len(done),
+            **({"table_first_offset": start} if start is not None else {}),
         },
         description=None
         if table_rows == descriptor_records

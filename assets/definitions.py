@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource, Definitions, EnvVar
 
-from assets.assets import compacted_table, iceberg_table, segment_objects
+from assets.assets import compacted_table, iceberg_table, retention, segment_objects
 from assets.checks import tiering_checks
-from assets.jobs import compaction_job, tiering_job
+from assets.jobs import compaction_job, retention_job, tiering_job
 from assets.resources import (
     BrokerResource,
     EtcdResource,
@@ -26,7 +26,7 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from assets.schedules import compaction_schedule
+from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import sealed_segments_sensor, topic_partitions_sensor
 
 
@@ -52,10 +52,10 @@ def default_resources() -> dict[str, ConfigurableResource]:
 
 
 defs = Definitions(
-    assets=[segment_objects, iceberg_table, compacted_table],
+    assets=[segment_objects, iceberg_table, compacted_table, retention],
     asset_checks=tiering_checks,
-    jobs=[tiering_job, compaction_job],
-    schedules=[compaction_schedule],
+    jobs=[tiering_job, compaction_job, retention_job],
+    schedules=[compaction_schedule, retention_schedule],
     sensors=[topic_partitions_sensor, sealed_segments_sensor],
     resources=default_resources(),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job
 
-from assets.assets import compacted_table, iceberg_table, segment_objects
+from assets.assets import compacted_table, iceberg_table, retention, segment_objects
 
 tiering_job = define_asset_job(
     "tiering_job",
@@ -24,4 +24,13 @@ compaction_job = define_asset_job(
     "compaction_job",
     selection=AssetSelection.assets(compacted_table),
     description="Spark rewrite_data_files on one topic's Iceberg table.",
+)
+
+retention_job = define_asset_job(
+    "retention_job",
+    selection=AssetSelection.assets(retention),
+    description=(
+        "One topic's namespace retention: expired table rows, snapshots, orphan files, object "
+        "descriptors and objects deleted; the broker's local WAL retention applied."
+    ),
 )

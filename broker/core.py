@@ -65,6 +65,8 @@ from broker.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
+ASSIGN_TIMEOUT_S = 10.0
+"""How long a request waits for the leader to assign a topic nobody owns (§1.5)."""
 RECONCILE_INTERVAL_S = 2.0
 """Pause between two reconciliation passes (see the module docstring)."""
 RECONCILE_PASSES = 10
@@ -466,13 +468,19 @@ class Broker:
         log.info("topic %s unloaded", name)
 
     async def create_topic(self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
-        """Create ``name`` in etcd, assigned to this broker, and open it (§2-§3).
+        """Create ``name`` in etcd and wait until the leader assigns it (§1.5); open it if it
+        is assigned here.
+
+        The topic's keys (§2.2, §3.1, §3.2) and its unassigned marker (§1.5) are written in one
+        transaction that succeeds only if the topic root does not exist yet.
 
         Returns:
             False if the topic already existed (then nothing is written).
 
         Raises:
             MetadataStoreError: etcd unreachable.
+            BrokerUnavailableError: no broker was assigned within :data:`ASSIGN_TIMEOUT_S`
+                (no leader; retriable).
             OSError: the WAL cannot be created.
         """
         if self.cache.contains(keys.topic_root(name)):
@@ -482,42 +490,103 @@ class Broker:
             # Conditional: an operator's policy written (etcdctl put) just before this call may
             # not have reached the cache yet, and must not be replaced by the defaults.
             await self.store.put_if_absent(policy_key, values.NamespacePolicy())
-        items: list[tuple[str, Any]] = [
-            (keys.namespace_topic(name), None),
-            (keys.topic_root(name), 0),
-            (keys.topic_delivery(name), delivery.value),
-            (keys.topic_assignment(self.broker_id, name), None),
-        ]
-        revision = await self.store.put_many(items)
+        revision = await self.store.transaction(
+            created={keys.topic_root(name): 0},
+            puts=[
+                (keys.namespace_topic(name), None),
+                (keys.topic_root(name), 0),
+                (keys.topic_delivery(name), delivery.value),
+                (keys.unassigned_topic(name), None),
+            ],
+        )
+        if revision is None:
+            return False
         await self.cache.wait_for_revision(revision)
-        await self.load_topic(name)
-        log.info("topic %s created (%s)", name, delivery.value)
+        owner = await self._await_owner(name)
+        if owner == self.broker_id:
+            await self.load_topic(name)
+        log.info("topic %s created (%s), assigned to broker %d", name, delivery.value, owner)
         return True
+
+    async def _topic_exists(self, name: TopicName) -> bool:
+        """Whether the topic root (§3.1) exists. A cache miss is checked against etcd (another
+        broker may have created the topic a moment ago), and the cache waits for that write.
+
+        Raises:
+            MetadataStoreError: etcd unreachable (on a cache miss only).
+        """
+        if self.cache.contains(keys.topic_root(name)):
+            return True
+        kv = await self.store.get(keys.topic_root(name))
+        if kv is None:
+            return False
+        await self.cache.wait_for_revision(kv.mod_revision)
+        return True
+
+    async def _request_assignment(self, name: TopicName) -> None:
+        """Put ``name`` in the unassigned queue (§1.5) unless it is there already.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        revision = await self.store.transaction(
+            created={keys.unassigned_topic(name): 0},
+            exists=[keys.topic_root(name)],
+            puts=[(keys.unassigned_topic(name), None)],
+        )
+        if revision is not None:
+            await self.cache.wait_for_revision(revision)
+
+    async def _await_owner(self, name: TopicName, timeout_s: float = ASSIGN_TIMEOUT_S) -> int:
+        """Wait until ``name`` has an owner (§1.4) in the cache.
+
+        Raises:
+            BrokerUnavailableError: none within ``timeout_s`` seconds (retriable).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        changed = asyncio.Event()
+        unlisten = self.cache.add_listener(keys.BROKERS_PREFIX, lambda _event: changed.set())
+        try:
+            while True:
+                owner = self.assigned_broker(name)
+                if owner is not None:
+                    return owner
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise BrokerUnavailableError(
+                        name.path, f"no broker was assigned the topic within {timeout_s:.0f} s (is a leader elected?)"
+                    )
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
+        finally:
+            unlisten()
 
     async def topic_for(
         self, name: TopicName, *, create: bool = False, delivery: DeliveryMode = DeliveryMode.RELIABLE
     ) -> Topic:
-        """The local :class:`Topic` for ``name``, loading (or creating) it as needed.
+        """The local :class:`Topic` for ``name``, loading (or creating) it as needed. A topic
+        nobody owns is put in the unassigned queue for the leader to assign (§1.5).
 
         Raises:
             TopicNotFoundError: it does not exist and ``create`` is false.
-            NotServedHereError: it exists but is assigned to another broker.
+            NotServedHereError: it is assigned to another broker.
+            BrokerUnavailableError: no broker was assigned in time (retriable).
         """
         topic = self.topics.get(name.path)
         if topic is not None:
             return topic
-        if not self.cache.contains(keys.topic_root(name)):
+        if not await self._topic_exists(name):
             if not create:
                 raise TopicNotFoundError(name.path)
             await self.create_topic(name, delivery=delivery)
-            return await self.load_topic(name)
-        if not self.is_assigned_here(name):
-            if self.assigned_broker(name) is None:
-                # nobody serves it: the broker being alone in the cluster, take it.
-                revision = await self.store.put(keys.topic_assignment(self.broker_id, name), None)
-                await self.cache.wait_for_revision(revision)
-            else:
-                raise NotServedHereError(name.path, self.broker_id)
+        owner = self.assigned_broker(name)
+        if owner is None:
+            await self._request_assignment(name)
+            owner = await self._await_owner(name)
+        if owner != self.broker_id:
+            raise NotServedHereError(name.path, self.broker_id)
         return await self.load_topic(name)
 
     def served_topic(self, path: str) -> Topic:
@@ -534,18 +603,18 @@ class Broker:
     # ------------------------------------------------------------------ discovery
 
     async def lookup(self, name: TopicName) -> RegisteredBroker:
-        """The broker serving ``name``; an unassigned topic is taken by this broker.
+        """The broker serving ``name``; an unassigned topic is queued for the leader to assign.
 
         Raises:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: its owner is not registered.
         """
-        if not self.cache.contains(keys.topic_root(name)):
+        if not await self._topic_exists(name):
             raise TopicNotFoundError(name.path)
         broker_id = self.assigned_broker(name)
-        if broker_id is None:  # unassigned: a broker alone in the cluster takes it
-            await self.topic_for(name)
-            broker_id = self.broker_id
+        if broker_id is None:  # unassigned: the leader assigns it (§1.5)
+            await self._request_assignment(name)
+            broker_id = await self._await_owner(name)
         raw = self.cache.get(keys.broker_register(broker_id))
         if raw is None:
             raise BrokerUnavailableError(f"broker {broker_id}", f"serves {name.path} but is not registered")

@@ -93,6 +93,8 @@ class Membership:
         self._lease: Lease | None = None
         self._registered = False
         self._is_leader = False
+        self.leader_epoch: int | None = None
+        self.on_leadership: Callable[[bool], None] = lambda _leader: None
         self._leaving = False
         self._report_wake = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None
@@ -102,6 +104,18 @@ class Membership:
     def is_leader(self) -> bool:
         """Whether this broker holds ``/cluster/leader`` (§1.7)."""
         return self._is_leader
+
+    def _set_leader(self, epoch: int | None) -> None:
+        """Record leadership: ``epoch`` is the leader key's create revision (§1.7), ``None``
+        when this broker is not (or no longer) the leader."""
+        was = self._is_leader
+        self._is_leader = epoch is not None
+        self.leader_epoch = epoch
+        if was != self._is_leader or epoch is not None:
+            try:
+                self.on_leadership(self._is_leader)
+            except Exception:  # noqa: BLE001 - a listener must not break the election
+                log.exception("leadership listener failed")
 
     async def join(self) -> None:
         """Register, mark active, run for leader, publish the load report, start reporting.
@@ -119,7 +133,7 @@ class Membership:
 
     async def _register(self, reason: str = "boot") -> Lease:
         self._registered = False
-        self._is_leader = False
+        self._set_leader(None)
         old = self._lease
         if old is not None and not old.expired:  # a half-done earlier attempt: let it go
             self._lease = None
@@ -150,7 +164,7 @@ class Membership:
         """``lease`` is gone in etcd: register again now (the load reporter does it)."""
         if lease is self._lease and not self._leaving:
             self._registered = False
-            self._is_leader = False
+            self._set_leader(None)
             self._report_wake.set()
 
     async def _campaign(self) -> None:
@@ -160,7 +174,11 @@ class Membership:
         if lease.expired:  # registering again runs for leader with the new lease
             return
         try:
-            won = await self.store.put_if_absent(keys.CLUSTER_LEADER, self.broker_id, lease=lease)
+            # Create-if-absent under the lease; the transaction's revision is the key's create
+            # revision: the leader's epoch (§1.7).
+            epoch = await self.store.transaction(
+                created={keys.CLUSTER_LEADER: 0}, puts=[(keys.CLUSTER_LEADER, self.broker_id)], lease=lease
+            )
         except Exception as exc:  # noqa: BLE001 - retried on the next leader change
             if "lease not found" in str(exc):  # it just expired: registering again runs for leader
                 log.info("leader election deferred: lease %d expired; registering again", lease.id)
@@ -168,13 +186,13 @@ class Membership:
             else:
                 log.warning("leader election failed: %s", exc)
             return
-        if won:
-            self._is_leader = True
-            log.info("broker %d is the cluster leader", self.broker_id)
+        if epoch is not None and lease is self._lease and not lease.expired:
+            self._set_leader(epoch)
+            log.info("broker %d is the cluster leader (epoch %d)", self.broker_id, epoch)
 
     def _on_leader_event(self, event: WatchEvent) -> None:
         if event.key == keys.CLUSTER_LEADER and event.type is WatchEventType.DELETE and not self._leaving:
-            self._is_leader = False
+            self._set_leader(None)
             spawn(self._campaign(), name="leader-campaign")
 
     def load_report(self) -> values.LoadReport:
@@ -231,6 +249,7 @@ class Membership:
             self._reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reporter
+        self._set_leader(None)
         if self._lease is not None:
             try:
                 await self._lease.revoke()

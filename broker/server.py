@@ -33,6 +33,7 @@ from danube_pipeline.schema_registry import SchemaRegistry
 from broker import services
 from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
 from broker.core import Broker
+from broker.leader import LeaderDuties
 from broker.membership import Membership
 from broker.status import tolerant_handler
 from broker.tasks import spawn
@@ -140,6 +141,7 @@ class BrokerServer:
         self._cache: LocalCache | None = None
         self._broker: Broker | None = None
         self._membership: Membership | None = None
+        self._leader_duties: LeaderDuties | None = None
         self._server: aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = False
@@ -198,6 +200,9 @@ class BrokerServer:
             load_report_interval_s=cfg.load_report_interval_s,
             topic_list=lambda: sorted(broker.topics),
         )
+        duties = self._leader_duties = LeaderDuties(store, cache, lambda: membership.leader_epoch if membership else None)  # noqa: E501
+        membership.on_leadership = lambda _leader: duties.wake()
+        duties.start()
         await membership.join()
         await broker.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -241,6 +246,8 @@ class BrokerServer:
             await self._server.stop(self.config.shutdown_grace_s)
         if self._broker is not None:
             await self._broker.close()
+        if self._leader_duties is not None:
+            await self._leader_duties.stop()
         if self._membership is not None:
             await self._membership.leave()
         if self._cache is not None:

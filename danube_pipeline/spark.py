@@ -1,9 +1,16 @@
-"""Spark on the shared Iceberg catalog: jar lookup, session configuration and compaction.
+"""Spark on the shared Iceberg catalog: jar lookup, session configuration, compaction and the
+table maintenance retention needs.
 
 Spark's Iceberg ``JdbcCatalog`` reads and commits to the same SQL catalog database as
 pyiceberg's ``SqlCatalog``; ``docs/architecture.md`` explains the SQLite settings both
 sides need. pyiceberg cannot compact; :func:`compact_table` runs Iceberg's
-``rewrite_data_files`` procedure.
+``rewrite_data_files`` procedure. :func:`delete_rows_below`, :func:`expire_snapshots` and
+:func:`remove_orphan_files` are the Spark side of :mod:`danube_pipeline.retention`.
+
+None of these touch table properties, so the committed end offset that
+:func:`danube_pipeline.iceberg.append_records` keeps in the property
+``danube.committed-end-offset`` survives all of them (Iceberg commits carry the table's
+properties over from the metadata they replace).
 
 Jars: the Iceberg Spark runtime comes from the ``snowpark-connect-deps-iceberg`` 1.0.1 wheel
 (``jars/iceberg-spark-runtime-3.5_2.12-1.9.2.jar``) unless ``DANUBE_ICEBERG_SPARK_JAR`` names
@@ -13,6 +20,7 @@ another; the SQLite JDBC driver from Debian's ``libxerial-sqlite-jdbc-java`` unl
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import os
 import re
@@ -33,8 +41,11 @@ __all__ = [
     "SparkSetupError",
     "build_spark_session",
     "compact_table",
+    "delete_rows_below",
+    "expire_snapshots",
     "iceberg_spark_runtime_jar",
     "jdbc_uri",
+    "remove_orphan_files",
     "spark_conf",
     "sqlite_jdbc_jar",
 ]
@@ -266,8 +277,9 @@ def compact_table(
 
     Runs ``CALL {catalog}.system.rewrite_data_files(table => 'ns.topic',
     options => map('min-input-files', '2'))``. The rewrite commits a ``replace`` snapshot that
-    carries no ``danube.*`` summary properties, so :func:`danube_pipeline.iceberg.committed_end_offset`
-    looks past it.
+    carries no ``danube.*`` summary properties and keeps the table's properties, among them
+    ``danube.committed-end-offset``, which :func:`danube_pipeline.iceberg.committed_end_offset`
+    reads.
 
     Args:
         spark: a session from :func:`build_spark_session` on the table's catalog.
@@ -303,3 +315,117 @@ def compact_table(
         rewritten_bytes=int(result.get("rewritten_bytes_count") or 0),
         snapshot_id=int(snaps[0]["snapshot_id"]) if snaps else None,
     )
+
+
+def _table_ref(topic: TopicName, catalog_name: str | None) -> tuple[str, str]:
+    """``(catalog, `catalog`.`ns`.`topic`)`` for SQL statements on the topic's table."""
+    name = catalog_name or settings.catalog_name()
+    return name, f"{_q(name)}.{_q(topic.namespace)}.{_q(topic.topic)}"
+
+
+def _timestamp_literal(epoch_ms: int) -> str:
+    """A Spark SQL ``TIMESTAMP`` literal for ``epoch_ms`` (UTC, millisecond precision), read the
+    same whatever the session's time zone."""
+    moment = dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.UTC)
+    return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}Z'"
+
+
+def delete_rows_below(
+    spark: SparkSession, topic: TopicName, offset: int, *, catalog_name: str | None = None
+) -> None:
+    """``DELETE FROM {catalog}.{ns}.{topic} WHERE _offset < {offset}``.
+
+    Iceberg drops a data file from the table without rewriting it when every row of it
+    matches (its ``_offset`` upper bound is below ``offset``); a file that holds rows on both
+    sides is rewritten without the matching rows (copy-on-write, the default
+    ``write.delete.mode``). One commit; a ``delete`` or ``overwrite`` snapshot.
+
+    Args:
+        spark: a session from :func:`build_spark_session` on the table's catalog.
+        topic: the topic whose table it is.
+        offset: rows with a smaller ``_offset`` are deleted.
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+
+    Raises:
+        pyspark.errors.AnalysisException: the table does not exist.
+        Py4JJavaError: the commit failed (e.g. a conflicting concurrent commit that Iceberg's
+            validation refuses).
+    """
+    _, full = _table_ref(topic, catalog_name)
+    spark.sql(f"DELETE FROM {full} WHERE _offset < {int(offset)}").collect()
+
+
+def expire_snapshots(
+    spark: SparkSession,
+    topic: TopicName,
+    *,
+    older_than_ms: int,
+    retain_last: int = 1,
+    catalog_name: str | None = None,
+) -> int:
+    """``CALL {catalog}.system.expire_snapshots(table => 'ns.topic', older_than => …,
+    retain_last => …)``: removes the snapshots older than ``older_than_ms`` beyond the newest
+    ``retain_last``, and deletes the files only they referenced (so deleted rows are gone from
+    storage, not just from the current snapshot). The current snapshot is never expired.
+
+    Args:
+        spark: a session from :func:`build_spark_session` on the table's catalog.
+        topic: the topic whose table it is.
+        older_than_ms: milliseconds since the Unix epoch.
+        retain_last: snapshots kept whatever their age (at least 1).
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+
+    Returns:
+        Data files deleted (the procedure's ``deleted_data_files_count``).
+
+    Raises:
+        pyspark.errors.AnalysisException: the table does not exist.
+    """
+    name, _ = _table_ref(topic, catalog_name)
+    row = spark.sql(
+        f"CALL {_q(name)}.system.expire_snapshots("
+        f"table => '{topic.namespace}.{topic.topic}', "
+        f"older_than => {_timestamp_literal(older_than_ms)}, "
+        f"retain_last => {max(1, int(retain_last))})"
+    ).collect()[0]
+    return int(row.asDict().get("deleted_data_files_count") or 0)
+
+
+ORPHAN_MIN_AGE_MS = 24 * 3600 * 1000
+"""The youngest ``older_than`` Iceberg's ``remove_orphan_files`` procedure accepts: files a
+writer has written but not committed yet look like orphans, and deleting them would corrupt
+the table once the commit lands."""
+
+
+def remove_orphan_files(
+    spark: SparkSession, topic: TopicName, *, older_than_ms: int, catalog_name: str | None = None
+) -> list[str]:
+    """``CALL {catalog}.system.remove_orphan_files(table => 'ns.topic', older_than => …)``:
+    deletes files under the table's location that no snapshot or metadata file references
+    and that were last modified before ``older_than_ms``.
+
+    Orphans come from commits that never landed: a writer that died between writing its files
+    and committing them, or a commit that lost the optimistic-concurrency race. Files of a
+    commit still in flight look the same, hence the age limit.
+
+    Args:
+        spark: a session from :func:`build_spark_session` on the table's catalog.
+        topic: the topic whose table it is.
+        older_than_ms: milliseconds since the Unix epoch; at least :data:`ORPHAN_MIN_AGE_MS`
+            before now, or Iceberg refuses.
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+
+    Returns:
+        The deleted files' locations (``file:/…`` for a local warehouse).
+
+    Raises:
+        pyspark.errors.AnalysisException: the table does not exist.
+        IllegalArgumentException: ``older_than_ms`` is less than 24 hours ago.
+    """
+    name, _ = _table_ref(topic, catalog_name)
+    rows = spark.sql(
+        f"CALL {_q(name)}.system.remove_orphan_files("
+        f"table => '{topic.namespace}.{topic.topic}', "
+        f"older_than => {_timestamp_literal(older_than_ms)})"
+    ).collect()
+    return [str(r["orphan_file_location"]) for r in rows]

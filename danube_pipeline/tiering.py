@@ -61,21 +61,44 @@ class SchemaLookup(Protocol):
 # --------------------------------------------------------------------------- descriptors
 
 
+def retained_start(descriptors: Sequence[ObjectDescriptor]) -> int | None:
+    """The first offset object storage still holds for the topic.
+
+    Retention (:mod:`danube_pipeline.retention`) deletes descriptors oldest first, so a sealed
+    segment that ends before the first completed descriptor was tiered once and has expired
+    since; it must not be uploaded again while the broker's WAL still lists it.
+
+    Args:
+        descriptors: the topic's object descriptors (completed or not).
+
+    Returns:
+        The first completed descriptor's start offset, or ``None`` when there is none (then
+        every sealed segment is still to be tiered).
+    """
+    starts = [d.start_offset for d in descriptors if d.completed]
+    return min(starts) if starts else None
+
+
 def untiered_segments(sealed: Sequence[SegmentInfo], descriptors: Sequence[ObjectDescriptor]) -> list[SegmentInfo]:
-    """Sealed, non-empty segments that have no completed descriptor.
+    """Sealed, non-empty segments that have no completed descriptor and did not expire.
 
     Args:
         sealed: the topic's sealed segments, as the broker lists them.
         descriptors: the topic's object descriptors (completed or not).
 
     Returns:
-        The segments whose start offset no completed descriptor has, in offset order.
+        The segments whose start offset no completed descriptor has, in offset order, leaving
+        out those that end before the first completed descriptor (:func:`retained_start`:
+        tiered before and deleted by retention).
     """
     done = {d.start_offset for d in descriptors if d.completed}
+    first = retained_start(descriptors)
     return [
         s
         for s in sorted(sealed, key=lambda s: s.start_offset)
-        if s.end_offset >= s.start_offset and s.start_offset not in done
+        if s.end_offset >= s.start_offset
+        and s.start_offset not in done
+        and (first is None or s.end_offset >= first)
     ]
 
 
@@ -88,6 +111,9 @@ class TieringReport:
         sealed_segments: non-empty sealed segments the broker listed.
         objects_written: objects uploaded by this call (with their descriptors completed).
         objects_skipped: segments already tiered (completed descriptor, object of that size).
+        segments_expired: sealed segments left alone because they end before the first
+            completed descriptor (tiered before, then deleted by retention; the broker's WAL
+            has not dropped them yet).
         bytes_written: bytes uploaded by this call.
         records_written: records in the objects uploaded by this call.
         first_offset: the first offset of the topic's first completed descriptor afterwards,
@@ -103,6 +129,7 @@ class TieringReport:
     sealed_segments: int = 0
     objects_written: int = 0
     objects_skipped: int = 0
+    segments_expired: int = 0
     bytes_written: int = 0
     records_written: int = 0
     first_offset: int | None = None
@@ -131,7 +158,14 @@ async def tier_sealed_segments(
     ``objects/cur`` in one etcd transaction.
 
     Idempotent: a segment whose completed descriptor exists and whose object exists with the
-    stated size is skipped; one whose object is missing or the wrong size is uploaded again.
+    stated size is skipped; one whose object is missing or the wrong size is uploaded again,
+    once its bytes match the descriptor's size and MD5 etag. Offsets are never registered
+    twice: a segment with other bytes than the completed descriptor of its offsets, or one that
+    overlaps a completed descriptor without matching it, is refused (``docs/etcd-layout.md``
+    §5.1).
+    A segment that ends before the first completed descriptor is skipped too: retention
+    deleted its descriptor and object (``docs/etcd-layout.md`` §5.1), and uploading it again
+    would bring expired data back.
 
     Args:
         topic: the topic to tier.
@@ -144,9 +178,11 @@ async def tier_sealed_segments(
         A :class:`TieringReport`.
 
     Raises:
-        OffsetRangeError: a segment does not follow the previous descriptor, or its bytes do
-            not hold the offsets the broker listed.
-        CorruptRecordError: the bytes fail the segment checks.
+        OffsetRangeError: a segment does not follow the previous descriptor, overlaps a
+            completed descriptor it does not match, or its bytes do not hold the offsets the
+            broker listed.
+        CorruptRecordError: the bytes fail the segment checks, or differ (size or MD5) from the
+            completed descriptor of the same offsets.
         MetadataStoreError, RemoteError: etcd or the broker failed.
     """
     report = TieringReport(topic=topic.path)
@@ -154,6 +190,11 @@ async def tier_sealed_segments(
     sealed = [s for s in sealed if s.end_offset >= s.start_offset]
     report.sealed_segments = len(sealed)
     descriptors, _ = await read_descriptors(store, topic)
+    first_retained = retained_start(descriptors)
+    if first_retained is not None:
+        expired = [s for s in sealed if s.end_offset < first_retained]
+        report.segments_expired = len(expired)
+        sealed = [s for s in sealed if s.end_offset >= first_retained]
     by_start = {d.start_offset: d for d in descriptors}
     completed_ends: dict[int, int] = {d.start_offset: d.end_offset for d in descriptors if d.completed}
 
@@ -168,11 +209,30 @@ async def tier_sealed_segments(
         if existing is not None and existing.completed:
             if existing.end_offset != seg.end_offset:
                 raise OffsetRangeError(existing.end_offset, seg.end_offset, f"{topic.path} descriptor {oid}")
+            if existing.size != seg.size_bytes:
+                # The same offsets with other bytes: never register them over the object.
+                raise CorruptRecordError(
+                    f"{topic.path}/{oid}", 0,
+                    f"the broker's segment is {seg.size_bytes} bytes, the completed descriptor says {existing.size}: "
+                    "different content for the same offsets",
+                )
             info = objects.info(path)
             if info is not None and info.size_bytes == existing.size:
                 report.objects_skipped += 1
                 continue
             log.warning("%s: object %s missing or wrong size (%s); uploading again", topic.path, path, info)
+        else:
+            overlap = [
+                d for d in descriptors
+                if d.completed and d.start_offset != seg.start_offset
+                and d.start_offset <= seg.end_offset and seg.start_offset <= d.end_offset
+            ]
+            if overlap:
+                d = overlap[0]
+                raise OffsetRangeError(
+                    d.end_offset + 1, seg.start_offset,
+                    f"{topic.path} segment {seg.start_offset}..{seg.end_offset} overlaps object {d.object_id}",
+                )
         prev = previous_end(seg.start_offset)
         if prev is None:
             if seg.start_offset != 0 and index != 0:
@@ -202,6 +262,12 @@ async def tier_sealed_segments(
             raise CorruptRecordError(f"{topic.path}/{oid}", 0, "segment listed as non-empty holds no records")
         if decoded.start_offset != seg.start_offset or decoded.end_offset != seg.end_offset:
             raise OffsetRangeError(seg.end_offset, decoded.end_offset, f"{topic.path}/{oid} contents")
+        if existing is not None and existing.completed and existing.etag and hashlib.md5(data).hexdigest() != existing.etag:
+            raise CorruptRecordError(
+                f"{topic.path}/{oid}", 0,
+                f"the broker's segment does not match the completed descriptor's etag {existing.etag}: "
+                "different content for the same offsets",
+            )
         info = objects.put_bytes(path, data)
         completed = ObjectDescriptor(
             completed=True,
@@ -310,7 +376,10 @@ async def commit_objects_to_table(
 
     Objects whose end offset is at or below the table's committed end offset are not even
     read. Each object is checked against its descriptor (size, MD5 etag, offsets), decoded,
-    and appended with :func:`danube_pipeline.iceberg.append_records`. The table is created
+    and appended with :func:`danube_pipeline.iceberg.append_records`, which is told the first
+    completed descriptor's start offset: when retention deleted the descriptors right above
+    the table's committed end offset before their objects reached the table (they had
+    expired), the table resumes at the first descriptor left instead of reporting a gap. The table is created
     from the first object's schema (the registry's latest version of the schema id its records
     carry; ``_payload`` when they carry none).
 
@@ -488,16 +557,22 @@ def descriptor_gaps(descriptors: Sequence[ObjectDescriptor]) -> list[DescriptorG
     ]
 
 
-def descriptor_record_count(descriptors: Sequence[ObjectDescriptor]) -> int:
-    """Records the completed descriptors cover, ``end_offset - start_offset + 1`` each.
+def descriptor_record_count(descriptors: Sequence[ObjectDescriptor], *, from_offset: int | None = None) -> int:
+    """Records the completed descriptors cover, ``end_offset - start_offset + 1`` each, counting
+    only offsets at or above ``from_offset`` when it is given.
 
     Args:
         descriptors: a topic's object descriptors (incomplete ones are ignored).
+        from_offset: the first offset to count (e.g. where retention left the table), or
+            ``None`` for every offset.
 
     Returns:
         The record count.
     """
-    return sum(d.end_offset - d.start_offset + 1 for d in completed_descriptors(descriptors))
+    return sum(
+        max(0, d.end_offset - max(d.start_offset, from_offset if from_offset is not None else d.start_offset) + 1)
+        for d in completed_descriptors(descriptors)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,12 @@ from dagster import (
 )
 from helpers import eventually_sync
 
-from assets.assets import TIERING_RETRY_POLICY, compacted_table, iceberg_table, segment_objects
+from assets.assets import TIERING_RETRY_POLICY, compacted_table, iceberg_table, retention, segment_objects
 from assets.checks import tiering_checks
 from assets.definitions import default_resources, defs
 from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import BrokerResource, EtcdResource, ObjectStoreResource
-from assets.schedules import compaction_schedule
+from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import (
     MAX_RETRIES_TAG,
     SEALED_END_TAG,
@@ -86,15 +86,26 @@ def test_definitions_load() -> None:
     compaction = defs.resolve_job_def("compaction_job")
     assert {k.to_user_string() for k in compaction.asset_layer.executable_asset_keys} == {"compacted_table"}
     assert defs.resolve_schedule_def("compaction_schedule").cron_schedule == "0 * * * *"
+    retention_job = defs.resolve_job_def("retention_job")
+    assert {k.to_user_string() for k in retention_job.asset_layer.executable_asset_keys} == {"retention"}
+    retention_schedule_def = defs.resolve_schedule_def("retention_schedule")
+    assert retention_schedule_def.cron_schedule == "30 * * * *" and retention_schedule_def.job_name == "retention_job"
+    assert (
+        retention_schedule_def.default_status == defs.resolve_schedule_def("compaction_schedule").default_status
+    )
     assert defs.resolve_sensor_def("topic_partitions_sensor") is not None
     assert defs.resolve_sensor_def("sealed_segments_sensor").job_name == "tiering_job"
     graph = defs.resolve_asset_graph()
     assert graph.get(AssetKey("iceberg_table")).parent_keys == {AssetKey("segment_objects")}
     assert graph.get(AssetKey("compacted_table")).parent_keys == {AssetKey("iceberg_table")}
+    assert graph.get(AssetKey("retention")).parent_keys == {AssetKey("iceberg_table")}
     checks = {k.name: k for k in graph.asset_check_keys}
     assert set(checks) == CHECK_NAMES
     partitioned = [
-        *(graph.get(AssetKey(name)).partitions_def for name in ("segment_objects", "iceberg_table", "compacted_table")),
+        *(
+            graph.get(AssetKey(name)).partitions_def
+            for name in ("segment_objects", "iceberg_table", "compacted_table", "retention")
+        ),
         *(graph.get(check_key).partitions_def for check_key in graph.asset_check_keys),
     ]
     for partitions_def in partitioned:
@@ -126,7 +137,7 @@ def test_resources_read_endpoints_through_env_vars() -> None:
 
 @pytest.mark.unit
 def test_tiering_assets_retry_their_steps() -> None:
-    for asset_def in (segment_objects, iceberg_table):
+    for asset_def in (segment_objects, iceberg_table, retention):
         assert asset_def.op.retry_policy == TIERING_RETRY_POLICY
     assert TIERING_RETRY_POLICY.max_retries >= 1
     assert [TIERING_RETRY_POLICY.calculate_delay(n) for n in (1, 2, 3)] == [2.0, 6.0, 14.0]
@@ -143,12 +154,13 @@ def test_instance_config_enables_run_retries(tmp_path: Path, monkeypatch: pytest
 
 
 @pytest.mark.unit
-def test_compaction_schedule_requests_every_topic() -> None:
+@pytest.mark.parametrize("schedule_def", [compaction_schedule, retention_schedule], ids=lambda s: s.name)
+def test_maintenance_schedules_request_every_topic(schedule_def: Any) -> None:
     with instance_for_test() as instance:
-        empty = compaction_schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+        empty = schedule_def.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
         assert not empty.run_requests and empty.skip_message == "no topic partitions yet"
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, ["default.a", "other.b"])
-        ticked = compaction_schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
+        ticked = schedule_def.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
     requests = ticked.run_requests or []
     assert sorted(str(r.partition_key) for r in requests) == ["default.a", "other.b"]
     assert sorted(str(r.run_key) for r in requests) == ["default.a", "other.b"]

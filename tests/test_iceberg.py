@@ -281,3 +281,70 @@ def test_duplicate_offsets(catalog: Any) -> None:
     table.append(table.scan(row_filter="_offset == 4").to_arrow())
     assert iceberg.duplicate_offsets(table) == {3: 2, 4: 4}
     assert iceberg.snapshot_row_count(table) == 10 + 2 + 2
+
+
+def test_committed_end_offset_is_a_property_set_in_the_append_commit(catalog: Any) -> None:
+    """Each append is one commit (one new metadata file) holding both the snapshot and the
+    ``danube.committed-end-offset`` property; pyiceberg's disabled retry setting stays off the
+    stored table."""
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    assert iceberg.COMMITTED_END_OFFSET_PROPERTY not in table.properties
+    for start in (0, 10):
+        before = len(table.metadata.metadata_log)
+        result = iceberg.append_records(table, _records(start, start + 9), SCHEMA, f"data-{start}-{start + 9}.dnb1")
+        stored = catalog.load_table(("default", "flights"))
+        assert len(stored.metadata.metadata_log) == before + 1  # one commit, not two
+        assert stored.current_snapshot().snapshot_id == result.snapshot_id
+        assert stored.properties[iceberg.COMMITTED_END_OFFSET_PROPERTY] == str(start + 9)
+        assert "commit.retry.num-retries" not in stored.properties
+
+
+def test_committed_end_offset_survives_deletes_and_snapshot_expiry(catalog: Any) -> None:
+    """Once no snapshot carrying ``danube.end-offset`` is left (a row delete on top, the
+    appends' snapshots expired), the committed end offset still holds, so a replay appends
+    nothing and the next object follows on."""
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    iceberg.append_records(table, _records(0, 9), SCHEMA, "data-0-9.dnb1")
+    iceberg.append_records(table, _records(10, 19), SCHEMA, "data-10-19.dnb1")
+    table.delete("_offset < 5")
+    table.maintenance.expire_snapshots().older_than(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)).commit()
+    table = catalog.load_table(("default", "flights"))
+    assert len(table.snapshots()) == 1
+    assert table.current_snapshot().summary[iceberg.SUMMARY_END_OFFSET] is None
+    assert iceberg.committed_end_offset(table) == 19
+
+    replay = iceberg.append_records(table, _records(10, 19), SCHEMA, "data-10-19.dnb1", first_offset=0)
+    assert replay.rows_appended == 0 and replay.skipped == 10
+    more = iceberg.append_records(table, _records(20, 24), SCHEMA, "data-20-24.dnb1", first_offset=0)
+    assert more.rows_appended == 5
+    assert iceberg.read_offsets(table) == list(range(5, 25))
+
+
+def test_committed_end_offset_falls_back_to_snapshot_summaries(catalog: Any) -> None:
+    """A table written before the property existed: the newest ancestor summary answers, and
+    the next append writes the property."""
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    iceberg.append_records(table, _records(0, 9), SCHEMA, "data-0-9.dnb1")
+    with table.transaction() as transaction:
+        transaction.remove_properties(iceberg.COMMITTED_END_OFFSET_PROPERTY)
+    table.delete("_offset < 2")  # a snapshot without the summary on top
+    assert iceberg.COMMITTED_END_OFFSET_PROPERTY not in table.properties
+    assert iceberg.committed_end_offset(table) == 9
+    iceberg.append_records(table, _records(5, 14), SCHEMA, "data-5-14.dnb1")
+    assert table.properties[iceberg.COMMITTED_END_OFFSET_PROPERTY] == "14"
+    assert iceberg.read_offsets(table) == list(range(2, 15))
+
+
+def test_append_resumes_at_first_offset_after_expired_objects(catalog: Any) -> None:
+    """Objects 10-19 expired and were deleted before reaching the table: with the topic's first
+    remaining offset given, the append resumes there; without it, it is a gap."""
+    table = iceberg.ensure_table(catalog, TOPIC, SCHEMA)
+    iceberg.append_records(table, _records(0, 9), SCHEMA, "data-0-9.dnb1", first_offset=0)
+    with pytest.raises(OffsetRangeError):
+        iceberg.append_records(table, _records(20, 29), SCHEMA, "data-20-29.dnb1")
+    with pytest.raises(OffsetRangeError) as err:  # a gap above the first offset is still one
+        iceberg.append_records(table, _records(25, 29), SCHEMA, "data-25-29.dnb1", first_offset=20)
+    assert err.value.expected_offset == 20
+    result = iceberg.append_records(table, _records(20, 29), SCHEMA, "data-20-29.dnb1", first_offset=20)
+    assert result.rows_appended == 10 and result.committed_end_offset == 29
+    assert iceberg.read_offsets(table) == [*range(10), *range(20, 30)]

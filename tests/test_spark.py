@@ -7,7 +7,9 @@ unit tests.
 
 from __future__ import annotations
 
+import asyncio
 import io
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,74 @@ def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
     assert meta["row_count"] == 20
     assert meta["snapshot_id"] == str(result_snapshot_id(spark_catalog, ("default", "asset_readings")))
     assert iceberg.row_count(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20
+
+
+async def _produce_raw(address: str, topic: str, count: int, *, start: int = 0) -> int:
+    """Send ``count`` schemaless messages one after another, then seal; the last offset."""
+    from danube_pipeline.client import DanubeClient
+
+    async with DanubeClient([address]) as client:
+        async with client.producer(topic, producer_name="spark-test") as producer:
+            last = -1
+            for i in range(start, start + count):
+                last = await producer.send(f"message {i:05d} ".encode() * 4)
+        await client.admin.seal_active_segment(topic)
+    return int(last)
+
+
+async def _tier_and_commit(address: str, endpoints: list[str], topic: TopicName, objects: Any, catalog: Any) -> Any:
+    from danube_pipeline.client import DanubeClient
+    from danube_pipeline.metadata.store import MetadataStore
+    from danube_pipeline.schema_registry import SchemaRegistry
+    from danube_pipeline.tiering import commit_objects_to_table, tier_sealed_segments
+
+    async with await MetadataStore.connect(endpoints) as store, DanubeClient([address]) as client:
+        await tier_sealed_segments(topic, store=store, admin=client.admin, objects=objects)
+        return await commit_objects_to_table(
+            topic, store=store, objects=objects, catalog=catalog, registry=SchemaRegistry(store)
+        )
+
+
+@pytest.mark.spark
+def test_exactly_once_survives_compaction_and_snapshot_expiry(
+    spark_catalog: dict[str, Any], etcd_endpoints: list[str], start_broker: Any, tmp_path: Path
+) -> None:
+    """Objects tiered from a real broker into the table; Spark compacts it and expires every
+    snapshot but the compaction's, so no snapshot carrying ``danube.end-offset`` is left.
+    Tiering the same objects again appends nothing: the committed end offset is a table
+    property, which both procedures keep."""
+    from danube_pipeline.metadata.descriptors import read_descriptors
+    from danube_pipeline.metadata.store import MetadataStore
+    from danube_pipeline.objectstore import ObjectStore
+    from danube_pipeline.spark import expire_snapshots
+    from danube_pipeline.tiering import completed_descriptors
+
+    broker = start_broker(segment_max_bytes=4096, segment_max_age_s=600.0)
+    topic = TopicName("default", "exactly_once")
+    objects = ObjectStore((tmp_path / "objects").as_uri())
+    catalog, spark = spark_catalog["catalog"], spark_catalog["spark"]
+    assert asyncio.run(_produce_raw(broker.address, topic.path, 300)) == 299
+    first = asyncio.run(_tier_and_commit(broker.address, etcd_endpoints, topic, objects, catalog))
+    assert first.objects_appended >= 3 and first.rows_appended == 300 and first.committed_end_offset == 299
+
+    compact_table(spark, topic, catalog_name=CATALOG)
+    expire_snapshots(spark, topic, older_than_ms=int(time.time() * 1000) + 1000, retain_last=1, catalog_name=CATALOG)
+    table = catalog.load_table(iceberg.table_identifier(topic))
+    [snapshot] = table.snapshots()
+    assert snapshot.summary is not None and snapshot.summary[iceberg.SUMMARY_END_OFFSET] is None
+    assert snapshot.summary.operation.value == "replace"
+    assert table.properties[iceberg.COMMITTED_END_OFFSET_PROPERTY] == "299"
+
+    again = asyncio.run(_tier_and_commit(broker.address, etcd_endpoints, topic, objects, catalog))
+    assert again.rows_appended == 0 and again.objects_appended == 0
+    assert again.objects_skipped == first.objects_appended
+    assert again.committed_end_offset == 299
+
+    async def descriptors() -> list[Any]:
+        async with await MetadataStore.connect(etcd_endpoints) as store:
+            return completed_descriptors((await read_descriptors(store, topic))[0])
+
+    covered = [o for d in asyncio.run(descriptors()) for o in range(d.start_offset, d.end_offset + 1)]
+    assert iceberg.read_offsets(catalog.load_table(iceberg.table_identifier(topic))) == covered == list(range(300))
+    count = spark.sql(f"SELECT count(*) AS n FROM {CATALOG}.default.exactly_once").collect()[0]["n"]
+    assert count == 300

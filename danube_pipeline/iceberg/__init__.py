@@ -3,10 +3,11 @@
 * :mod:`.catalog`: the shared SQL catalog and the topic tables in it;
 * :mod:`.schema`: Avro schemas to Iceberg schemas;
 * :mod:`.arrow`: records to the Arrow table an append writes;
-* :mod:`.append`: the exactly-once append (offsets in snapshot summaries).
+* :mod:`.append`: the exactly-once append (the committed end offset in a table property).
 """
 
 from danube_pipeline.iceberg.append import (
+    COMMITTED_END_OFFSET_PROPERTY,
     SUMMARY_END_OFFSET,
     SUMMARY_OBJECT_ID,
     SUMMARY_START_OFFSET,
@@ -17,10 +18,12 @@ from danube_pipeline.iceberg.append import (
 )
 from danube_pipeline.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.iceberg.catalog import (
+    OffsetStats,
     data_file_count,
     duplicate_offsets,
     ensure_table,
     load_catalog,
+    offset_stats,
     read_offsets,
     row_count,
     snapshot_row_count,
@@ -35,6 +38,7 @@ from danube_pipeline.iceberg.schema import (
 )
 
 __all__ = [
+    "COMMITTED_END_OFFSET_PROPERTY",
     "METADATA_COLUMNS",
     "PAYLOAD_COLUMN",
     "SUMMARY_END_OFFSET",
@@ -43,6 +47,7 @@ __all__ = [
     "SUMMARY_TOPIC",
     "VALUE_COLUMN",
     "AppendResult",
+    "OffsetStats",
     "append_records",
     "arrow_table_for_records",
     "committed_end_offset",
@@ -51,6 +56,7 @@ __all__ = [
     "ensure_table",
     "iceberg_schema_for_avro",
     "load_catalog",
+    "offset_stats",
     "read_offsets",
     "row_count",
     "snapshot_row_count",

@@ -1,12 +1,25 @@
 """The exactly-once append of records to a topic's Iceberg table.
 
-Every append commits one snapshot whose summary carries ``danube.topic``,
-``danube.start-offset``, ``danube.end-offset`` and ``danube.object-id`` (the Iceberg spec's
-snapshot summary, "Snapshots"). The committed end offset is read back from the newest ancestor
-snapshot that carries ``danube.end-offset`` (compaction snapshots do not), so replaying an
-object appends nothing, and a commit that loses the catalog's compare-and-swap is retried after
-a refresh with what is still missing. pyiceberg 0.12's own commit retry is switched off for
-these appends: it would rebase the same rows onto the new head and commit them twice.
+Every append is one commit (one pyiceberg ``Transaction``) that both adds a snapshot and sets
+the table property ``danube.committed-end-offset`` to the last offset the table now holds. The
+snapshot's summary also carries ``danube.topic``, ``danube.start-offset``,
+``danube.end-offset`` and ``danube.object-id`` (the Iceberg spec's snapshot summary,
+"Snapshots"), for people reading the history.
+
+The committed end offset is read back from the table property. Table properties live in the
+table metadata itself (Iceberg spec, "Table Metadata", ``properties``), so they survive what
+maintenance does to snapshots: Spark's ``rewrite_data_files`` (a ``replace`` snapshot without
+our summary), row-level ``DELETE`` (an ``overwrite``/``delete`` snapshot without it) and
+``expire_snapshots`` (which removes the snapshots that carried it). Only tables written before
+the property existed fall back to the newest ancestor snapshot whose summary carries
+``danube.end-offset``. So replaying an object appends nothing, even after maintenance.
+
+A commit succeeds only if the table's ``main`` branch still points at the snapshot the writer
+read (the append's ``AssertRefSnapshotId`` requirement, checked by the catalog; Iceberg spec,
+"Optimistic Concurrency"), and the property is read from that same metadata. A commit that
+loses is retried after a refresh with what is still missing. pyiceberg 0.12's own commit
+retry is switched off for these appends: it would rebase the same rows onto the new head and
+commit them twice.
 """
 
 from __future__ import annotations
@@ -26,11 +39,12 @@ from danube_pipeline.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.records import Record
 
 __all__ = [
-    "AppendResult",
+    "COMMITTED_END_OFFSET_PROPERTY",
     "SUMMARY_END_OFFSET",
     "SUMMARY_OBJECT_ID",
     "SUMMARY_START_OFFSET",
     "SUMMARY_TOPIC",
+    "AppendResult",
     "append_records",
     "committed_end_offset",
 ]
@@ -42,21 +56,43 @@ SUMMARY_START_OFFSET = "danube.start-offset"
 SUMMARY_END_OFFSET = "danube.end-offset"
 SUMMARY_OBJECT_ID = "danube.object-id"
 
+COMMITTED_END_OFFSET_PROPERTY = "danube.committed-end-offset"
+"""Table property: the last offset appended to the table (decimal string, inclusive).
+
+Written in the same commit as every append by :func:`append_records`; never lowered. It is a
+high-water mark, not a row count: retention may delete the rows below it (the rows stay
+deleted, and the offsets are never appended again)."""
+
 DEFAULT_COMMIT_ATTEMPTS = 5
 
 
 def committed_end_offset(table: Table) -> int | None:
     """The last offset committed to ``table`` by :func:`append_records`.
 
-    Walks the current snapshot's ancestry, newest first, to the first snapshot whose summary
-    carries ``danube.end-offset`` (compaction snapshots written by Spark do not).
+    Reads the table property ``danube.committed-end-offset``, which every append sets in its
+    own commit and which compaction, row deletes and snapshot expiry leave alone. A table
+    written before that property existed has none; then the current snapshot's ancestry is
+    walked, newest first, to the first snapshot whose summary carries ``danube.end-offset``
+    (compaction snapshots written by Spark do not).
 
     Args:
-        table: a topic's table.
+        table: a topic's table, as loaded (call ``table.refresh()`` for the catalog's latest).
 
     Returns:
-        The inclusive end offset, or ``None`` if nothing was appended yet.
+        The inclusive end offset, or ``None`` if nothing was appended yet (or, for a table
+        without the property, if no snapshot carrying the summary is left).
+
+    Raises:
+        ValueError: the property is set but is not an integer.
     """
+    value = table.metadata.properties.get(COMMITTED_END_OFFSET_PROPERTY)
+    if value is not None:
+        return int(value)
+    return _summary_end_offset(table)
+
+
+def _summary_end_offset(table: Table) -> int | None:
+    """``danube.end-offset`` of the newest ancestor snapshot whose summary has it."""
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         summary = snapshot.summary
         if summary is None:
@@ -138,8 +174,14 @@ def append_records(
             recorded in the snapshot summary.
         topic: ``/ns/topic`` for the summary; defaults to the table identifier's last two parts.
         writer_schemas: Avro schema per ``(schema_id, schema_version)`` present in ``records``.
-        first_offset: when the table is still empty, the offset the first record must carry;
-            ``None`` accepts any start (a topic whose oldest segments were never tiered).
+        first_offset: the first offset the topic's storage still holds (its first completed
+            object descriptor's start, ``docs/etcd-layout.md`` §5.1), or ``None``. The first
+            record not yet committed must carry ``first_offset`` when nothing was committed
+            yet, and ``max(committed_end_offset + 1, first_offset)`` otherwise: when retention
+            deleted the objects right above the committed end offset before they reached the
+            table (they had expired), the append resumes at ``first_offset``. ``None`` accepts
+            any start on an empty table (a topic whose oldest segments were never tiered) and
+            no jump on a non-empty one.
         max_attempts: commit attempts on ``CommitFailedException`` (refresh, recompute, retry).
         retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
 
@@ -148,7 +190,8 @@ def append_records(
 
     Raises:
         OffsetRangeError: ``records`` are not contiguous, or the first record not yet committed
-            is not ``committed_end_offset + 1`` (a gap).
+            is not where it must be (``committed_end_offset + 1``, or ``first_offset`` as
+            above): a gap.
         SchemaMismatchError: a payload does not decode with its schema.
         CommitFailedException: the commit still failed after ``max_attempts`` attempts.
     """
@@ -166,8 +209,9 @@ def append_records(
         else:
             skip = 0 if not records else max(0, min(len(records), committed + 1 - records[0].offset))
             pending = records[skip:]
-            if pending and pending[0].offset != committed + 1:
-                raise OffsetRangeError(committed + 1, pending[0].offset, where)
+            expected = committed + 1 if first_offset is None else max(committed + 1, first_offset)
+            if pending and pending[0].offset != expected:
+                raise OffsetRangeError(expected, pending[0].offset, where)
         skipped = len(records) - len(pending)
         if not pending:
             return AppendResult(None, 0, committed, skipped, attempt)
@@ -181,7 +225,10 @@ def append_records(
         }
         handle = _without_commit_retries(table)
         try:
-            handle.append(df, snapshot_properties=properties)
+            # One commit: the snapshot and the property, on top of the snapshot read above.
+            with handle.transaction() as transaction:
+                transaction.set_properties({COMMITTED_END_OFFSET_PROPERTY: str(end)})
+                transaction.append(df, snapshot_properties=properties)
         except CommitFailedException:
             if attempt == max_attempts:
                 raise

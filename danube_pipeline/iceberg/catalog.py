@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,10 +26,12 @@ from danube_pipeline.iceberg.schema import iceberg_schema_for_avro
 from danube_pipeline.names import TopicName
 
 __all__ = [
+    "OffsetStats",
     "data_file_count",
     "duplicate_offsets",
     "ensure_table",
     "load_catalog",
+    "offset_stats",
     "read_offsets",
     "row_count",
     "snapshot_row_count",
@@ -168,6 +171,46 @@ def read_offsets(table: Table) -> list[int]:
     """
     arrow = table.scan(selected_fields=("_offset",)).to_arrow()
     return sorted(arrow.column("_offset").to_pylist())
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetStats:
+    """Rows and their ``_offset`` bounds in a table's current snapshot.
+
+    Attributes:
+        rows: rows the scan returns (deletes applied).
+        first_offset: the smallest ``_offset``, ``None`` when there is no row.
+        last_offset: the largest ``_offset``, ``None`` when there is no row.
+    """
+
+    rows: int
+    first_offset: int | None
+    last_offset: int | None
+
+
+def offset_stats(table: Table) -> OffsetStats:
+    """Count the rows of the table's current snapshot and find their ``_offset`` bounds.
+
+    Streams the ``_offset`` column batch by batch (memory: one batch).
+
+    Args:
+        table: a topic's table.
+
+    Returns:
+        The :class:`OffsetStats`.
+    """
+    rows = 0
+    low: int | None = None
+    high: int | None = None
+    for batch in table.scan(selected_fields=("_offset",)).to_arrow_batch_reader():
+        if batch.num_rows == 0:
+            continue
+        rows += batch.num_rows
+        bounds = pc.min_max(batch.column("_offset"))
+        b_low, b_high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
+        low = b_low if low is None else min(low, b_low)
+        high = b_high if high is None else max(high, b_high)
+    return OffsetStats(rows, low, high)
 
 
 def row_count(table: Table) -> int:

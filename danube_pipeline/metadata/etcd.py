@@ -141,6 +141,31 @@ def compare_absent(key: str) -> Any:
     )
 
 
+def compare_create(key: str, create_revision: int) -> Any:
+    """The key's ``create_revision`` equals ``create_revision`` (0: the key does not exist).
+    A key deleted and created again has a new create revision: this tells incarnations apart."""
+    return rpc.Compare(
+        key=key.encode(),
+        target=rpc.Compare.CREATE,
+        result=rpc.Compare.EQUAL,
+        create_revision=create_revision,
+    )
+
+
+def compare_exists(key: str) -> Any:
+    """The key exists (its ``create_revision`` is above 0)."""
+    return rpc.Compare(
+        key=key.encode(),
+        target=rpc.Compare.CREATE,
+        result=rpc.Compare.GREATER,
+        create_revision=0,
+    )
+
+
+def delete_op(key: str) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key.encode()))
+
+
 def put_op(key: str, value: JsonValue | JsonRecord, lease_id: int = 0) -> Any:
     return rpc.RequestOp(
         request_put=rpc.PutRequest(key=key.encode(), value=values.encode(value), lease=lease_id)

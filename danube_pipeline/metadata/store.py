@@ -38,7 +38,10 @@ from danube_pipeline.metadata.etcd import (
     WatchEvent,
     WatchEventType,
     compare_absent,
+    compare_create,
+    compare_exists,
     compare_mod,
+    delete_op,
     key_value,
     prefix_range_end,
     put_op,
@@ -353,6 +356,40 @@ class MetadataStore:
         ok, revision = await self._txn(
             "compare_and_put_many", compare, [put_op(k, v) for k, v in items]
         )
+        return revision if ok else None
+
+    async def transaction(
+        self,
+        *,
+        created: Mapping[str, int] | None = None,
+        exists: Sequence[str] = (),
+        puts: Sequence[tuple[str, JsonValue | JsonRecord]] = (),
+        deletes: Sequence[str] = (),
+        lease: Lease | None = None,
+    ) -> int | None:
+        """Put and delete keys in one etcd transaction, iff every comparison holds.
+
+        Args:
+            created: ``key -> create_revision`` each key must still have (``0``: the key must
+                not exist). Comparing a create revision pins one incarnation of a key, e.g. the
+                leader key of one election (its epoch, ``docs/etcd-layout.md`` §1.7).
+            exists: keys that must exist.
+            puts: ``(key, value)`` pairs to write.
+            deletes: keys to delete.
+            lease: attach every put key to this lease.
+
+        Returns:
+            The etcd revision of the transaction, or ``None`` if a comparison failed (nothing
+            written).
+
+        Raises:
+            MetadataStoreError: if etcd cannot be reached or rejects the transaction.
+        """
+        compare = [compare_create(k, rev) for k, rev in (created or {}).items()]
+        compare += [compare_exists(k) for k in exists]
+        lease_id = lease.id if lease else 0
+        ops = [put_op(k, v, lease_id) for k, v in puts] + [delete_op(k) for k in deletes]
+        ok, revision = await self._txn("transaction", compare, ops)
         return revision if ok else None
 
     async def put_if_absent(
