@@ -28,8 +28,12 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import secrets
+import shutil
+import time
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Any
 
 from danube_pipeline.errors import (
@@ -44,10 +48,11 @@ from danube_pipeline.errors import (
 )
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
-from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
+from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType, remaining_budget_s
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.records import SEGMENT_HEADER_SIZE
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
 
@@ -62,6 +67,7 @@ from broker.storage import DiskMonitor
 from broker.tasks import BackgroundWrites, spawn
 from broker.topic import Topic
 from broker.wal import WriteAheadLog
+from broker.wal.segment import SEALED_NAME_RE
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +162,8 @@ class Broker:
             self.objects, RetentionLimits(bytes=config.local_retention_bytes, ms=config.local_retention_ms)
         )
         self._retention_task: asyncio.Task[None] | None = None
+        self._releasing: set[str] = set()  # topics being released (unload, drain)
+        self.draining = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -223,6 +231,56 @@ class Broker:
                 except OSError as exc:
                     log.warning("%s: local retention failed (tried again in %.0f s): %s",
                                 topic.path, self.config.local_retention_check_s, exc)
+            try:
+                await self.retain_released()
+            except OSError as exc:
+                log.warning("released segments: local retention failed: %s", exc)
+
+    async def retain_released(self) -> int:
+        """Delete the released segments (:meth:`release_topic`) whose object is verified in
+        object storage, or whose offsets expired (below the topic's first descriptor), and the
+        directories left empty.
+
+        Returns:
+            The segment files deleted.
+
+        Raises:
+            OSError: a file could not be deleted.
+        """
+        deleted = 0
+        base = self.released_dir
+        if not base.is_dir():
+            return 0
+        for topic_dir in sorted(p for ns in base.iterdir() if ns.is_dir() for p in ns.iterdir() if p.is_dir()):
+            try:
+                name = TopicName.parse(f"/{topic_dir.parent.name}/{topic_dir.name}")
+            except ValueError:
+                continue
+            remote = RemoteLog(name, cache=self.cache, objects=self.objects, object_cache=self.object_cache, prefetch_bytes=0)
+            try:
+                for path, start, end, size in self.released_segments(name):
+                    expired = remote.first_offset is not None and end < remote.first_offset
+                    if not expired:
+                        d = remote.descriptor_for(start)
+                        if d is None or (d.start_offset, d.end_offset, d.size) != (start, end, size):
+                            continue
+                        if not await self.local_retention.verified_in_store(remote, d):
+                            continue
+                    await asyncio.to_thread(path.unlink)
+                    deleted += 1
+                    log.info("%s: released segment %s deleted: %s", name, path.name,
+                             "expired" if expired else "held in object storage")
+            finally:
+                remote.close()
+            for release in list(topic_dir.iterdir()):
+                # Gone once nothing is left but empty active segments (a header, no record).
+                if release.is_dir() and all(
+                    f.suffix == ".log" and f.stat().st_size <= SEGMENT_HEADER_SIZE for f in release.iterdir()
+                ):
+                    await asyncio.to_thread(shutil.rmtree, release, True)
+            with contextlib.suppress(OSError):
+                topic_dir.rmdir()
+        return deleted
 
     async def apply_local_retention(
         self, topic: Topic, *, retention_bytes: int | None = None, retention_ms: int | None = None
@@ -351,6 +409,8 @@ class Broker:
         topic = self.topics.get(path)
         if topic is not None:
             return topic
+        if path in self._releasing:
+            raise NotServedHereError(path, self.broker_id)
         task = self._loading.get(path)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._open_topic(name))
@@ -456,6 +516,109 @@ class Broker:
                 log.info("producer %d (%s) on %s marked closed: its owner is gone",
                          producer.producer_id, producer.producer_name, name)
 
+    @property
+    def released_dir(self) -> Path:
+        """Where the WAL directories of released topics are kept until their segments are
+        tiered: ``data_dir/released/{ns}/{topic}/{released at, ms}/``."""
+        return self.config.data_dir / "released"
+
+    async def release_topic(self, name: TopicName, *, reason: str = "unload") -> int:
+        """Give ``name`` up so the leader assigns it to another broker (``docs/etcd-layout.md``
+        §1.5, §5.3).
+
+        Steps: stop taking batches (producers get ``NotServedHereError`` and look the topic up
+        again); seal the active segment once every batch already taken is durable; mark the
+        producers closed; store every cursor and close the WAL; then, in one etcd transaction,
+        write the sealed state (``last_committed_offset``), delete this broker's assignment and
+        put the topic in the unassigned queue with ``{"reason", "from_broker"}``. The WAL
+        directory moves to :attr:`released_dir`, whose sealed segments this broker keeps
+        serving over ``ListSealedSegments`` / ``ReadSegment`` (``released``) until local
+        retention finds them tiered.
+
+        Returns:
+            The first offset the next owner hands out.
+
+        Raises:
+            NotServedHereError: the topic is not served here (or is being released).
+            MetadataStoreError: etcd unreachable at the hand-over (the topic stays assigned
+                here and is loaded again by the next request).
+        """
+        path = name.path
+        topic = self.topics.get(path)
+        if topic is None or path in self._releasing:
+            raise NotServedHereError(path, self.broker_id)
+        self._releasing.add(path)
+        try:
+            topic.closed = True  # served_topic refuses new batches from here on
+            del self.topics[path]
+            try:
+                await topic.wal.seal_active()  # waits for every batch already taken
+            except OSError as exc:
+                log.warning("topic %s: sealing before the release failed (%s); the active segment moves as it is", name, exc)
+            last = topic.wal.next_offset - 1
+            for pid in [p for p, prod in self.producers.items() if prod.topic is topic]:
+                await self._mark_closed(self.producers.pop(pid))
+            await topic.close()
+            self._on_topics_changed()
+            revision = await self.store.transaction(
+                exists=[keys.topic_assignment(self.broker_id, name)],
+                puts=[
+                    (keys.sealed_state(name), values.SealedState(
+                        sealed=True, last_committed_offset=last, broker_id=self.broker_id, timestamp=int(time.time())
+                    )),
+                    (keys.unassigned_topic(name), values.UnassignedReason(reason=reason, from_broker=self.broker_id)),
+                ],
+                deletes=[keys.topic_assignment(self.broker_id, name)],
+            )
+            if revision is None:
+                raise NotServedHereError(path, self.broker_id)
+            wal_dir = self.config.wal_dir / name.namespace / name.topic
+            if wal_dir.exists():
+                target = self.released_dir / name.namespace / name.topic / str(int(time.time() * 1000))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(wal_dir, target)
+            await self.cache.wait_for_revision(revision)
+            log.info("topic %s released (%s): the next owner starts at offset %d", name, reason, last + 1)
+            return last + 1
+        finally:
+            self._releasing.discard(path)
+
+    async def drain(self) -> list[str]:
+        """Mark this broker ``draining`` (§1.3: the leader assigns it nothing new), release
+        every topic it owns, then mark it ``drained``.
+
+        Returns:
+            The topics released.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        self.draining = True
+        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="draining", reason="drain"))
+        released = []
+        for path in sorted(self.topics):
+            with contextlib.suppress(NotServedHereError):
+                await self.release_topic(TopicName.parse(path), reason="drain")
+                released.append(path)
+        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="drained", reason="drain"))
+        log.info("broker %d drained: %d topics released", self.broker_id, len(released))
+        return released
+
+    def released_segments(self, name: TopicName) -> list[tuple[Path, int, int, int]]:
+        """Sealed segments kept from earlier ownerships of ``name``:
+        ``(path, start_offset, end_offset, size_bytes)``, ascending by start offset."""
+        base = self.released_dir / name.namespace / name.topic
+        found = []
+        if base.is_dir():
+            for release in base.iterdir():
+                if not release.is_dir():
+                    continue
+                for f in release.iterdir():
+                    m = SEALED_NAME_RE.fullmatch(f.name)
+                    if m is not None:
+                        found.append((f, int(m.group(1)), int(m.group(2)), f.stat().st_size))
+        return sorted(found, key=lambda t: t[1])
+
     async def unload_topic(self, name: TopicName) -> None:
         """Stop serving ``name`` locally (its assignment was removed); its producers are closed."""
         topic = self.topics.pop(name.path, None)
@@ -538,11 +701,15 @@ class Broker:
             await self.cache.wait_for_revision(revision)
 
     async def _await_owner(self, name: TopicName, timeout_s: float = ASSIGN_TIMEOUT_S) -> int:
-        """Wait until ``name`` has an owner (§1.4) in the cache.
+        """Wait until ``name`` has an owner (§1.4) in the cache, at most ``timeout_s`` seconds
+        and never past the request's deadline (so the client gets the typed cause).
 
         Raises:
-            BrokerUnavailableError: none within ``timeout_s`` seconds (retriable).
+            BrokerUnavailableError: none in time (retriable).
         """
+        budget = remaining_budget_s()  # the client's deadline, less a margin (deadline_scope)
+        if budget is not None:
+            timeout_s = min(timeout_s, budget)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         changed = asyncio.Event()

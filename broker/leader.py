@@ -12,7 +12,8 @@ succeeds only if
 * no registered broker holds an assignment of the topic, so a topic never has two owners.
 
 The broker is chosen by :func:`broker.load_manager.choose_broker` with the ``fair`` strategy
-(fewest topics) among the registered brokers whose state (§1.3) is ``active``; a broker's
+(fewest topics) among the registered brokers whose state (§1.3) is ``active``, other than the
+broker that released the topic (the entry's ``from_broker``) when another one can take it; a broker's
 topics are what its assignment keys say, read from the cache, which is never older than the
 leader's own last write.
 """
@@ -97,6 +98,16 @@ async def assign_topic(
         puts=[(keys.topic_assignment(broker_id, topic), None)],
         deletes=[keys.unassigned_topic(topic)],
     )
+
+
+def _released_by(raw: object) -> int | None:
+    """The ``from_broker`` of an unassigned entry's unload reason (§1.5), ``None`` for ``null``."""
+    if raw is None:
+        return None
+    try:
+        return values.UnassignedReason.from_json(raw).from_broker
+    except (ValueError, TypeError):
+        return None
 
 
 class LeaderDuties:
@@ -184,6 +195,10 @@ class LeaderDuties:
                 for b in brokers
                 if broker_mode(self.cache, b) == "active"
             ]
+            released_by = _released_by(self.cache.get(key))
+            others = [load for load in loads if load.broker_id != released_by]
+            if others:  # a released topic goes elsewhere when another broker can take it
+                loads = others
             if not loads:
                 return done  # no active broker yet: wait for one
             target = choose_broker(topic.path, loads, Strategy.FAIR)

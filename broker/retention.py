@@ -108,7 +108,9 @@ class LocalRetention:
         """The limits of ``topic`` (its override, else the broker's)."""
         return topic_limits(cache, keys.topic_local_retention(topic.topic), self.default)
 
-    async def _verified_in_store(self, remote: RemoteLog, descriptor: ObjectDescriptor) -> bool:
+    async def verified_in_store(self, remote: RemoteLog, descriptor: ObjectDescriptor) -> bool:
+        """Whether ``descriptor``'s object exists with its size and MD5 etag (checked once per
+        object; a failure to reach the store counts as not verified)."""
         path = segment_object_path(remote.topic, descriptor.object_id)
         key = (path, descriptor.etag or "", descriptor.size)
         if key in self._verified:
@@ -176,7 +178,7 @@ class LocalRetention:
                 outside = wal.size_bytes > limits.bytes or now - seg.sealed_at_ms >= limits.ms
                 if not outside:
                     break
-                if not await self._verified_in_store(remote, descriptor):
+                if not await self.verified_in_store(remote, descriptor):
                     break
             try:
                 freed += await wal.delete_oldest_sealed(seg.start_offset)

@@ -363,6 +363,14 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def ListSealedSegments(
         self, request: pb.ListSealedSegmentsRequest, context: Any
     ) -> pb.ListSealedSegmentsResponse:
+        if request.released:
+            name = TopicName.parse(request.topic)
+            return pb.ListSealedSegmentsResponse(
+                segments=[
+                    pb.SegmentInfo(start_offset=start, end_offset=end, size_bytes=size, record_count=end - start + 1)
+                    for _path, start, end, size in self._broker.released_segments(name)
+                ]
+            )
         topic = await self._topic(request.topic)
         return pb.ListSealedSegmentsResponse(segments=[_segment_info(s) for s in topic.wal.sealed_segments()])
 
@@ -378,14 +386,22 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     @rpc
     async def ReadSegment(self, request: pb.ReadSegmentRequest, context: Any) -> AsyncIterator[pb.SegmentChunk]:
-        topic = await self._topic(request.topic)
-        segment = topic.wal.sealed_segment(request.start_offset)
-        if segment is None:
-            raise SegmentNotFoundError(topic.path, request.start_offset)
+        if request.released:
+            name = TopicName.parse(request.topic)
+            found = [p for p, start, _end, _size in self._broker.released_segments(name) if start == request.start_offset]
+            if not found:
+                raise SegmentNotFoundError(name.path, request.start_offset)
+            segment_path = found[0]
+        else:
+            topic = await self._topic(request.topic)
+            segment = topic.wal.sealed_segment(request.start_offset)
+            if segment is None:
+                raise SegmentNotFoundError(topic.path, request.start_offset)
+            segment_path = segment.path
         try:
-            f = open(segment.path, "rb")  # noqa: SIM115 - sealed files are immutable
+            f = open(segment_path, "rb")  # noqa: SIM115 - sealed files are immutable
         except FileNotFoundError:  # deleted by local retention meanwhile
-            raise SegmentNotFoundError(topic.path, request.start_offset) from None
+            raise SegmentNotFoundError(TopicName.parse(request.topic).path, request.start_offset) from None
         with f:
             position = 0
             while True:
@@ -415,6 +431,17 @@ class AdminServicer(pb_grpc.AdminServicer):
             first_local_offset=outcome.first_local_offset,
             wal_bytes=outcome.wal_bytes,
         )
+
+    @rpc
+    async def UnloadTopic(self, request: pb.UnloadTopicRequest, context: Any) -> pb.UnloadTopicResponse:
+        name = TopicName.parse(request.topic)
+        await self._topic(request.topic)  # served here (loads it if it is ours)
+        next_offset = await self._broker.release_topic(name, reason="unload")
+        return pb.UnloadTopicResponse(next_offset=next_offset)
+
+    @rpc
+    async def DrainBroker(self, request: pb.DrainBrokerRequest, context: Any) -> pb.DrainBrokerResponse:
+        return pb.DrainBrokerResponse(topics=await self._broker.drain())
 
     @rpc
     async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Any) -> pb.DescribeTopicResponse:

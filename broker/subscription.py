@@ -52,6 +52,23 @@ BELOW_RETENTION_ERROR = "error"
 BELOW_RETENTION_MODES = (BELOW_RETENTION_EARLIEST, BELOW_RETENTION_ERROR)
 
 
+def earliest_offset(wal: WriteAheadLog, remote: RemoteLog | None) -> int:
+    """The earliest offset a subscription of the topic can read.
+
+    Without an object store, the WAL's first offset. With one: object storage's first offset
+    when it has any below the WAL's first (offsets below it expired: retention deleted their
+    descriptors, ``docs/etcd-layout.md`` §5.1); 0 when object storage holds nothing of the
+    topic yet, since offsets below the WAL may still be tiered (an earlier owner's segments).
+    """
+    local = wal.first_offset
+    if remote is None:
+        return local
+    first = remote.first_offset
+    if first is None:
+        return 0
+    return min(first, local)
+
+
 class Subscription:
     """Delivery state of one subscription on one topic.
 
@@ -107,6 +124,7 @@ class Subscription:
         self.records_from_object_storage = 0
         self.skipped_below_retention = 0
         self.position_error: PositionBelowRetentionError | None = None
+        self._waiting_at: int | None = None
         self.read_position = start_offset
         self.handouts: dict[int, Handout] = {}
         self._bases: list[int] = []  # sorted keys of handouts
@@ -336,11 +354,16 @@ class Subscription:
 
     @property
     def earliest_offset(self) -> int:
-        """The earliest offset this subscription can still read: object storage's first offset
-        when it holds offsets below the WAL's first, else the WAL's first offset."""
-        local = self.wal.first_offset
-        remote = self.remote.first_offset if self.remote is not None else None
-        return remote if remote is not None and remote < local else local
+        """The earliest offset this subscription can read (:func:`earliest_offset`)."""
+        return earliest_offset(self.wal, self.remote)
+
+    def _untiered(self, offset: int) -> bool:
+        """Whether ``offset``, below the WAL, lies above everything object storage holds: not
+        tiered *yet* (an earlier owner's segments after a topic move), so worth waiting for."""
+        if self.remote is None:
+            return False
+        end = self.remote.end_offset
+        return end is None or offset > end
 
     def _read(self, offset: int, max_records: int) -> list[StoredBatch] | None:
         """Batches from ``offset`` on: from the WAL when it holds ``offset``, else from object
@@ -430,6 +453,17 @@ class Subscription:
             if batches is None:
                 return moved > 0
             if not batches and cold:
+                if self._untiered(self.read_position):
+                    # An unavailable range: wait until it is tiered (the descriptors' watch
+                    # wakes the dispatcher), never skip it.
+                    if self._waiting_at != self.read_position:
+                        self._waiting_at = self.read_position
+                        log.warning(
+                            "%s/%s: offsets %d..%d are not in object storage yet (an earlier owner's "
+                            "untiered segments); waiting for them to be tiered",
+                            self.topic, self.name, self.read_position, self.wal.first_offset - 1,
+                        )
+                    return moved > 0
                 self._skip_hole(self.read_position)
                 return True
             if batches and batches[0].last_offset >= self.read_position and batches[0].base_offset > self.read_position:

@@ -27,7 +27,7 @@ from broker.config import (
 from broker.consumer import Consumer
 from broker.producer import Producer
 from broker.remote import RemoteLog
-from broker.subscription import BELOW_RETENTION_EARLIEST, Subscription
+from broker.subscription import BELOW_RETENTION_EARLIEST, Subscription, earliest_offset
 from broker.tasks import BackgroundWrites, spawn
 from broker.wal import WriteAheadLog
 
@@ -99,11 +99,9 @@ class Topic:
 
     @property
     def earliest_offset(self) -> int:
-        """The earliest offset a subscription can read: the first one in object storage when
-        it lies below the WAL's first offset, else the WAL's first offset."""
-        local = self.wal.first_offset
-        remote = self.remote.first_offset if self.remote is not None else None
-        return remote if remote is not None and remote < local else local
+        """The earliest offset a subscription can read
+        (:func:`broker.subscription.earliest_offset`)."""
+        return earliest_offset(self.wal, self.remote)
 
     # ------------------------------------------------------------------ producing
 

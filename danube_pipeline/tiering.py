@@ -49,7 +49,41 @@ class SegmentAdmin(Protocol):
 
     async def list_sealed_segments(self, topic: str) -> list[SegmentInfo]: ...
 
-    async def read_segment_bytes(self, topic: str, start_offset: int) -> bytes: ...
+    async def list_released_segments(self, topic: str) -> list[tuple[str, SegmentInfo]]: ...
+
+    async def read_segment_bytes(self, topic: str, start_offset: int, *, address: str | None = None) -> bytes: ...
+
+
+async def with_released_segments(
+    topic: TopicName, sealed: list[SegmentInfo], descriptors: Sequence[ObjectDescriptor], admin: SegmentAdmin
+) -> tuple[list[SegmentInfo], dict[int, str]]:
+    """The owner's sealed segments plus those an earlier owner kept after releasing the topic
+    and that fill the range between the last completed descriptor and the owner's first
+    segment (a topic move before they were tiered).
+
+    Returns:
+        The segments in offset order, and ``start_offset -> broker address`` for those to read
+        from an earlier owner.
+
+    Raises:
+        RemoteError: the cluster metadata could not be read.
+    """
+    ends = [d.end_offset for d in descriptors if d.completed]
+    need_from = max(ends) + 1 if ends else 0
+    owner_first = sealed[0].start_offset if sealed else None
+    if owner_first is not None and owner_first <= need_from:
+        return sealed, {}
+    have = {s.start_offset for s in sealed}
+    sources: dict[int, str] = {}
+    extra: list[SegmentInfo] = []
+    for address, seg in await admin.list_released_segments(topic.path):
+        if seg.start_offset < need_from or seg.start_offset in have or seg.start_offset in sources:
+            continue
+        if owner_first is not None and seg.end_offset >= owner_first:
+            continue
+        sources[seg.start_offset] = address
+        extra.append(seg)
+    return sorted([*sealed, *extra], key=lambda s: s.start_offset), sources
 
 
 class SchemaLookup(Protocol):
@@ -163,6 +197,9 @@ async def tier_sealed_segments(
     twice: a segment with other bytes than the completed descriptor of its offsets, or one that
     overlaps a completed descriptor without matching it, is refused (``docs/etcd-layout.md``
     §5.1).
+    After a topic move, the segments the earlier owner had not tiered are read from that
+    broker, which keeps them after releasing the topic (:func:`with_released_segments`).
+
     A segment that ends before the first completed descriptor is skipped too: retention
     deleted its descriptor and object (``docs/etcd-layout.md`` §5.1), and uploading it again
     would bring expired data back.
@@ -188,8 +225,9 @@ async def tier_sealed_segments(
     report = TieringReport(topic=topic.path)
     sealed = sorted(await admin.list_sealed_segments(topic.path), key=lambda s: s.start_offset)
     sealed = [s for s in sealed if s.end_offset >= s.start_offset]
-    report.sealed_segments = len(sealed)
     descriptors, _ = await read_descriptors(store, topic)
+    sealed, sources = await with_released_segments(topic, sealed, descriptors, admin)
+    report.sealed_segments = len(sealed)
     first_retained = retained_start(descriptors)
     if first_retained is not None:
         expired = [s for s in sealed if s.end_offset < first_retained]
@@ -256,7 +294,7 @@ async def tier_sealed_segments(
                     start_offset=seg.start_offset,
                 ),
             )
-        data = await admin.read_segment_bytes(topic.path, seg.start_offset)
+        data = await admin.read_segment_bytes(topic.path, seg.start_offset, address=sources.get(seg.start_offset))
         decoded = decode_segment(data, where=f"{topic.path}/{oid}", index_interval_records=OFFSET_INDEX_INTERVAL_RECORDS)
         if not decoded.records:
             raise CorruptRecordError(f"{topic.path}/{oid}", 0, "segment listed as non-empty holds no records")
@@ -506,6 +544,7 @@ async def segments_needing_tiering(
     except TopicNotFoundError:
         return []
     descriptors, _ = await read_descriptors(store, topic)
+    sealed, _sources = await with_released_segments(topic, sorted(sealed, key=lambda s: s.start_offset), descriptors, admin)
     return untiered_segments(sealed, descriptors)
 
 

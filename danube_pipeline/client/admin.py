@@ -182,12 +182,78 @@ class AdminClient:
 
         return await self._ctx.call_owner(path, call)
 
-    async def read_segment(self, topic: str, start_offset: int) -> AsyncIterator[bytes]:
+    async def unload_topic(self, topic: str) -> int:
+        """Release the topic from its owner; the leader assigns it to another broker
+        (``docs/etcd-layout.md`` §1.5, §5.3). Producers and consumers follow it on their own.
+
+        Returns:
+            The first offset the next owner hands out.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> int:
+            response = await stubs.admin.UnloadTopic(pb.UnloadTopicRequest(topic=path), timeout=self._ctx.request_timeout_s)
+            return int(response.next_offset)
+
+        next_offset = await self._ctx.call_owner(path, call)
+        self._ctx.metadata.invalidate(path)
+        return next_offset
+
+    async def drain_broker(self, address: str) -> list[str]:
+        """Drain the broker at ``address``: it is marked ``draining``, releases every topic it
+        owns (the leader assigns them elsewhere), and is marked ``drained`` (§1.3).
+
+        Returns:
+            The topics it released.
+
+        Raises:
+            BrokerUnavailableError: the broker could not be reached.
+            MetadataStoreError: the broker could not write etcd.
+        """
+        stubs = self._ctx.pool.stubs(address)
+        with rpc_errors(address):
+            response = await stubs.admin.DrainBroker(pb.DrainBrokerRequest(), timeout=None)
+        return list(response.topics)
+
+    async def list_released_segments(self, topic: str) -> list[tuple[str, SegmentInfo]]:
+        """Sealed segments of ``topic`` that brokers kept after releasing it (they are served
+        until their objects are tiered), from every registered broker.
+
+        Returns:
+            ``(broker address, segment)`` pairs, ascending by start offset.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            BrokerUnavailableError: the cluster metadata could not be read.
+        """
+        path = TopicName.parse(topic).path
+        cluster = await self.cluster_metadata()
+        found: list[tuple[str, SegmentInfo]] = []
+        for broker in cluster.brokers:
+            stubs = self._ctx.pool.stubs(broker.address)
+            try:
+                with rpc_errors(broker.address):
+                    response = await stubs.admin.ListSealedSegments(
+                        pb.ListSealedSegmentsRequest(topic=path, released=True), timeout=self._ctx.request_timeout_s
+                    )
+            except DanubeError:  # a broker that cannot answer holds nothing we can read now
+                continue
+            found.extend((broker.address, _segment_info_from_pb(seg)) for seg in response.segments)
+        return sorted(found, key=lambda pair: pair[1].start_offset)
+
+    async def read_segment(self, topic: str, start_offset: int, *, address: str | None = None) -> AsyncIterator[bytes]:
         """Stream the bytes of one sealed segment, in chunks of at most 1 MiB.
 
         Args:
             topic: ``"/{namespace}/{topic}"``.
             start_offset: the segment's first offset.
+            address: read a segment the broker at this address kept after releasing the topic
+                (:meth:`list_released_segments`) instead of one of the owner's.
 
         Yields:
             Consecutive chunks of the segment file (header included).
@@ -199,16 +265,16 @@ class AdminClient:
             BrokerUnavailableError: the owner could not be reached.
         """
         path = TopicName.parse(topic).path
-        owner = await self._ctx.metadata.lookup(path)
-        stubs = self._ctx.pool.stubs(owner.address)
+        broker_address = address if address is not None else (await self._ctx.metadata.lookup(path)).address
+        stubs = self._ctx.pool.stubs(broker_address)
         call = stubs.admin.ReadSegment(
-            pb.ReadSegmentRequest(topic=path, start_offset=start_offset),
+            pb.ReadSegmentRequest(topic=path, start_offset=start_offset, released=address is not None),
             timeout=None,
         )
         where = f"segment {start_offset} of {path}"
         expected = 0
         try:
-            with rpc_errors(owner.address):
+            with rpc_errors(broker_address):
                 async for chunk in call:
                     if chunk.position != expected:
                         raise CorruptRecordError(
@@ -223,7 +289,7 @@ class AdminClient:
         finally:
             call.cancel()
 
-    async def read_segment_bytes(self, topic: str, start_offset: int) -> bytes:
+    async def read_segment_bytes(self, topic: str, start_offset: int, *, address: str | None = None) -> bytes:
         """The whole sealed segment as bytes (see :meth:`read_segment`).
 
         Raises:
@@ -232,7 +298,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached.
         """
-        return b"".join([chunk async for chunk in self.read_segment(topic, start_offset)])
+        return b"".join([chunk async for chunk in self.read_segment(topic, start_offset, address=address)])
 
     async def cluster_metadata(self) -> ClusterInfo:
         """Refresh and return the cluster's brokers and leader.

@@ -84,6 +84,12 @@ def deadline_scope(budget_s: float | None) -> Iterator[None]:
         _deadline.reset(token)
 
 
+def remaining_budget_s() -> float | None:
+    """Seconds left before the innermost :func:`deadline_scope` ends, ``None`` outside one."""
+    deadline = _deadline.get()
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class MetadataStore:
     """Write (and direct read) access to Danube's etcd metadata (``docs/etcd-layout.md``).
 

@@ -237,6 +237,28 @@ class ClusterMetadataResponse(_message.Message):
     leader_broker_id: int
     def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
 
+class UnloadTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class UnloadTopicResponse(_message.Message):
+    __slots__ = ("next_offset",)
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    next_offset: int
+    def __init__(self, next_offset: _Optional[int] = ...) -> None: ...
+
+class DrainBrokerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainBrokerResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ApplyLocalRetentionRequest(_message.Message):
     __slots__ = ("topic", "retention_bytes", "retention_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -346,10 +368,12 @@ class ListTopicsResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
 
 class ListSealedSegmentsRequest(_message.Message):
-    __slots__ = ("topic",)
+    __slots__ = ("topic", "released")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     topic: str
-    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+    released: bool
+    def __init__(self, topic: _Optional[str] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
     __slots__ = ("start_offset", "end_offset", "size_bytes", "record_count", "created_at_ms", "sealed_at_ms")
@@ -388,12 +412,14 @@ class SealActiveSegmentResponse(_message.Message):
     def __init__(self, sealed: _Optional[bool] = ..., segment: _Optional[_Union[SegmentInfo, _Mapping]] = ...) -> None: ...
 
 class ReadSegmentRequest(_message.Message):
-    __slots__ = ("topic", "start_offset")
+    __slots__ = ("topic", "start_offset", "released")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     start_offset: int
-    def __init__(self, topic: _Optional[str] = ..., start_offset: _Optional[int] = ...) -> None: ...
+    released: bool
+    def __init__(self, topic: _Optional[str] = ..., start_offset: _Optional[int] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class SegmentChunk(_message.Message):
     __slots__ = ("position", "data")

@@ -617,6 +617,16 @@ class AdminStub:
                 request_serializer=danube__pb2.DescribeTopicRequest.SerializeToString,
                 response_deserializer=danube__pb2.DescribeTopicResponse.FromString,
                 _registered_method=True)
+        self.UnloadTopic = channel.unary_unary(
+                '/danube.v1.Admin/UnloadTopic',
+                request_serializer=danube__pb2.UnloadTopicRequest.SerializeToString,
+                response_deserializer=danube__pb2.UnloadTopicResponse.FromString,
+                _registered_method=True)
+        self.DrainBroker = channel.unary_unary(
+                '/danube.v1.Admin/DrainBroker',
+                request_serializer=danube__pb2.DrainBrokerRequest.SerializeToString,
+                response_deserializer=danube__pb2.DrainBrokerResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -673,6 +683,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UnloadTopic(self, request, context):
+        """Releases a topic this broker owns: stops taking batches, seals, stores cursors, writes the
+        sealed state and puts the topic in the unassigned queue for the leader to assign elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainBroker(self, request, context):
+        """Marks this broker draining and releases every topic it owns; then marks it drained.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -710,6 +735,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeTopic,
                     request_deserializer=danube__pb2.DescribeTopicRequest.FromString,
                     response_serializer=danube__pb2.DescribeTopicResponse.SerializeToString,
+            ),
+            'UnloadTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadTopic,
+                    request_deserializer=danube__pb2.UnloadTopicRequest.FromString,
+                    response_serializer=danube__pb2.UnloadTopicResponse.SerializeToString,
+            ),
+            'DrainBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainBroker,
+                    request_deserializer=danube__pb2.DrainBrokerRequest.FromString,
+                    response_serializer=danube__pb2.DrainBrokerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +938,60 @@ class Admin:
             '/danube.v1.Admin/DescribeTopic',
             danube__pb2.DescribeTopicRequest.SerializeToString,
             danube__pb2.DescribeTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/UnloadTopic',
+            danube__pb2.UnloadTopicRequest.SerializeToString,
+            danube__pb2.UnloadTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/DrainBroker',
+            danube__pb2.DrainBrokerRequest.SerializeToString,
+            danube__pb2.DrainBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,
