@@ -587,7 +587,9 @@ class Rpc:
         return f"{self.service}.{self.method}"
 
 
-DISRUPTIVE_RPCS = frozenset({"Admin.DrainBroker", "Admin.UnloadTopic"})
+DISRUPTIVE_RPCS = frozenset({
+    "Admin.DrainBroker", "Admin.UnloadTopic", "Admin.DeleteTopic", "Admin.ResetCursor", "Admin.AbandonUnavailableRange",
+})
 """RPCs whose well-formed requests take the broker's topics away (every request of
 ``DrainBroker`` is well formed: it has no field). They are left out of the fuzzed RPCs; their
 bad input is tested on its own (``tests/test_cluster.py``)."""

@@ -206,12 +206,14 @@ class TopicLookupRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class TopicLookupResponse(_message.Message):
-    __slots__ = ("broker_id", "broker_addr")
+    __slots__ = ("broker_id", "broker_addr", "partitions")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     broker_addr: str
-    def __init__(self, broker_id: _Optional[int] = ..., broker_addr: _Optional[str] = ...) -> None: ...
+    partitions: int
+    def __init__(self, broker_id: _Optional[int] = ..., broker_addr: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class ClusterMetadataRequest(_message.Message):
     __slots__ = ()
@@ -236,6 +238,72 @@ class ClusterMetadataResponse(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
     leader_broker_id: int
     def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResetCursorRequest(_message.Message):
+    __slots__ = ("topic", "subscription", "offset", "earliest", "latest", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    offset: int
+    earliest: bool
+    latest: bool
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., offset: _Optional[int] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ResetCursorResponse(_message.Message):
+    __slots__ = ("next_offset",)
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    next_offset: int
+    def __init__(self, next_offset: _Optional[int] = ...) -> None: ...
+
+class AbandonUnavailableRangeRequest(_message.Message):
+    __slots__ = ("topic", "start_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    start_offset: int
+    def __init__(self, topic: _Optional[str] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class AbandonUnavailableRangeResponse(_message.Message):
+    __slots__ = ("skipped",)
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    skipped: int
+    def __init__(self, skipped: _Optional[int] = ...) -> None: ...
+
+class UnavailableRange(_message.Message):
+    __slots__ = ("start_offset", "end_offset", "broker_id", "since", "last_written", "abandoned")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    end_offset: int
+    broker_id: int
+    since: int
+    last_written: int
+    abandoned: bool
+    def __init__(self, start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., since: _Optional[int] = ..., last_written: _Optional[int] = ..., abandoned: _Optional[bool] = ...) -> None: ...
 
 class UnloadTopicRequest(_message.Message):
     __slots__ = ("topic",)
@@ -306,7 +374,7 @@ class SubscriptionState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
-    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes")
+    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges")
     FIRST_LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +384,10 @@ class DescribeTopicResponse(_message.Message):
     EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_RANGES_FIELD_NUMBER: _ClassVar[int]
     first_local_offset: int
     next_offset: int
     wal_bytes: int
@@ -325,17 +397,23 @@ class DescribeTopicResponse(_message.Message):
     earliest_offset: int
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionState]
     cache_bytes: int
-    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ...) -> None: ...
+    broker_id: int
+    owner_epoch: int
+    reserved_end_offset: int
+    unavailable_ranges: _containers.RepeatedCompositeFieldContainer[UnavailableRange]
+    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., broker_id: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., reserved_end_offset: _Optional[int] = ..., unavailable_ranges: _Optional[_Iterable[_Union[UnavailableRange, _Mapping]]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("topic", "delivery", "request_id")
+    __slots__ = ("topic", "delivery", "request_id", "partitions")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     delivery: DeliveryMode
     request_id: str
-    def __init__(self, topic: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    partitions: int
+    def __init__(self, topic: _Optional[str] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class CreateTopicResponse(_message.Message):
     __slots__ = ("created",)

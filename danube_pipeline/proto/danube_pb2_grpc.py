@@ -627,6 +627,21 @@ class AdminStub:
                 request_serializer=danube__pb2.DrainBrokerRequest.SerializeToString,
                 response_deserializer=danube__pb2.DrainBrokerResponse.FromString,
                 _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/danube.v1.Admin/DeleteTopic',
+                request_serializer=danube__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=danube__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
+        self.ResetCursor = channel.unary_unary(
+                '/danube.v1.Admin/ResetCursor',
+                request_serializer=danube__pb2.ResetCursorRequest.SerializeToString,
+                response_deserializer=danube__pb2.ResetCursorResponse.FromString,
+                _registered_method=True)
+        self.AbandonUnavailableRange = channel.unary_unary(
+                '/danube.v1.Admin/AbandonUnavailableRange',
+                request_serializer=danube__pb2.AbandonUnavailableRangeRequest.SerializeToString,
+                response_deserializer=danube__pb2.AbandonUnavailableRangeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -698,6 +713,31 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTopic(self, request, context):
+        """Deletes a topic this broker owns (every partition of a partitioned topic, through their
+        owners): its metadata keys, WAL, object descriptors and objects. Refused while producers or
+        consumers are connected unless force is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetCursor(self, request, context):
+        """Moves a subscription's cursor on the topic's owner: unacknowledged deliveries are dropped
+        and dispatch goes on from the new position.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbandonUnavailableRange(self, request, context):
+        """Gives up waiting for an unavailable range (a failed owner's unreplicated offsets): its
+        offsets not in object storage are skipped by consumers and tiering from then on (counted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -745,6 +785,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DrainBroker,
                     request_deserializer=danube__pb2.DrainBrokerRequest.FromString,
                     response_serializer=danube__pb2.DrainBrokerResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=danube__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=danube__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'ResetCursor': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetCursor,
+                    request_deserializer=danube__pb2.ResetCursorRequest.FromString,
+                    response_serializer=danube__pb2.ResetCursorResponse.SerializeToString,
+            ),
+            'AbandonUnavailableRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonUnavailableRange,
+                    request_deserializer=danube__pb2.AbandonUnavailableRangeRequest.FromString,
+                    response_serializer=danube__pb2.AbandonUnavailableRangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -992,6 +1047,87 @@ class Admin:
             '/danube.v1.Admin/DrainBroker',
             danube__pb2.DrainBrokerRequest.SerializeToString,
             danube__pb2.DrainBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/DeleteTopic',
+            danube__pb2.DeleteTopicRequest.SerializeToString,
+            danube__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetCursor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/ResetCursor',
+            danube__pb2.ResetCursorRequest.SerializeToString,
+            danube__pb2.ResetCursorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonUnavailableRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/AbandonUnavailableRange',
+            danube__pb2.AbandonUnavailableRangeRequest.SerializeToString,
+            danube__pb2.AbandonUnavailableRangeResponse.FromString,
             options,
             channel_credentials,
             insecure,
