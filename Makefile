@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 DEV_HOME ?=
+# `make dev BROKERS=3`: etcd and three brokers (ports 6650, 6651, 6652; data in broker, broker-2, ...).
+BROKERS ?= 1
 
 .PHONY: setup demo test test-fast dev bench bench-peers proto typecheck clean
 
@@ -32,8 +34,10 @@ test: $(VENV)/.installed-dev typecheck
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m "not spark and not e2e" $(PYTEST_ARGS)
 
+# etcd, BROKERS brokers (ports 6650, 6651, ...) and the Dagster UI and daemon, until Ctrl-C, in
+# $(DEV_HOME) or .danube/dev. (Brokers without Dagster: python -m danube_pipeline.dev.localcluster --brokers N.)
 dev: $(VENV)/.installed-demo
-	$(BIN)/danube-pipeline dev $(if $(DEV_HOME),--home $(DEV_HOME))
+	$(BIN)/danube-pipeline dev --brokers $(BROKERS) $(if $(DEV_HOME),--home $(DEV_HOME))
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py

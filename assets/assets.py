@@ -28,6 +28,7 @@ from assets.resources import (
 )
 from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
+from danube_pipeline.partitions import PartitionOf, partition_of
 from danube_pipeline.retention import RetentionReport, apply_retention
 from danube_pipeline.schema_registry import SchemaRegistry
 from danube_pipeline.spark import compact_table
@@ -147,6 +148,7 @@ def iceberg_table(
         metadata=_known(
             {
                 "table": f"{iceberg_catalog.catalog_name()}.{report.table}",
+                "partition": report.partition,
                 "row_count": MetadataValue.int(report.row_count) if report.row_count is not None else None,
                 "rows_appended": MetadataValue.int(report.rows_appended),
                 "objects_appended": report.objects_appended,
@@ -172,13 +174,27 @@ def iceberg_table(
 )
 def compacted_table(
     context: AssetExecutionContext,
+    etcd: EtcdResource,
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
 ) -> MaterializeResult:
-    """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table."""
-    topic = _topic(context)
-    catalog = iceberg_catalog.load()
+    """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table.
+
+    The partitions ``{topic}-part-{i}`` of a partitioned topic share the partitioned topic's
+    table (``docs/etcd-layout.md`` §3.1): partition 0's run compacts it, the others' skip, so
+    the schedule does not start one rewrite of the same table per partition."""
+
+    async def partition() -> PartitionOf | None:
+        async with await etcd.connect() as store:
+            return await partition_of(store, _topic(context))
+
+    part = asyncio.run(partition())
+    topic = part.parent if part is not None else _topic(context)
     ident = iceberg.table_identifier(topic)
+    if part is not None and part.index != 0:
+        context.log.info(f"{'.'.join(ident)} is compacted by the run of partition 0")
+        return MaterializeResult(metadata={"table": ".".join(ident), "skipped": "compacted by partition 0's run"})
+    catalog = iceberg_catalog.load()
     if not catalog.table_exists(ident):
         context.log.info(f"{'.'.join(ident)} does not exist yet; nothing to compact")
         return MaterializeResult(metadata={"table": ".".join(ident), "skipped": "table does not exist"})

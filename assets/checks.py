@@ -21,6 +21,10 @@ says what disagrees:
       expired).
     * ``no_duplicate_offsets``: no ``_offset`` is held by two rows.
 
+For a partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1) the
+``iceberg_table`` checks look at the partition's rows (``_partition = i``) of the partitioned
+topic's table and at its own committed end offset (``danube.committed-end-offset.part-{i}``).
+
 Checks are not blocking: a failure is reported (severity ERROR) without stopping the assets
 downstream.
 """
@@ -47,6 +51,7 @@ from danube_pipeline import iceberg
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
+from danube_pipeline.partitions import partition_of
 from danube_pipeline.tiering import (
     completed_descriptors,
     descriptor_gaps,
@@ -90,10 +95,19 @@ def _completed(etcd: EtcdResource, topic: TopicName) -> list[ObjectDescriptor]:
     return asyncio.run(run())
 
 
-def _table(iceberg_catalog: IcebergCatalogResource, topic: TopicName) -> Table | None:
+def _table(etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource, topic: TopicName) -> tuple[Table | None, int | None]:
+    """The topic's table and, for a partition of a partitioned topic, the partition's index
+    (its rows are in the partitioned topic's table)."""
+
+    async def run() -> tuple[TopicName, int | None]:
+        async with await etcd.connect() as store:
+            part = await partition_of(store, topic)
+        return (part.parent, part.index) if part is not None else (topic, None)
+
+    table_topic, partition = asyncio.run(run())
     catalog = iceberg_catalog.load()
-    ident = iceberg.table_identifier(topic)
-    return catalog.load_table(ident) if catalog.table_exists(ident) else None
+    ident = iceberg.table_identifier(table_topic)
+    return (catalog.load_table(ident) if catalog.table_exists(ident) else None), partition
 
 
 # --------------------------------------------------------------------------- segment_objects
@@ -170,8 +184,8 @@ def offsets_match_descriptors(
     """The table's committed end offset is the last completed descriptor's end offset."""
     topic = _topic(context)
     done = _completed(etcd, topic)
-    table = _table(iceberg_catalog, topic)
-    committed = iceberg.committed_end_offset(table) if table is not None else None
+    table, partition = _table(etcd, iceberg_catalog, topic)
+    committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
     descriptors_end = done[-1].end_offset if done else None
     metadata: dict[str, int] = {"completed_descriptors": len(done)}
     if committed is not None:
@@ -202,12 +216,14 @@ def row_count_matches_descriptors(
     """
     topic = _topic(context)
     done = _completed(etcd, topic)
-    table = _table(iceberg_catalog, topic)
-    stats = iceberg.offset_stats(table) if table is not None else iceberg.OffsetStats(0, None, None)
+    table, partition = _table(etcd, iceberg_catalog, topic)
+    stats = (
+        iceberg.offset_stats(table, partition=partition) if table is not None else iceberg.OffsetStats(0, None, None)
+    )
     table_rows = stats.rows
     start = stats.first_offset
     if start is None and table is not None:
-        committed = iceberg.committed_end_offset(table)
+        committed = iceberg.committed_end_offset(table, partition=partition)
         start = committed + 1 if committed is not None else None
     descriptor_records = descriptor_record_count(done, from_offset=start)
     return AssetCheckResult(
@@ -226,11 +242,14 @@ def row_count_matches_descriptors(
 
 
 @_partitioned_check(iceberg_table, "no_duplicate_offsets")
-def no_duplicate_offsets(context: AssetCheckExecutionContext, iceberg_catalog: IcebergCatalogResource) -> AssetCheckResult:
-    """No ``_offset`` is held by more than one row of the table."""
+def no_duplicate_offsets(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
+) -> AssetCheckResult:
+    """No ``_offset`` is held by more than one row of the table (of the partition's rows, for a
+    partition of a partitioned topic)."""
     topic = _topic(context)
-    table = _table(iceberg_catalog, topic)
-    duplicated = iceberg.duplicate_offsets(table) if table is not None else {}
+    table, partition = _table(etcd, iceberg_catalog, topic)
+    duplicated = iceberg.duplicate_offsets(table, partition=partition) if table is not None else {}
     extra_rows = sum(count - 1 for count in duplicated.values())
     table_rows = iceberg.snapshot_row_count(table) if table is not None else 0
     return AssetCheckResult(

@@ -6,6 +6,10 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
         [--max-batch-bytes N] [--lease-ttl-s S] [--object-store-url URL] [--s3-endpoint-url URL]
         [--local-retention-bytes N] [--local-retention-ms MS] [--position-below-retention MODE]
+        [--offset-block N] [--unavailable-range wait|skip]
+        [--load-manager-strategy fair|balanced|weighted_load] [--rebalance-threshold LEVEL|CV]
+        [--rebalance-interval-s S] [--rebalance-cooldown-s S] [--rebalance-max-moves N]
+        [--rebalance | --no-rebalance] [--load-report-interval-s S]
         [--ready-file PATH] [--log-level INFO]
 """
 
@@ -25,6 +29,7 @@ from danube_pipeline import settings
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
+    DEFAULT_LOAD_MANAGER_STRATEGY,
     DEFAULT_LOCAL_RETENTION_BYTES,
     DEFAULT_LOCAL_RETENTION_CHECK_S,
     DEFAULT_LOCAL_RETENTION_MS,
@@ -33,7 +38,12 @@ from broker.config import (
     DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
     DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
     DEFAULT_OBJECT_CACHE_BYTES,
+    DEFAULT_OFFSET_BLOCK,
     DEFAULT_PREFETCH_BYTES,
+    DEFAULT_REBALANCE_COOLDOWN_S,
+    DEFAULT_REBALANCE_INTERVAL_S,
+    DEFAULT_REBALANCE_MAX_MOVES,
+    DEFAULT_REBALANCE_THRESHOLD,
     DEFAULT_SEGMENT_MAX_AGE_S,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SUBSCRIPTION_IDLE_S,
@@ -88,6 +98,28 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     p.add_argument("--position-below-retention", choices=("earliest", "error"), default="earliest",
                    help="a subscription whose position expired jumps to the earliest retained offset "
                         "(logged and counted) or fails its consumers")
+    p.add_argument("--offset-block", type=int, default=DEFAULT_OFFSET_BLOCK,
+                   help="offsets a topic's owner reserves in etcd at a time, before acknowledging them")
+    p.add_argument("--unavailable-range", choices=("wait", "skip"), default="wait",
+                   help="at offsets a failed owner holds and nobody tiered yet, subscriptions wait, or "
+                        "skip them (logged and counted)")
+    p.add_argument("--load-report-interval-s", type=float, default=30.0,
+                   help="how often the load report /cluster/load/{id} is refreshed, in seconds")
+    p.add_argument("--load-manager-strategy", choices=("fair", "balanced", "weighted_load"),
+                   default=DEFAULT_LOAD_MANAGER_STRATEGY,
+                   help="how the leader scores brokers when rebalancing: topic count (fair), topics, CPU "
+                        "and memory (balanced), or also msg/s and bytes/s (weighted_load)")
+    p.add_argument("--rebalance-threshold", default=DEFAULT_REBALANCE_THRESHOLD,
+                   help="CV of the broker scores above which topics move: conservative (0.4), balanced "
+                        "(0.3), aggressive (0.2) or a number")
+    p.add_argument("--rebalance-interval-s", type=float, default=DEFAULT_REBALANCE_INTERVAL_S,
+                   help="seconds between two looks at the load by the leader")
+    p.add_argument("--rebalance-cooldown-s", type=float, default=DEFAULT_REBALANCE_COOLDOWN_S,
+                   help="seconds without balancing moves after a round that moved topics")
+    p.add_argument("--rebalance-max-moves", type=int, default=DEFAULT_REBALANCE_MAX_MOVES,
+                   help="topics moved per round, at most")
+    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
+                   help="whether the leader moves topics to even out the load (default on)")
     p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
     p.add_argument("--log-level", default="INFO", help="logging level")
     args = p.parse_args(argv)
@@ -121,6 +153,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
             local_retention_ms=args.local_retention_ms,
             local_retention_check_s=args.local_retention_check_s,
             position_below_retention=args.position_below_retention,
+            offset_block=args.offset_block,
+            unavailable_range=args.unavailable_range,
+            load_report_interval_s=args.load_report_interval_s,
+            load_manager_strategy=args.load_manager_strategy,
+            rebalance_threshold=args.rebalance_threshold,
+            rebalance_interval_s=args.rebalance_interval_s,
+            rebalance_cooldown_s=args.rebalance_cooldown_s,
+            rebalance_max_moves=args.rebalance_max_moves,
+            rebalance=args.rebalance,
             ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
         )
     except ValueError as exc:  # InvalidNameError is a ValueError too

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from danube_pipeline import settings
 from danube_pipeline.names import validate_cluster_name
+
+from broker.load_manager import RebalanceAggressiveness, Strategy
 
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_AGE_S = 60.0
@@ -23,6 +26,12 @@ DEFAULT_LOCAL_RETENTION_MS = 60 * 60 * 1000
 DEFAULT_LOCAL_RETENTION_CHECK_S = 5.0
 DEFAULT_OBJECT_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_PREFETCH_BYTES = 16 * 1024 * 1024
+DEFAULT_OFFSET_BLOCK = 100_000
+DEFAULT_LOAD_MANAGER_STRATEGY = "fair"
+DEFAULT_REBALANCE_THRESHOLD = "balanced"
+DEFAULT_REBALANCE_INTERVAL_S = 30.0
+DEFAULT_REBALANCE_COOLDOWN_S = 60.0
+DEFAULT_REBALANCE_MAX_MOVES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,24 @@ class BrokerConfig:
         position_below_retention: ``"earliest"`` (a subscription whose position expired jumps
             to the earliest retained offset, logged and counted) or ``"error"`` (its consumers
             get ``PositionBelowRetentionError``).
+        offset_block: offsets a topic's owner reserves in etcd per transaction before it
+            acknowledges them (``docs/etcd-layout.md`` §5.4); a broker taking a topic over from
+            a failed owner starts past the failed owner's block.
+        unavailable_range: what a subscription does at an unavailable range (a failed owner's
+            offsets not in object storage, §5.5): ``"wait"`` until they are tiered, or
+            ``"skip"`` them (logged and counted in ``skipped_unavailable``).
+        load_manager_strategy: how the leader's rebalancer scores brokers: ``fair`` (topic
+            count), ``balanced`` (topics, CPU, memory) or ``weighted_load`` (adds msg/s and
+            bytes/s); ``broker/load_manager.py``.
+        rebalance_threshold: the coefficient of variation of the brokers' scores above which
+            topics move: ``conservative`` (0.4), ``balanced`` (0.3), ``aggressive`` (0.2), or a
+            number as a string (e.g. ``"0.25"``); see :attr:`rebalance_cv_threshold`.
+        rebalance_interval_s: while leader, the broker looks at the load every this many
+            seconds (``docs/etcd-layout.md`` §1.8).
+        rebalance_cooldown_s: after a round that moved topics, no balancing move for this many
+            seconds.
+        rebalance_max_moves: at most this many topics move per round.
+        rebalance: whether the leader rebalances at all.
 
     Raises:
         InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
@@ -106,6 +133,14 @@ class BrokerConfig:
     local_retention_ms: int = DEFAULT_LOCAL_RETENTION_MS
     local_retention_check_s: float = DEFAULT_LOCAL_RETENTION_CHECK_S
     position_below_retention: str = "earliest"
+    offset_block: int = DEFAULT_OFFSET_BLOCK
+    unavailable_range: str = "wait"
+    load_manager_strategy: str = DEFAULT_LOAD_MANAGER_STRATEGY
+    rebalance_threshold: str = DEFAULT_REBALANCE_THRESHOLD
+    rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S
+    rebalance_cooldown_s: float = DEFAULT_REBALANCE_COOLDOWN_S
+    rebalance_max_moves: int = DEFAULT_REBALANCE_MAX_MOVES
+    rebalance: bool = True
 
     def __post_init__(self) -> None:
         validate_cluster_name(self.cluster_name)
@@ -121,6 +156,9 @@ class BrokerConfig:
             "subscription_idle_s": self.subscription_idle_s,
             "object_cache_bytes": self.object_cache_bytes,
             "local_retention_check_s": self.local_retention_check_s,
+            "rebalance_interval_s": self.rebalance_interval_s,
+            "load_report_interval_s": self.load_report_interval_s,
+            "offset_block": self.offset_block,
         }
         bad = [name for name, value in limits.items() if value <= 0]
         if bad:
@@ -131,6 +169,8 @@ class BrokerConfig:
                 "prefetch_bytes": self.prefetch_bytes,
                 "local_retention_bytes": self.local_retention_bytes,
                 "local_retention_ms": self.local_retention_ms,
+                "rebalance_cooldown_s": self.rebalance_cooldown_s,
+                "rebalance_max_moves": self.rebalance_max_moves,
             }.items()
             if value < 0
         ]
@@ -138,6 +178,36 @@ class BrokerConfig:
             raise ValueError(f"must not be negative: {', '.join(negative)}")
         if self.position_below_retention not in ("earliest", "error"):
             raise ValueError("position_below_retention must be 'earliest' or 'error'")
+        if self.unavailable_range not in ("wait", "skip"):
+            raise ValueError("unavailable_range must be 'wait' or 'skip'")
+        if self.load_manager_strategy not in {s.value for s in Strategy}:
+            raise ValueError(
+                f"load_manager_strategy must be one of {', '.join(s.value for s in Strategy)}, "
+                f"got {self.load_manager_strategy!r}"
+            )
+        self.rebalance_cv_threshold  # noqa: B018 - validates rebalance_threshold
+
+    @property
+    def rebalance_cv_threshold(self) -> float:
+        """``rebalance_threshold`` as a coefficient of variation: a named level's value
+        (:data:`broker.load_manager.CV_THRESHOLDS`) or the number itself.
+
+        Raises:
+            ValueError: neither a level nor a finite number >= 0.
+        """
+        name = self.rebalance_threshold.strip().lower()
+        if name in {a.value for a in RebalanceAggressiveness}:
+            return RebalanceAggressiveness(name).threshold
+        try:
+            value = float(name)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                "rebalance_threshold must be conservative, balanced, aggressive or a number >= 0, "
+                f"got {self.rebalance_threshold!r}"
+            )
+        return value
 
     @property
     def wal_dir(self) -> Path:

@@ -32,7 +32,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from danube_pipeline.errors import (
     OffsetRangeError,
     ProducerNotFoundError,
     TopicNotFoundError,
+    UnavailableRangeNotFoundError,
 )
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -59,6 +60,7 @@ from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
 from broker.config import BrokerConfig
 from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
 from broker.expiry import ExpiringKeys
+from broker.ownership import commit_takeover, plan_takeover, record_last_written, wal_has_records
 from broker.idempotency import RecentRequests
 from broker.producer import Producer
 from broker.remote import ObjectCache, RemoteLog
@@ -164,6 +166,17 @@ class Broker:
         self._retention_task: asyncio.Task[None] | None = None
         self._releasing: set[str] = set()  # topics being released (unload, drain)
         self.draining = False
+        self.set_state: Callable[[str, str], Awaitable[None]] = self._put_state
+        """Writes this broker's state (§1.3); the server makes it keep the registration lease."""
+
+    async def _put_state(self, mode: str, reason: str) -> None:
+        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode=mode, reason=reason))
+
+    def other_active_brokers(self) -> list[int]:
+        """Registered brokers other than this one whose state is ``active`` (§1.2, §1.3)."""
+        return sorted(
+            b.broker_id for b in self.registered_brokers() if b.broker_id != self.broker_id and b.mode == "active"
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,6 +184,7 @@ class Broker:
         """Load every topic assigned here, follow new assignments, start the cursor flusher."""
         prefix = keys.broker_prefix(self.broker_id)
         self._remove_listener = self.cache.add_listener(prefix, self._on_assignment_event)
+        await self.keep_unowned_wals()
         for key in self.cache.get_prefix(prefix):
             name = self._assignment_topic(key)
             if name is not None:
@@ -440,11 +454,15 @@ class Broker:
         remote = RemoteLog(
             name, cache=self.cache, objects=self.objects, object_cache=self.object_cache, prefetch_bytes=cfg.prefetch_bytes
         )
-        sealed_raw = self.cache.get(keys.sealed_state(name))
-        floor = self.offset_floor(name, remote)
+        wal_dir = cfg.wal_dir / name.namespace / name.topic
         try:
+            holds_data = wal_has_records(wal_dir)
+            plan = await plan_takeover(
+                self.store, name, self.broker_id, wal_holds_data=holds_data, tiered_end=remote.end_offset
+            )
+            floor = max(plan.floor, self.offset_floor(name, remote))
             wal = await WriteAheadLog.open(
-                cfg.wal_dir / name.namespace / name.topic,
+                wal_dir,
                 segment_max_bytes=cfg.segment_max_bytes,
                 segment_max_age_s=cfg.segment_max_age_s,
                 initial_offset=floor,
@@ -460,10 +478,20 @@ class Broker:
             error = OffsetRangeError(floor, wal.next_offset, f"{name.path} WAL {wal.directory}")
             log.error(
                 "topic %s not loaded: its WAL ends at offset %d but offsets up to %d were already handed out "
-                "(sealed state or object descriptors); move the WAL directory aside to start at %d",
+                "(sealed state, reservation or object descriptors); move the WAL directory aside to start at %d",
                 name, wal.next_offset - 1, floor - 1, floor,
             )
             raise error
+        try:
+            ownership, plan = await commit_takeover(
+                self.store, name, self.broker_id, plan, wal.next_offset, block=cfg.offset_block,
+                wal_holds_data=holds_data, tiered_end=remote.end_offset,
+            )
+        except BaseException:
+            await wal.close()
+            remote.close()
+            raise
+        wal.offset_guard = ownership
         wal.storage_monitor = self.disk
         topic = Topic(
             name,
@@ -478,9 +506,12 @@ class Broker:
             subscription_idle_s=cfg.subscription_idle_s,
             remote=remote,
             below_retention=cfg.position_below_retention,
+            unavailable_range=cfg.unavailable_range,
         )
+        topic.ownership = ownership
+        self._restore_sequences(topic)
         self.topics[name.path] = topic
-        if sealed_raw is not None:
+        if self.cache.contains(keys.sealed_state(name)):
             with contextlib.suppress(Exception):
                 await self.store.delete(keys.sealed_state(name))
         try:
@@ -490,6 +521,29 @@ class Broker:
         log.info("topic %s loaded, next offset %d", name, wal.next_offset)
         self._on_topics_changed()
         return topic
+
+    def _restore_sequences(self, topic: Topic) -> None:
+        """Rebuild the idempotent producers' state (:mod:`broker.idempotence`): the previous
+        owner's handover (§5.6), then the batch headers of the WAL's newest sealed segment and
+        its active segment."""
+        handover = self.cache.get(keys.producer_sequences(topic.name))
+        if handover is not None:
+            topic.sequences.load(handover)
+        wal = topic.wal
+        sealed = wal.sealed_segments()
+        position = sealed[-1].start_offset if sealed else wal.first_offset
+        seen = 0
+        try:
+            while position < wal.durable_end:
+                batches = wal.read(position, 100_000, max_bytes=8 * 1024 * 1024)
+                if not batches:
+                    break
+                seen += topic.sequences.scan(batches)
+                position = batches[-1].last_offset + 1
+        except Exception as exc:  # noqa: BLE001 - only idempotence is weakened: resends may be written twice
+            log.warning("topic %s: producer sequences not rebuilt from the WAL: %s", topic.name, exc)
+        if seen:
+            log.info("topic %s: producer sequences rebuilt from %d batches", topic.name, seen)
 
     async def _close_stale_producers(self, name: TopicName) -> None:
         """Set ``status`` false on every producer key of ``name`` still marked open, under the
@@ -560,28 +614,66 @@ class Broker:
                 await self._mark_closed(self.producers.pop(pid))
             await topic.close()
             self._on_topics_changed()
+            puts: list[tuple[str, Any]] = [
+                (keys.sealed_state(name), values.SealedState(
+                    sealed=True, last_committed_offset=last, broker_id=self.broker_id, timestamp=int(time.time())
+                )),
+                (keys.unassigned_topic(name), values.UnassignedReason(reason=reason, from_broker=self.broker_id)),
+            ]
+            ownership = topic.ownership
+            if ownership is not None:  # the block shrinks to what was handed out (§5.4)
+                puts.append((keys.offset_reservation(name), ownership.reservation(last)))
+            puts.append((keys.producer_sequences(name), topic.sequences.to_json()))  # §5.6
             revision = await self.store.transaction(
+                created=ownership.guard if ownership is not None else None,
                 exists=[keys.topic_assignment(self.broker_id, name)],
-                puts=[
-                    (keys.sealed_state(name), values.SealedState(
-                        sealed=True, last_committed_offset=last, broker_id=self.broker_id, timestamp=int(time.time())
-                    )),
-                    (keys.unassigned_topic(name), values.UnassignedReason(reason=reason, from_broker=self.broker_id)),
-                ],
+                puts=puts,
                 deletes=[keys.topic_assignment(self.broker_id, name)],
             )
             if revision is None:
                 raise NotServedHereError(path, self.broker_id)
-            wal_dir = self.config.wal_dir / name.namespace / name.topic
-            if wal_dir.exists():
-                target = self.released_dir / name.namespace / name.topic / str(int(time.time() * 1000))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(wal_dir, target)
+            self._move_to_released(name)
             await self.cache.wait_for_revision(revision)
             log.info("topic %s released (%s): the next owner starts at offset %d", name, reason, last + 1)
             return last + 1
         finally:
             self._releasing.discard(path)
+
+    async def abandon_unavailable_range(self, name: TopicName, start_offset: int) -> int:
+        """Give up waiting for the unavailable range of ``name`` starting at ``start_offset``
+        (``docs/etcd-layout.md`` §5.5): subscriptions skip its offsets that object storage does
+        not hold, counted, and tiering passes over them. Done on the topic's owner.
+
+        Returns:
+            The offsets of the range that were not in object storage (and were not known to
+            be unused).
+
+        Raises:
+            TopicNotFoundError, NotServedHereError: see :meth:`topic_for`.
+            UnavailableRangeNotFoundError: no range starts there.
+            MetadataStoreError: etcd unreachable, or the range changed meanwhile (retriable).
+        """
+        topic = await self.topic_for(name)
+        key = keys.unavailable_range(name, start_offset)
+        kv = await self.store.get(key)
+        if kv is None:
+            raise UnavailableRangeNotFoundError(name.path, start_offset)
+        rng = values.UnavailableRange.from_json(kv.value)
+        if rng.abandoned:
+            return 0
+        revision = await self.store.transaction(
+            modified={key: kv.mod_revision}, puts=[(key, dataclasses.replace(rng, abandoned=True))]
+        )
+        if revision is None:
+            raise MetadataStoreError("abandon unavailable range", f"{key} changed meanwhile; try again")
+        await self.cache.wait_for_revision(revision)
+        end = rng.end_offset if rng.last_written is None else min(rng.end_offset, rng.last_written)
+        tiered_end = topic.remote.end_offset if topic.remote is not None else None
+        first_missing = rng.start_offset if tiered_end is None else max(rng.start_offset, tiered_end + 1)
+        skipped = max(0, end - first_missing + 1)
+        log.error("topic %s: unavailable range %d..%d of broker %d abandoned: %d offsets will never be delivered",
+                  name, rng.start_offset, rng.end_offset, rng.broker_id, skipped)
+        return skipped
 
     async def drain(self) -> list[str]:
         """Mark this broker ``draining`` (§1.3: the leader assigns it nothing new), release
@@ -594,13 +686,13 @@ class Broker:
             MetadataStoreError: etcd unreachable.
         """
         self.draining = True
-        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="draining", reason="drain"))
+        await self.set_state("draining", "drain")
         released = []
         for path in sorted(self.topics):
             with contextlib.suppress(NotServedHereError):
                 await self.release_topic(TopicName.parse(path), reason="drain")
                 released.append(path)
-        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="drained", reason="drain"))
+        await self.set_state("drained", "drain")
         log.info("broker %d drained: %d topics released", self.broker_id, len(released))
         return released
 
@@ -619,16 +711,92 @@ class Broker:
                         found.append((f, int(m.group(1)), int(m.group(2)), f.stat().st_size))
         return sorted(found, key=lambda t: t[1])
 
+    def _move_to_released(self, name: TopicName) -> Path | None:
+        """Move the topic's WAL directory to :attr:`released_dir` (its sealed segments are
+        served for tiering from there); ``None`` when there is none."""
+        wal_dir = self.config.wal_dir / name.namespace / name.topic
+        if not wal_dir.exists():
+            return None
+        target = self.released_dir / name.namespace / name.topic / str(time.time_ns() // 1_000_000)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(wal_dir, target)
+        return target
+
     async def unload_topic(self, name: TopicName) -> None:
-        """Stop serving ``name`` locally (its assignment was removed); its producers are closed."""
+        """Stop serving ``name``: its assignment was removed by someone else (the leader failed
+        this broker over, or the topic was deleted). Producers are closed; the WAL is kept as
+        released segments (:meth:`keep_as_released`)."""
         topic = self.topics.pop(name.path, None)
         if topic is None:
             return
+        topic.closed = True
         for pid in [p for p, prod in self.producers.items() if prod.topic is topic]:
             await self._mark_closed(self.producers.pop(pid))
         await topic.close()
         self._on_topics_changed()
-        log.info("topic %s unloaded", name)
+        log.warning("topic %s unloaded: its assignment to broker %d was removed (fenced)", name, self.broker_id)
+        if name.path not in self._releasing:
+            await self.keep_as_released(name)
+
+    async def keep_as_released(self, name: TopicName) -> int | None:
+        """Keep a WAL of a topic this broker no longer owns as released segments, and record
+        the last offset it holds (``docs/etcd-layout.md`` §5.4, §5.5).
+
+        The WAL is opened (recovery drops a torn tail), its active segment sealed, and the
+        directory moved to :attr:`released_dir`, from where its sealed segments are served for
+        tiering under their own offsets. The last offset is recorded on this broker's
+        reservation, or on the unavailable ranges the next owner recorded for it, so consumers
+        and tiering pass over the offsets above it, which were never handed out.
+
+        Returns:
+            The last offset held, ``None`` when there was no WAL.
+
+        Raises:
+            OSError, CorruptRecordError: the WAL cannot be opened.
+            MetadataStoreError: etcd unreachable (the WAL is moved all the same).
+        """
+        wal_dir = self.config.wal_dir / name.namespace / name.topic
+        if not wal_dir.exists():
+            return None
+        wal = await WriteAheadLog.open(
+            wal_dir, segment_max_bytes=self.config.segment_max_bytes, segment_max_age_s=self.config.segment_max_age_s
+        )
+        try:
+            await wal.seal_active()
+        finally:
+            await wal.close()
+        last = wal.next_offset - 1
+        self._move_to_released(name)
+        log.warning("topic %s: WAL kept as released segments (last offset %d); served for tiering", name, last)
+        await record_last_written(self.store, name, self.broker_id, last)
+        return last
+
+    async def keep_unowned_wals(self) -> list[str]:
+        """At start: keep as released (:meth:`keep_as_released`) every local WAL of a topic
+        not assigned to this broker (it was taken over while this broker was away).
+
+        Returns:
+            The topics whose WAL was kept.
+        """
+        kept: list[str] = []
+        base = self.config.wal_dir
+        if not base.is_dir():
+            return kept
+        for ns_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+            for topic_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir()):
+                try:
+                    name = TopicName.parse(f"/{ns_dir.name}/{topic_dir.name}")
+                except ValueError:
+                    continue
+                if self.is_assigned_here(name):
+                    continue
+                try:
+                    await self.keep_as_released(name)
+                except Exception:
+                    log.exception("topic %s: the WAL of a topic no longer owned could not be kept", name)
+                    continue
+                kept.append(name.path)
+        return kept
 
     async def create_topic(self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
         """Create ``name`` in etcd and wait until the leader assigns it (§1.5); open it if it
@@ -700,9 +868,11 @@ class Broker:
         if revision is not None:
             await self.cache.wait_for_revision(revision)
 
-    async def _await_owner(self, name: TopicName, timeout_s: float = ASSIGN_TIMEOUT_S) -> int:
+    async def _await_owner(self, name: TopicName, timeout_s: float = ASSIGN_TIMEOUT_S, *, registered: bool = False) -> int:
         """Wait until ``name`` has an owner (§1.4) in the cache, at most ``timeout_s`` seconds
-        and never past the request's deadline (so the client gets the typed cause).
+        and never past the request's deadline (so the client gets the typed cause). With
+        ``registered``, the owner must also be registered (§1.2): an owner whose lease expired
+        is waited out until the leader fails the topic over.
 
         Raises:
             BrokerUnavailableError: none in time (retriable).
@@ -714,10 +884,13 @@ class Broker:
         deadline = loop.time() + timeout_s
         changed = asyncio.Event()
         unlisten = self.cache.add_listener(keys.BROKERS_PREFIX, lambda _event: changed.set())
+        listeners = [unlisten]
+        if registered:
+            listeners.append(self.cache.add_listener(keys.BROKER_REGISTER_PREFIX, lambda _event: changed.set()))
         try:
             while True:
                 owner = self.assigned_broker(name)
-                if owner is not None:
+                if owner is not None and (not registered or self.cache.contains(keys.broker_register(owner))):
                     return owner
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -728,7 +901,8 @@ class Broker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
         finally:
-            unlisten()
+            for remove in listeners:
+                remove()
 
     async def topic_for(
         self, name: TopicName, *, create: bool = False, delivery: DeliveryMode = DeliveryMode.RELIABLE
@@ -783,6 +957,15 @@ class Broker:
             await self._request_assignment(name)
             broker_id = await self._await_owner(name)
         raw = self.cache.get(keys.broker_register(broker_id))
+        if raw is None:  # its lease expired: the leader fails the topic over (§1.4)
+            try:
+                broker_id = await self._await_owner(name, registered=True)
+            except BrokerUnavailableError:
+                raise BrokerUnavailableError(
+                    f"broker {broker_id}", f"serves {name.path} but is not registered (the leader fails its "
+                    "topics over once its lease expired)"
+                ) from None
+            raw = self.cache.get(keys.broker_register(broker_id))
         if raw is None:
             raise BrokerUnavailableError(f"broker {broker_id}", f"serves {name.path} but is not registered")
         registration = values.BrokerRegistration.from_json(raw)

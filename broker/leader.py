@@ -13,7 +13,8 @@ succeeds only if
 
 The broker is chosen by :func:`broker.load_manager.choose_broker` with the ``fair`` strategy
 (fewest topics) among the registered brokers whose state (§1.3) is ``active``, other than the
-broker that released the topic (the entry's ``from_broker``) when another one can take it; a broker's
+broker that released the topic (the entry's ``from_broker``) when another one can take it, or the
+broker a rebalancing move names (``LeaderDuties.preferred``) while it is active; a broker's
 topics are what its assignment keys say, read from the cache, which is never older than the
 leader's own last write.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from danube_pipeline.metadata import keys, values
@@ -119,15 +121,26 @@ class LeaderDuties:
         epoch: returns this broker's leader epoch, or ``None`` when it is not the leader.
     """
 
-    def __init__(self, store: MetadataStore, cache: LocalCache, epoch: Callable[[], int | None]) -> None:
+    def __init__(
+        self, store: MetadataStore, cache: LocalCache, epoch: Callable[[], int | None], *, failover_grace_s: float = 0.0
+    ) -> None:
         self.store = store
         self.cache = cache
         self.epoch = epoch
+        self.failover_grace_s = failover_grace_s
+        self.failed_over = 0
+        self._led_epoch: int | None = None
+        self._led_since = 0.0
+        self._seen_registered: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unlisten: list[Callable[[], None]] = []
         self._outage = OutageLog(log, "assigning unassigned topics")
         self.assigned = 0
+        self.preferred: dict[str, int] = {}
+        """Topic (``/ns/topic``) → the broker its next assignment goes to while that broker is
+        active, whatever its load (set by :class:`broker.rebalance.Rebalancer` for a move);
+        the entry is dropped once the topic is assigned."""
 
     def start(self) -> None:
         """Follow the unassigned queue and the registered brokers; act while the leader."""
@@ -157,11 +170,62 @@ class LeaderDuties:
             if epoch is None:
                 continue
             try:
+                await self.failover_pass(epoch)
                 await self.assign_pass(epoch)
             except Exception as exc:  # noqa: BLE001 - etcd unreachable: the next pass retries
                 self._outage.failed(exc)
                 continue
             self._outage.succeeded()
+
+    async def failover_pass(self, epoch: int) -> int:
+        """Put the topics of every broker whose registration is gone (its lease expired, §1.2)
+        in the unassigned queue with reason ``failover``, so :meth:`assign_pass` gives them to
+        live brokers; the new owner fences the old one (:mod:`broker.ownership`).
+
+        A broker seen registered during this leadership is failed over as soon as its
+        registration disappears. One already missing when this broker became the leader may be
+        restarting: it is failed over once this leadership is ``failover_grace_s`` old.
+
+        Each topic moves in one transaction guarded by the leader epoch, the assignment's
+        existence and the registration's absence (a broker registering again keeps its topics).
+
+        Returns:
+            How many topics were put in the queue.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        now = time.monotonic()
+        if self._led_epoch != epoch:
+            self._led_epoch, self._led_since = epoch, now
+            self._seen_registered = set()
+        registered = set(registered_brokers(self.cache))
+        self._seen_registered |= registered
+        moved = 0
+        for broker_id, topics in sorted(assignments(self.cache).items()):
+            if broker_id in registered:
+                continue
+            if broker_id not in self._seen_registered and now - self._led_since < self.failover_grace_s:
+                continue
+            for path in sorted(topics):
+                topic = TopicName.parse(path)
+                assignment = keys.topic_assignment(broker_id, topic)
+                revision = await self.store.transaction(
+                    created={keys.CLUSTER_LEADER: epoch, keys.broker_register(broker_id): 0},
+                    exists=[assignment],
+                    puts=[(keys.unassigned_topic(topic), values.UnassignedReason(reason="failover", from_broker=broker_id))],
+                    deletes=[assignment],
+                )
+                if revision is None:
+                    if self.epoch() != epoch:
+                        return moved
+                    continue
+                await self.cache.wait_for_revision(revision)
+                moved += 1
+                self.failed_over += 1
+                log.warning("topic %s failed over: broker %d is gone (its lease expired); leader epoch %d",
+                            topic, broker_id, epoch)
+        return moved
 
     async def assign_pass(self, epoch: int) -> int:
         """Assign every topic waiting in the unassigned queue.
@@ -187,7 +251,10 @@ class LeaderDuties:
             except ValueError:
                 continue
             holders = [b for b, topics in owned.items() if topic.path in topics]
-            if holders or not self.cache.contains(keys.topic_root(topic)):  # stale: owned, or no topic
+            root = self.cache.get(keys.topic_root(topic))
+            partitioned = isinstance(root, int) and not isinstance(root, bool) and root > 0
+            # Stale: owned, no topic, or a partitioned topic (its partitions are assigned, §3.1).
+            if holders or partitioned or not self.cache.contains(keys.topic_root(topic)):
                 await self.store.transaction(created={keys.CLUSTER_LEADER: epoch}, deletes=[key])
                 continue
             loads = [
@@ -201,7 +268,9 @@ class LeaderDuties:
                 loads = others
             if not loads:
                 return done  # no active broker yet: wait for one
-            target = choose_broker(topic.path, loads, Strategy.FAIR)
+            target = self.preferred.get(topic.path, -1)
+            if all(load.broker_id != target for load in loads):
+                target = choose_broker(topic.path, loads, Strategy.FAIR)
             revision = await assign_topic(
                 self.store, topic, target, epoch=epoch, brokers=sorted(set(brokers) | set(owned))
             )
@@ -211,6 +280,7 @@ class LeaderDuties:
                 continue  # the marker went or an owner appeared: the next pass sees it
             await self.cache.wait_for_revision(revision)
             owned.setdefault(target, []).append(topic.path)
+            self.preferred.pop(topic.path, None)
             self.assigned += 1
             done += 1
             log.info("topic %s assigned to broker %d (leader epoch %d)", topic, target, epoch)

@@ -3,8 +3,8 @@ and which topics move when the brokers' load drifts apart (``docs/etcd-layout.md
 
 Nothing here does I/O, reads a clock or draws a random number: the leader's loop reads the load
 reports (§1.6) and broker states (§1.3), calls :func:`choose_broker` or :func:`plan_rebalance`,
-and carries the moves out itself (how a move is made, through the assignment keys of §1.4 or
-the unassigned queue of §1.5, is the caller's business). The same input always gives the same
+and carries the moves out itself (:mod:`broker.leader` assigns the unassigned queue of §1.5,
+:mod:`broker.rebalance` moves topics by unloading them into that queue). The same input always gives the same
 output, whatever the order of the brokers in it.
 
 Input
@@ -16,26 +16,14 @@ One :class:`BrokerLoad` per broker, built from its ``LoadReport`` (§1.6) with
 holds no topic any more, or whose registration §1.2 is gone). Only ``active`` brokers receive
 topics; every topic of a ``draining`` or ``drained`` broker is planned to move.
 
-**Fields a load report must carry for ``weighted_load``.** §1.6 has CPU, memory and the topic
-list only. The rates below are to be added to ``LoadReport`` after ``topics_len``, in this order;
-until then (or for an older broker's report) they read as 0 and ``weighted_load`` ranks by CPU,
-memory and topic count alone:
-
-=================  =================================================  =======================
-field              type                                               meaning
-=================  =================================================  =======================
-``msg_per_s``      number                                             messages per second
-                                                                      published to the
-                                                                      broker's topics, over
-                                                                      the last report interval
-``bytes_per_s``    number                                             payload bytes per second,
-                                                                      same interval
-``topic_rates``    object: topic name (``/{ns}/{topic}``) →           the same two rates per
-                   ``{"msg_per_s": number, "bytes_per_s": number}``   topic (:class:`TopicLoad`)
-=================  =================================================  =======================
-
-A topic missing from ``topic_rates`` gets an even share of what the broker totals leave
-(:func:`topic_loads`); with no ``topic_rates`` at all, every topic gets an even share.
+**The rates ``weighted_load`` needs.** A broker's report (§1.6) carries them as two more
+``resources_usage`` entries, whole numbers over the last report interval, so the value keeps
+Danube's layout: ``MsgRate`` (messages per second written to the broker's topics) and
+``ByteRate`` (record-batch bytes per second, the WAL's bytes). An older broker's report has
+neither; they read as 0 and ``weighted_load`` ranks it by CPU, memory and topic count alone.
+A report has no rates per topic: :class:`BrokerLoad` ``per_topic`` (:class:`TopicLoad`) is for
+callers that know them; a topic missing from it gets an even share of what the broker totals
+leave (:func:`topic_loads`), and without it every topic gets an even share.
 
 Scores
 ------
@@ -87,8 +75,8 @@ The caller records the moves it carries out: ``recently_moved[topic] = now_s`` f
 
 Decision record: ``/cluster/load_balance`` (§1.8)
 --------------------------------------------------
-§1.8 reserves the key without a format; :class:`LoadBalanceDecision` is the proposed value, one
-JSON object per plan, the fields in this order:
+:class:`LoadBalanceDecision` is the value the leader's rebalancer (:mod:`broker.rebalance`) writes
+to ``/cluster/load_balance``, one JSON object per plan that moves topics, the fields in this order:
 
 ================  ==========================  ==================================================
 field             type                        meaning
@@ -129,6 +117,17 @@ BrokerMode = Literal["active", "draining", "drained"]
 """``active`` and ``draining`` are the modes of §1.3; ``drained`` is the leader's own verdict."""
 
 BROKER_MODES: tuple[str, ...] = ("active", "draining", "drained")
+
+CPU_RESOURCE = "CPU"
+"""§1.6 ``resources_usage`` entry: the 1-minute load average, percent of the CPUs."""
+MEMORY_RESOURCE = "Memory"
+"""§1.6 ``resources_usage`` entry: used memory, percent."""
+MSG_RATE_RESOURCE = "MsgRate"
+"""§1.6 ``resources_usage`` entry: messages per second written to the broker's topics over the
+last report interval (whole number)."""
+BYTE_RATE_RESOURCE = "ByteRate"
+"""§1.6 ``resources_usage`` entry: record-batch bytes per second written to the broker's topics
+over the last report interval (whole number)."""
 
 
 class Strategy(enum.StrEnum):
@@ -204,8 +203,8 @@ def _check_rate(owner: str, name: str, value: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TopicLoad(JsonRecord):
-    """The traffic of one topic, averaged over a report interval (an entry of the proposed
-    ``topic_rates``, module docstring).
+    """The traffic of one topic, averaged over a report interval (:class:`BrokerLoad`
+    ``per_topic``).
 
     Attributes:
         msg_per_s: messages published per second.
@@ -268,13 +267,24 @@ class BrokerLoad:
         report: LoadReport,
         *,
         state: BrokerMode = "active",
-        msg_per_s: float = 0.0,
-        bytes_per_s: float = 0.0,
+        msg_per_s: float | None = None,
+        bytes_per_s: float | None = None,
         per_topic: dict[str, TopicLoad] | None = None,
+        topics: Sequence[str] | None = None,
     ) -> BrokerLoad:
-        """Build from a §1.6 load report: ``CPU`` and ``Memory`` of ``resources_usage`` (0 when
-        absent) and ``topic_list``; the rates come from the proposed report fields (module
-        docstring) and ``state`` from §1.3 or the leader.
+        """Build from a §1.6 load report: ``CPU``, ``Memory``, ``MsgRate`` and ``ByteRate`` of
+        ``resources_usage`` (0 when absent) and ``topic_list``; ``state`` comes from §1.3 or the
+        leader.
+
+        Args:
+            broker_id: the broker's u64 id.
+            report: its load report.
+            state: ``active``, ``draining`` or ``drained``.
+            msg_per_s: overrides the report's ``MsgRate`` (messages per second).
+            bytes_per_s: overrides the report's ``ByteRate`` (bytes per second).
+            per_topic: rates per topic (a §1.6 report has none).
+            topics: overrides ``topic_list``, e.g. with the assignment keys (§1.4), which the
+                leader's cache has before the broker's next report.
 
         Raises:
             ValueError: as the class.
@@ -282,11 +292,11 @@ class BrokerLoad:
         usage = {u.resource: u.usage for u in report.resources_usage}
         return cls(
             broker_id=broker_id,
-            cpu_percent=float(usage.get("CPU", 0)),
-            memory_percent=float(usage.get("Memory", 0)),
-            topics=list(report.topic_list),
-            msg_per_s=msg_per_s,
-            bytes_per_s=bytes_per_s,
+            cpu_percent=float(usage.get(CPU_RESOURCE, 0)),
+            memory_percent=float(usage.get(MEMORY_RESOURCE, 0)),
+            topics=list(report.topic_list if topics is None else topics),
+            msg_per_s=float(usage.get(MSG_RATE_RESOURCE, 0)) if msg_per_s is None else msg_per_s,
+            bytes_per_s=float(usage.get(BYTE_RATE_RESOURCE, 0)) if bytes_per_s is None else bytes_per_s,
             per_topic=per_topic,
             state=state,
         )
@@ -461,7 +471,7 @@ class RebalancePlan:
 def plan_rebalance(
     brokers: Sequence[BrokerLoad],
     strategy: Strategy | str,
-    aggressiveness: RebalanceAggressiveness | str,
+    aggressiveness: RebalanceAggressiveness | str | float,
     *,
     max_moves: int,
     now_s: float,
@@ -476,7 +486,8 @@ def plan_rebalance(
     Args:
         brokers: every broker the leader knows, each with its state.
         strategy: how brokers are scored.
-        aggressiveness: the CV threshold.
+        aggressiveness: the CV threshold: a :class:`RebalanceAggressiveness` (or its value), or
+            the threshold itself as a number >= 0.
         max_moves: at most this many balancing moves (drain moves are not counted).
         now_s: the time of this plan, in seconds (any clock the caller keeps consistently).
         last_round_s: when the last plan that moved something was made, or None.
@@ -492,7 +503,11 @@ def plan_rebalance(
             cool-down, or a broker id twice.
     """
     strategy = Strategy(strategy)
-    threshold = RebalanceAggressiveness(aggressiveness).threshold
+    if isinstance(aggressiveness, str):
+        threshold = RebalanceAggressiveness(aggressiveness).threshold
+    else:
+        _check_rate("plan_rebalance", "aggressiveness", aggressiveness)
+        threshold = float(aggressiveness)
     if max_moves < 0 or cooldown_s < 0 or topic_cooldown_s < 0:
         raise ValueError("max_moves, cooldown_s and topic_cooldown_s must be >= 0")
     cluster = _cluster(brokers, strategy)
@@ -623,7 +638,7 @@ class LoadBalanceMove(JsonRecord):
 
 @dataclass(frozen=True, slots=True)
 class LoadBalanceDecision(JsonRecord):
-    """The proposed value of ``/cluster/load_balance`` (§1.8): one plan of the leader. The
+    """The value of ``/cluster/load_balance`` (§1.8): one plan of the leader. The
     fields are described in the module docstring ("Decision record").
 
     Attributes:
@@ -680,7 +695,11 @@ class LoadBalanceDecision(JsonRecord):
 
 __all__ = [
     "BROKER_MODES",
+    "BYTE_RATE_RESOURCE",
+    "CPU_RESOURCE",
     "CV_THRESHOLDS",
+    "MEMORY_RESOURCE",
+    "MSG_RATE_RESOURCE",
     "REASON_BELOW_THRESHOLD",
     "REASON_COOL_DOWN",
     "REASON_NO_ACTIVE_BROKER",

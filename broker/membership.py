@@ -4,7 +4,10 @@ candidacy and load reports (``docs/etcd-layout.md`` §1).
 On :meth:`Membership.join` the broker writes ``/cluster/register/{id}`` under its lease,
 ``/cluster/{cluster_name}``, ``/cluster/brokers/{id}/state`` (``active``), runs for
 ``/cluster/leader`` (create-if-absent under the lease) and publishes ``/cluster/load/{id}``.
-A background task refreshes the load report. When the lease's keep-alive finds the lease gone
+A background task refreshes the load report. Besides ``CPU`` and ``Memory``, the report's
+``resources_usage`` carries ``MsgRate`` and ``ByteRate``: the messages and record-batch bytes per
+second written to the broker's WALs since the previous report (:class:`TrafficMeter`).
+When the lease's keep-alive finds the lease gone
 (etcd was unreachable for longer than the TTL), the same task registers again at once: a new
 lease, the registration, the state, leadership candidacy and a load report, retried every
 :data:`REREGISTER_RETRY_S` until etcd takes them. Failures are logged once per outage.
@@ -16,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -28,12 +32,17 @@ from danube_pipeline.metadata.store import (
 )
 from danube_pipeline.outages import OutageLog
 
+from broker.load_manager import BYTE_RATE_RESOURCE, CPU_RESOURCE, MEMORY_RESOURCE, MSG_RATE_RESOURCE
 from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
 
 REREGISTER_RETRY_S = 0.25
 """Pause between two attempts to register again after the lease was lost."""
+
+MIN_RATE_WINDOW_S = 1.0
+"""Rates are measured over at least this long: a report sooner after the previous one (a topic
+was loaded or unloaded) repeats the previous rates."""
 
 
 def _cpu_percent() -> int:
@@ -56,6 +65,52 @@ def _memory_percent() -> int:
     return 0
 
 
+class TrafficMeter:
+    """Messages and bytes per second from per-topic counters that only grow while a topic is
+    open (the WAL's ``record_count`` and ``byte_count``).
+
+    Args:
+        counters: returns ``topic -> (records, bytes)`` written since the topic's WAL opened.
+        clock: seconds, monotonic.
+    """
+
+    def __init__(
+        self, counters: Callable[[], Mapping[str, tuple[int, int]]], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._counters = counters
+        self._clock = clock
+        self._last: dict[str, tuple[int, int]] = {}
+        self._last_s: float | None = None
+        self.msg_per_s = 0.0
+        self.bytes_per_s = 0.0
+
+    def sample(self) -> tuple[float, float]:
+        """The rates since the previous sample (0 at the first one).
+
+        A topic not seen at the previous sample counts everything since its WAL opened, which
+        was after that sample; a counter that went down (the topic was released and loaded
+        again) counts from 0. Within :data:`MIN_RATE_WINDOW_S` of the previous sample, the
+        previous rates are returned and the window goes on.
+
+        Returns:
+            ``(messages per second, bytes per second)``.
+        """
+        now = self._clock()
+        if self._last_s is not None and now - self._last_s < MIN_RATE_WINDOW_S:
+            return self.msg_per_s, self.bytes_per_s
+        counts = dict(self._counters())
+        if self._last_s is not None:
+            records = size = 0
+            for topic, (r, b) in counts.items():
+                r0, b0 = self._last.get(topic, (0, 0))
+                records += r - r0 if r >= r0 else r
+                size += b - b0 if b >= b0 else b
+            elapsed = now - self._last_s
+            self.msg_per_s, self.bytes_per_s = records / elapsed, size / elapsed
+        self._last, self._last_s = counts, now
+        return self.msg_per_s, self.bytes_per_s
+
+
 class Membership:
     """Registration, state, leadership and load reports of one broker.
 
@@ -68,6 +123,8 @@ class Membership:
         lease_ttl_s: TTL of the registration lease, in seconds (§1.2).
         load_report_interval_s: how often ``/cluster/load/{id}`` is refreshed (§1.6).
         topic_list: returns the topics served here, ``/ns/topic`` sorted, for the load report.
+        traffic: returns ``topic -> (records, bytes)`` written to each topic served here since
+            its WAL opened, for the report's ``MsgRate`` and ``ByteRate``; none by default.
     """
 
     def __init__(
@@ -81,6 +138,7 @@ class Membership:
         lease_ttl_s: int,
         load_report_interval_s: float,
         topic_list: Callable[[], list[str]],
+        traffic: Callable[[], Mapping[str, tuple[int, int]]] = dict,
     ) -> None:
         self.broker_id = broker_id
         self.advertised_addr = advertised_addr
@@ -90,6 +148,7 @@ class Membership:
         self.lease_ttl_s = lease_ttl_s
         self.load_report_interval_s = load_report_interval_s
         self._topic_list = topic_list
+        self.traffic = TrafficMeter(traffic)
         self._lease: Lease | None = None
         self._registered = False
         self._is_leader = False
@@ -147,12 +206,14 @@ class Membership:
             broker_addr=f"http://{self.advertised_addr}",
             prom_exporter=None,
         )
-        await self.store.put(keys.broker_register(self.broker_id), registration, lease=lease)
+        await self.store.put(keys.cluster_name(self.cluster_name), None)
+        # Registration and state live and die with the lease (§1.2, §1.3).
         await self.store.put_many(
             [
-                (keys.cluster_name(self.cluster_name), None),
+                (keys.broker_register(self.broker_id), registration),
                 (keys.broker_state(self.broker_id), values.BrokerState(mode="active", reason=reason)),
-            ]
+            ],
+            lease=lease,
         )
         await self._campaign()
         revision = await self.store.put(keys.load_report(self.broker_id), self.load_report())
@@ -196,12 +257,16 @@ class Membership:
             spawn(self._campaign(), name="leader-campaign")
 
     def load_report(self) -> values.LoadReport:
-        """The value of ``/cluster/load/{id}`` now (§1.6)."""
+        """The value of ``/cluster/load/{id}`` now (§1.6); the rates are over the time since
+        the previous report (:meth:`TrafficMeter.sample`), rounded to whole numbers."""
         topic_list = self._topic_list()
+        msg_per_s, bytes_per_s = self.traffic.sample()
         return values.LoadReport(
             resources_usage=[
-                values.ResourceUsage("CPU", _cpu_percent()),
-                values.ResourceUsage("Memory", _memory_percent()),
+                values.ResourceUsage(CPU_RESOURCE, _cpu_percent()),
+                values.ResourceUsage(MEMORY_RESOURCE, _memory_percent()),
+                values.ResourceUsage(MSG_RATE_RESOURCE, round(msg_per_s)),
+                values.ResourceUsage(BYTE_RATE_RESOURCE, round(bytes_per_s)),
             ],
             topic_list=topic_list,
             topics_len=len(topic_list),
@@ -235,9 +300,18 @@ class Membership:
         """Write state ``draining`` (§1.3); a failure is logged."""
         self._leaving = True
         try:
-            await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode="draining", reason=reason))
+            await self.set_state("draining", reason)
         except Exception as exc:  # noqa: BLE001
             log.warning("cannot record draining state: %s", exc)
+
+    async def set_state(self, mode: str, reason: str) -> None:
+        """Write ``/cluster/brokers/{id}/state`` (§1.3) under the registration lease.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        lease = self._lease if self._lease is not None and not self._lease.expired else None
+        await self.store.put(keys.broker_state(self.broker_id), values.BrokerState(mode=mode, reason=reason), lease=lease)
 
     async def leave(self) -> None:
         """Stop reporting and revoke the lease: registration and leadership go with it."""
@@ -257,4 +331,4 @@ class Membership:
                 log.warning("cannot revoke lease: %s", exc)
 
 
-__all__ = ["Membership"]
+__all__ = ["Membership", "TrafficMeter"]

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.values import ObjectDescriptor
+from danube_pipeline.metadata.values import ObjectDescriptor, UnavailableRange
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.outages import OutageLog
@@ -256,8 +256,18 @@ class RemoteLog:
         self._closed = False
         self.batches_served = 0
         self.records_served = 0
+        self._unavailable_prefix = keys.unavailable_prefix(topic)
+        self.unavailable: list[UnavailableRange] = []
         self._reload()
-        self._unwatch = cache.add_listener(self._prefix, lambda _event: self._reload())
+        self._reload_unavailable()
+        unwatch_objects = cache.add_listener(self._prefix, lambda _event: self._reload())
+        unwatch_unavailable = cache.add_listener(self._unavailable_prefix, lambda _event: self._reload_unavailable())
+
+        def unwatch() -> None:
+            unwatch_objects()
+            unwatch_unavailable()
+
+        self._unwatch = unwatch
 
     # ------------------------------------------------------------------ descriptors
 
@@ -280,6 +290,23 @@ class RemoteLog:
         self._descriptors = found
         self._starts = [d.start_offset for d in found]
         self._wake()
+
+    def _reload_unavailable(self) -> None:
+        found = []
+        for key, value in self._cache.get_prefix(self._unavailable_prefix).items():
+            try:
+                found.append(UnavailableRange.from_json(value))
+            except (ValueError, TypeError):
+                log.warning("%s: ignoring unreadable unavailable range %s", self.topic.path, key)
+        self.unavailable = sorted(found, key=lambda r: r.start_offset)
+        self._wake()
+
+    def unavailable_at(self, offset: int) -> UnavailableRange | None:
+        """The unavailable range (``docs/etcd-layout.md`` §5.5) holding ``offset``, or ``None``."""
+        for rng in self.unavailable:
+            if rng.start_offset <= offset <= rng.end_offset:
+                return rng
+        return None
 
     @property
     def descriptors(self) -> list[ObjectDescriptor]:

@@ -35,6 +35,7 @@ from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
 from broker.core import Broker
 from broker.leader import LeaderDuties
 from broker.membership import Membership
+from broker.rebalance import ClientUnloader, Rebalancer
 from broker.status import tolerant_handler
 from broker.tasks import spawn
 
@@ -142,6 +143,7 @@ class BrokerServer:
         self._broker: Broker | None = None
         self._membership: Membership | None = None
         self._leader_duties: LeaderDuties | None = None
+        self._rebalancer: Rebalancer | None = None
         self._server: aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = False
@@ -199,10 +201,22 @@ class BrokerServer:
             lease_ttl_s=cfg.lease_ttl_s,
             load_report_interval_s=cfg.load_report_interval_s,
             topic_list=lambda: sorted(broker.topics),
+            traffic=lambda: {path: (t.wal.record_count, t.wal.byte_count) for path, t in broker.topics.items()},
         )
-        duties = self._leader_duties = LeaderDuties(store, cache, lambda: membership.leader_epoch if membership else None)  # noqa: E501
+        duties = self._leader_duties = LeaderDuties(
+            store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s
+        )
+        broker.set_state = membership.set_state
         membership.on_leadership = lambda _leader: duties.wake()
         duties.start()
+        if cfg.rebalance:
+            self._rebalancer = Rebalancer(
+                store, cache, duties.epoch, duties=duties, unload=ClientUnloader(self.advertised_addr),
+                strategy=cfg.load_manager_strategy, threshold=cfg.rebalance_cv_threshold,
+                interval_s=cfg.rebalance_interval_s, cooldown_s=cfg.rebalance_cooldown_s,
+                max_moves=cfg.rebalance_max_moves,
+            )
+            self._rebalancer.start()
         await membership.join()
         await broker.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -238,6 +252,14 @@ class BrokerServer:
         log.info("broker %d shutting down", self.broker_id)
         with contextlib.suppress(Exception):
             await self._health.enter_graceful_shutdown()
+        if self._rebalancer is not None:  # no new move once stopping
+            await self._rebalancer.stop()
+        if self._broker is not None and self._broker.topics and self._broker.other_active_brokers():
+            # Hand the topics over cleanly rather than leave them to a failover (§5.3).
+            try:
+                await asyncio.wait_for(self._broker.drain(), self.config.shutdown_grace_s)
+            except Exception as exc:  # noqa: BLE001 - the rest is failed over by the leader
+                log.warning("broker %d: releasing its topics before shutdown failed: %s", self.broker_id, exc)
         if self._membership is not None:
             await self._membership.mark_draining("shutdown")
         if self._broker is not None:

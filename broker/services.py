@@ -25,15 +25,19 @@ from danube_pipeline.errors import (
     SegmentNotFoundError,
     encode_error_metadata,
 )
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
+from broker import topic_admin
 from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
 from broker.consumer import Delivery
 from broker.core import Broker
 from broker.idempotency import RecentRequests
+from broker.partitions import create_partitioned_topic, refuse_partitioned, topic_partitions
 from broker.producer import Producer
 from broker.status import rpc
 from broker.tasks import spawn
@@ -87,6 +91,8 @@ class ProducerBroker(Protocol):
 
     broker_id: int
     requests: RecentRequests
+    cache: LocalCache
+    store: MetadataStore
 
     async def create_producer(
         self,
@@ -119,6 +125,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
 
     @rpc
     async def CreateProducer(self, request: pb.CreateProducerRequest, context: Any) -> pb.CreateProducerResponse:
+        await refuse_partitioned(self._broker, request.topic)
         schema = request.schema if request.HasField("schema") else None
         producer = await self._broker.requests.run(
             "producer",
@@ -256,6 +263,7 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
             position = InitialPosition(request.initial_position)
         except ValueError as exc:
             raise MalformedRequestError(f"unknown initial position {request.initial_position}") from exc
+        await refuse_partitioned(self._broker, request.topic)
         consumer = await self._broker.requests.run(
             "consumer",
             request.request_id,
@@ -306,7 +314,11 @@ class DiscoveryServicer(pb_grpc.DiscoveryServicer):
 
     @rpc
     async def TopicLookup(self, request: pb.TopicLookupRequest, context: Any) -> pb.TopicLookupResponse:
-        owner = await self._broker.lookup(TopicName.parse(request.topic))
+        name = TopicName.parse(request.topic)
+        partitions = await topic_partitions(self._broker, name)
+        if partitions:  # no owner: the client looks up each "{topic}-part-{i}" (§3.1)
+            return pb.TopicLookupResponse(partitions=partitions)
+        owner = await self._broker.lookup(name)
         return pb.TopicLookupResponse(broker_id=owner.broker_id, broker_addr=owner.address)
 
     @rpc
@@ -328,17 +340,24 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._broker = broker
 
     async def _topic(self, raw: str) -> Topic:
+        await refuse_partitioned(self._broker, raw)
         return await self._broker.topic_for(TopicName.parse(raw))
 
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.CreateTopicResponse:
         name = TopicName.parse(request.topic)
+        delivery = DeliveryMode.from_wire(request.delivery)
+        if request.partitions:
+            created = await self._broker.requests.run(
+                "topic",
+                request.request_id,
+                functools.partial(create_partitioned_topic, self._broker, name, request.partitions, delivery=delivery),
+            )
+            return pb.CreateTopicResponse(created=created)
         created = await self._broker.requests.run(
-            "topic",
-            request.request_id,
-            functools.partial(self._broker.create_topic, name, delivery=DeliveryMode.from_wire(request.delivery)),
+            "topic", request.request_id, functools.partial(self._broker.create_topic, name, delivery=delivery)
         )
-        if not created:
+        if not created and not await topic_partitions(self._broker, name):
             await self._broker.topic_for(name)  # load it if it is ours; NotServedHere if not
         return pb.CreateTopicResponse(created=created)
 
@@ -444,6 +463,30 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.DrainBrokerResponse(topics=await self._broker.drain())
 
     @rpc
+    async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Any) -> pb.DeleteTopicResponse:
+        deleted = await topic_admin.delete_topic(self._broker, TopicName.parse(request.topic), force=request.force)
+        return pb.DeleteTopicResponse(deleted=deleted)
+
+    @rpc
+    async def ResetCursor(self, request: pb.ResetCursorRequest, context: Any) -> pb.ResetCursorResponse:
+        name = TopicName.parse(request.topic)
+        which = request.WhichOneof("position")
+        if which is None:
+            raise MalformedRequestError("no position: set one of offset, earliest, latest, timestamp_ms")
+        if which in ("earliest", "latest") and not getattr(request, which):
+            raise MalformedRequestError(f"{which} must be true when it is the position")
+        next_offset = await topic_admin.reset_cursor(
+            self._broker,
+            name,
+            request.subscription,
+            offset=request.offset if which == "offset" else None,
+            earliest=which == "earliest",
+            latest=which == "latest",
+            timestamp_ms=request.timestamp_ms if which == "timestamp_ms" else None,
+        )
+        return pb.ResetCursorResponse(next_offset=next_offset)
+
+    @rpc
     async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Any) -> pb.DescribeTopicResponse:
         topic = await self._topic(request.topic)
         remote = topic.remote
@@ -454,7 +497,19 @@ class AdminServicer(pb_grpc.AdminServicer):
             sealed_segments=len(topic.wal.sealed_segments()),
             earliest_offset=topic.earliest_offset,
             cache_bytes=self._broker.object_cache.size_bytes,
+            broker_id=self._broker.broker_id,
         )
+        if topic.ownership is not None:
+            response.owner_epoch = topic.ownership.epoch
+            response.reserved_end_offset = max(topic.ownership.reserved_end, 0)
+        for rng in remote.unavailable if remote is not None else []:
+            item = pb.UnavailableRange(
+                start_offset=rng.start_offset, end_offset=rng.end_offset, broker_id=rng.broker_id,
+                since=rng.since, abandoned=rng.abandoned,
+            )
+            if rng.last_written is not None:
+                item.last_written = rng.last_written
+            response.unavailable_ranges.append(item)
         if remote is not None and remote.first_offset is not None and remote.end_offset is not None:
             response.remote_first_offset = remote.first_offset
             response.remote_end_offset = remote.end_offset
@@ -466,11 +521,21 @@ class AdminServicer(pb_grpc.AdminServicer):
                 consumers=len(sub.consumers),
                 records_from_object_storage=sub.records_from_object_storage,
                 skipped_below_retention=sub.skipped_below_retention,
+                skipped_unavailable=sub.skipped_unavailable,
             )
             if sub.cursor is not None:
                 state.cursor = sub.cursor
             response.subscriptions.append(state)
         return response
+
+
+    @rpc
+    async def AbandonUnavailableRange(
+        self, request: pb.AbandonUnavailableRangeRequest, context: Any
+    ) -> pb.AbandonUnavailableRangeResponse:
+        name = TopicName.parse(request.topic)
+        skipped = await self._broker.abandon_unavailable_range(name, request.start_offset)
+        return pb.AbandonUnavailableRangeResponse(skipped=skipped)
 
 
 class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from danube_pipeline.errors import PositionBelowRetentionError, SubscriptionBusyError
+from danube_pipeline.metadata.values import UnavailableRange
 from danube_pipeline.segments import StoredBatch
 from danube_pipeline.modes import SubscriptionType
 
@@ -50,6 +51,9 @@ _MAX_READ_RECORDS_PER_ROUND = 10_000
 BELOW_RETENTION_EARLIEST = "earliest"
 BELOW_RETENTION_ERROR = "error"
 BELOW_RETENTION_MODES = (BELOW_RETENTION_EARLIEST, BELOW_RETENTION_ERROR)
+UNAVAILABLE_WAIT = "wait"
+UNAVAILABLE_SKIP = "skip"
+UNAVAILABLE_MODES = (UNAVAILABLE_WAIT, UNAVAILABLE_SKIP)
 
 
 def earliest_offset(wal: WriteAheadLog, remote: RemoteLog | None) -> int:
@@ -90,10 +94,14 @@ class Subscription:
             offset: ``"earliest"`` jumps there (logged, counted in
             ``skipped_below_retention``), ``"error"`` ends every consumer's stream (and refuses
             new ones) with :class:`~danube_pipeline.errors.PositionBelowRetentionError`.
+        unavailable_range: at an unavailable range (``docs/etcd-layout.md`` §5.5) not in object
+            storage: ``"wait"`` until it is tiered, or ``"skip"`` it (counted in
+            ``skipped_unavailable``); an abandoned range is always skipped.
 
     Attributes:
         records_from_object_storage: records handed out from object storage.
         skipped_below_retention: offsets jumped over because they expired.
+        skipped_unavailable: offsets of unavailable ranges skipped (policy or abandoned).
         position_error: set once the position fell below retention in ``"error"`` mode.
     """
 
@@ -112,6 +120,7 @@ class Subscription:
         on_idle: Callable[[Subscription], None] | None = None,
         remote: RemoteLog | None = None,
         below_retention: str = BELOW_RETENTION_EARLIEST,
+        unavailable_range: str = UNAVAILABLE_WAIT,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -121,8 +130,12 @@ class Subscription:
         if below_retention not in BELOW_RETENTION_MODES:
             raise ValueError(f"below_retention must be one of {BELOW_RETENTION_MODES}")
         self.below_retention = below_retention
+        if unavailable_range not in UNAVAILABLE_MODES:
+            raise ValueError(f"unavailable_range must be one of {UNAVAILABLE_MODES}")
+        self.unavailable_range = unavailable_range
         self.records_from_object_storage = 0
         self.skipped_below_retention = 0
+        self.skipped_unavailable = 0
         self.position_error: PositionBelowRetentionError | None = None
         self._waiting_at: int | None = None
         self.read_position = start_offset
@@ -422,6 +435,43 @@ class Subscription:
         )
         self._skip_below(target)
 
+    def _at_unavailable(self, rng: UnavailableRange) -> bool:
+        """The read position lies in an unavailable range (``docs/etcd-layout.md`` §5.5) and
+        object storage does not hold it. Offsets the failed owner never handed out are passed
+        over; the others are waited for, or skipped (counted in ``skipped_unavailable``) when
+        the range was abandoned or the subscription's policy is ``"skip"``.
+
+        Returns:
+            Whether the position moved.
+        """
+        position = self.read_position
+        unused = rng.unused_from()
+        if unused is not None and position >= unused:
+            log.info("%s/%s: offsets %d..%d were never handed out (broker %d failed before); passed over",
+                     self.topic, self.name, position, rng.end_offset, rng.broker_id)
+            self._skip_below(rng.end_offset + 1)
+            return True
+        if rng.abandoned or self.unavailable_range == UNAVAILABLE_SKIP:
+            limit = unused if unused is not None else rng.end_offset + 1
+            nxt = self.remote.next_start_after(position) if self.remote is not None else None
+            target = min(limit, nxt) if nxt is not None and nxt > position else limit
+            self.skipped_unavailable += target - position
+            log.error(
+                "%s/%s: offsets %d..%d held only by failed broker %d are skipped (%s; %d skipped in all)",
+                self.topic, self.name, position, target - 1, rng.broker_id,
+                "range abandoned" if rng.abandoned else "policy skip", self.skipped_unavailable,
+            )
+            self._skip_below(target)
+            return True
+        if self._waiting_at != position:
+            self._waiting_at = position
+            log.warning(
+                "%s/%s: offset %d is in an unavailable range (%d..%d, held by failed broker %d); waiting until "
+                "that broker returns and its segments are tiered",
+                self.topic, self.name, position, rng.start_offset, rng.end_offset, rng.broker_id,
+            )
+        return False
+
     def _dispatch_once(self) -> bool:
         earliest = self.earliest_offset
         if self.read_position < earliest or (self._bases and self._bases[0] < earliest):
@@ -453,6 +503,9 @@ class Subscription:
             if batches is None:
                 return moved > 0
             if not batches and cold:
+                rng = self.remote.unavailable_at(self.read_position) if self.remote is not None else None
+                if rng is not None:
+                    return self._at_unavailable(rng) or moved > 0
                 if self._untiered(self.read_position):
                     # An unavailable range: wait until it is tiered (the descriptors' watch
                     # wakes the dispatcher), never skip it.
@@ -520,3 +573,57 @@ class Subscription:
                 await self._flush_task
         if store_cursor:
             await self._flush()
+
+    # ------------------------------------------------------------------ admin
+
+    async def reset_to(self, offset: int) -> None:
+        """Deliver from ``offset`` next, and store the cursor ``offset - 1`` at once
+        (``Admin.ResetCursor``; ``docs/etcd-layout.md`` §3.5). The caller checked that
+        ``offset`` lies from :attr:`earliest_offset` to the WAL's next offset.
+
+        Every handout is dropped: the batches consumers hold (sent or still queued for their
+        stream) and those waiting for redelivery. The consumers stay attached with their
+        windows freed; batches still queued for them are not sent. An ack of a dropped batch
+        finds no handout and is ignored, unless its offset was handed out again after the reset
+        (acks carry only offsets): :meth:`broker.topic.Topic.reset_cursor` therefore resets a
+        fresh instance, and the closed old one ignores the late acks of its consumers.
+
+        A reset to offset 0 stores the cursor ``-1`` (the subscription then resumes at 0 after
+        a reload, whatever the initial position of the next ``Subscribe``).
+
+        Args:
+            offset: the next offset to deliver.
+
+        Raises:
+            MetadataStoreError: the cursor could not be stored. The new position holds on this
+                broker; the stored cursor is the old one until a later flush (or a retried reset)
+                stores it.
+        """
+        if self._closed:
+            return
+        dropped = list(self.handouts.values())
+        for handout in dropped:
+            consumer = handout.consumer
+            if consumer is not None and consumer.handouts.get(handout.base) is handout:
+                del consumer.handouts[handout.base]
+                consumer.unacked -= handout.unacked_count
+        for consumer in self.consumers:
+            kept = [d for d in consumer.queue if consumer.handouts.get(d.handout.base) is d.handout]
+            consumer.queue.clear()
+            consumer.queue.extend(kept)
+            consumer.queued_bytes = sum(len(d.batch.data) for d in kept)
+        self.handouts.clear()
+        self._bases.clear()
+        previous = self.read_position
+        self.read_position = offset
+        self.position_error = None
+        self._waiting_at = None
+        self._acks_since_flush = 0
+        self._wake.set()
+        log.info(
+            "%s/%s: cursor reset to offset %d (was reading at %d; %d batches dropped)",
+            self.topic, self.name, offset, previous, len(dropped),
+        )
+        async with self._flush_lock:
+            await self._persist_cursor(offset - 1)
+            self._persisted_cursor = offset - 1

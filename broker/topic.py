@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import fastavro
 
 from danube_pipeline.batches import BatchHeader, batch_payloads, validate_batch
-from danube_pipeline.errors import SchemaMismatchError
+from danube_pipeline.errors import SchemaMismatchError, SubscriptionNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
@@ -25,9 +25,11 @@ from broker.config import (
     DEFAULT_SUBSCRIPTION_IDLE_S,
 )
 from broker.consumer import Consumer
+from broker.idempotence import ProducerSequences
+from broker.ownership import Ownership
 from broker.producer import Producer
 from broker.remote import RemoteLog
-from broker.subscription import BELOW_RETENTION_EARLIEST, Subscription, earliest_offset
+from broker.subscription import BELOW_RETENTION_EARLIEST, UNAVAILABLE_WAIT, Subscription, earliest_offset
 from broker.tasks import BackgroundWrites, spawn
 from broker.wal import WriteAheadLog
 
@@ -51,7 +53,7 @@ class Topic:
         subscription_idle_s: a subscription without consumers is unloaded after this long.
         remote: the topic's offsets in object storage (read below the WAL's first offset);
             ``None`` without an object store.
-        below_retention: see :class:`broker.subscription.Subscription`.
+        below_retention, unavailable_range: see :class:`broker.subscription.Subscription`.
     """
 
     def __init__(
@@ -69,11 +71,13 @@ class Topic:
         subscription_idle_s: float = DEFAULT_SUBSCRIPTION_IDLE_S,
         remote: RemoteLog | None = None,
         below_retention: str = BELOW_RETENTION_EARLIEST,
+        unavailable_range: str = UNAVAILABLE_WAIT,
     ) -> None:
         self.name = name
         self.wal = wal
         self.remote = remote
         self.below_retention = below_retention
+        self.unavailable_range = unavailable_range
         self.delivery = delivery
         self.producers: dict[int, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
@@ -91,6 +95,8 @@ class Topic:
         self._policy: values.NamespacePolicy | None = None
         self._subscribe_lock = asyncio.Lock()
         self.closed = False
+        self.ownership: Ownership | None = None  # set by the broker: owner epoch and reserved offsets
+        self.sequences = ProducerSequences(name.path)
 
     @property
     def path(self) -> str:
@@ -164,10 +170,19 @@ class Topic:
         Raises:
             MalformedRequestError, MessageTooLargeError, SchemaMismatchError: see
                 :meth:`validate`; nothing is written then.
+            DuplicateSequenceError: the batch's sequence numbers were written already, not as
+                this batch (:mod:`broker.idempotence`); a resend of a remembered batch gets
+                the offsets it was written at instead.
         """
         header = self.validate(producer, batch)
+        written = self.sequences.check(header)
+        if written is not None:  # a resend of a batch written already (idempotent produce)
+            return written
+        first_offset = self.wal.next_offset
+        future = self.wal.enqueue(batch, header.record_count)
+        self.sequences.record(header, future, first_offset)
         producer.sent_messages += header.record_count
-        return self.wal.enqueue(batch, header.record_count)
+        return future
 
     # ------------------------------------------------------------------ consuming
 
@@ -253,6 +268,7 @@ class Topic:
             on_idle=self._subscription_idle,
             remote=self.remote,
             below_retention=self.below_retention,
+            unavailable_range=self.unavailable_range,
         )
         self.subscriptions[name] = sub
         log.info("%s: subscription %s (%s) starts at offset %d", self.path, name, subscription_type.name, start)
@@ -317,7 +333,10 @@ class Topic:
 
         async def write(cursor: int) -> None:
             try:
-                await self._store.put(key, cursor)
+                if self.ownership is not None:  # fenced: fails once the topic changed hands (§1.4)
+                    await self.ownership.put(key, cursor)
+                else:
+                    await self._store.put(key, cursor)
             except Exception as exc:
                 outage.failed(exc)
                 raise
@@ -361,3 +380,49 @@ class Topic:
         if self.remote is not None:
             self.remote.close()
         await self.wal.close()
+
+    # ------------------------------------------------------------------ admin
+
+    async def reset_cursor(self, subscription: str, offset: int) -> None:
+        """Make ``subscription`` deliver from ``offset`` next, its cursor stored as
+        ``offset - 1`` (``Admin.ResetCursor``; ``docs/etcd-layout.md`` §3.5). The caller checked
+        that ``offset`` lies from :attr:`earliest_offset` to the WAL's next offset.
+
+        The loaded instance, if any, is closed without storing its cursor: its consumers'
+        streams end (clients subscribe again and continue from ``offset``), and the acks of the
+        batches they held reach the closed instance, which ignores them, so none of them can
+        acknowledge an offset delivered again after the reset. A fresh instance, loaded as a
+        ``Subscribe`` would load it (type from the stored metadata, §3.4, when it was not
+        loaded), is moved with :meth:`Subscription.reset_to`; without consumers it is unloaded
+        after ``subscription_idle_s``.
+
+        Args:
+            subscription: the subscription name (checked by the caller).
+            offset: the next offset to deliver.
+
+        Raises:
+            SubscriptionNotFoundError: the subscription is neither loaded nor stored (§3.4).
+            MetadataStoreError: the cursor could not be stored (see :meth:`Subscription.reset_to`).
+        """
+        async with self._subscribe_lock:
+            old = self.subscriptions.get(subscription)
+            stored = self._cache.get(keys.topic_subscription(self.name, subscription))
+            if old is None and stored is None:
+                raise SubscriptionNotFoundError(self.path, subscription)
+            if old is not None:
+                subscription_type = old.type
+                del self.subscriptions[subscription]
+                await old.close(store_cursor=False)
+            else:
+                subscription_type = SubscriptionType.EXCLUSIVE
+                with contextlib.suppress(ValueError, TypeError):
+                    subscription_type = SubscriptionType(
+                        values.SubscriptionMetadata.from_json(stored).subscription_type
+                    )
+            self._unloaded_cursors.pop(subscription, None)
+            sub = self._load_subscription(subscription, subscription_type, False)
+            try:
+                await sub.reset_to(offset)
+            finally:
+                if not sub.consumers:
+                    self._subscription_idle(sub)

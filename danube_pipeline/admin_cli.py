@@ -47,9 +47,13 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     is never overwritten: the verb fails instead. The value written is the canonical
     ``NamespacePolicy`` (every field, snake-case names; camelCase aliases are folded in and
     unknown fields dropped).
-``topics create /NS/TOPIC [--delivery Reliable|NonReliable]``
+``topics create /NS/TOPIC [--delivery Reliable|NonReliable] [--partitions N]``
     ``{"topic": str, "created": bool, "requested_delivery": str, "owner": owner}``; an existing
-    topic keeps its own delivery mode (§3.2).
+    topic keeps its own delivery mode (§3.2). With ``--partitions N`` (1 to 100) a partitioned
+    topic: its root holds N (§3.1) and its partitions ``TOPIC-part-{i}`` are topics of their
+    own, each assigned an owner; the document is then ``{"topic": str, "created": bool,
+    "requested_delivery": str, "partitions": int, "partition_topics": [{"topic": str,
+    "owner": owner}]}`` (an existing topic keeps its own partition count).
 ``topics list [--namespace NS]``
     ``{"topics": [{"topic": str, "owner": owner | null, "delivery": str, "next_offset": int |
     null, "sealed_segments": int | null, "wal_syncs": int | null}]}``: every topic root in etcd
@@ -62,11 +66,19 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     "subscriptions": [{"name": str, "type": str, "cursor": int | null, "read_position": int,
     "consumers": int, "records_from_object_storage": int, "skipped_below_retention": int}]}``:
     the owner from a lookup, the rest from ``Admin.DescribeTopic`` (WAL, object storage §5.1,
-    loaded subscriptions).
+    loaded subscriptions). A partitioned topic (§3.1) has no owner or WAL of its own:
+    ``{"topic": str, "partitions": int, "delivery": str, "partition_topics": [{"topic": str,
+    "owner": owner, "next_offset": int}]}``, each partition described by its owner.
 ``topics unload /NS/TOPIC``
     ``{"topic": str, "previous_owner": owner, "next_offset": int, "owner": owner}``: the owner
     releases the topic (§1.5, §5.3); ``next_offset`` is the first offset the next owner hands
     out, ``owner`` the owner a lookup finds afterwards.
+``topics delete /NS/TOPIC [--force]``
+    ``{"topic": str, "force": bool, "deleted": [str]}``: the topic's owner deletes it with its
+    etcd keys (§1.4, §1.5, §2.2, §3, §5), its WAL and its segment objects; a partitioned topic
+    is deleted partition by partition (``deleted`` lists the partitions). No confirmation is
+    asked. Refused (exit 1) while producers or consumers are connected, unless ``--force``
+    (they are closed). The Iceberg table is kept.
 ``subscriptions list /NS/TOPIC``
     ``{"topic": str, "owner_answered": bool, "subscriptions": [{"name": str, "type": str |
     null, "active_consumer_id": int | null, "consumer_name": str | null, "stored_cursor": int |
@@ -76,9 +88,14 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     state ``Admin.DescribeTopic`` reports (``cursor`` is the live one; it runs ahead of the
     stored cursor between flushes). When the owner cannot be reached, ``owner_answered`` is
     false, a ``warning:`` line goes to stderr and the etcd part is still printed.
+``subscriptions reset-cursor /NS/TOPIC SUBSCRIPTION (--offset N | --earliest | --latest | --timestamp T)``
+    ``{"topic": str, "subscription": str, "position": {"offset": int} | {"earliest": true} |
+    {"latest": true} | {"timestamp_ms": int}, "next_offset": int}``: the owner drops the
+    subscription's unacknowledged deliveries and delivers from ``next_offset`` on; the stored
+    cursor (§3.5) becomes ``next_offset - 1``. ``T`` is milliseconds since the Unix epoch or an
+    ISO 8601 time (UTC when it has no offset). Exactly one position, else exit 2.
 
-Not available yet, because the broker cannot do them: deleting a topic, resetting or deleting a
-subscription's cursor, partitioned topics.
+Not available yet, because the broker cannot do it: deleting a subscription.
 
 Errors, as one ``error: ...`` line on stderr and never a traceback:
 
@@ -95,6 +112,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -116,6 +134,7 @@ from danube_pipeline.metadata.etcd import split_endpoint
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import NamespacePolicy
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.partitions import MAX_PARTITIONS, partition_names
 
 __all__ = ["AdminError", "Config", "cli", "main", "update_namespace_policy"]
 
@@ -346,8 +365,8 @@ def _parse_brokers(ctx: click.Context, param: click.Parameter, value: str) -> li
 def cli(ctx: click.Context, etcd_endpoints: list[str], brokers: list[str], output: str) -> None:
     """Administer a Danube cluster: brokers, namespaces, topics, subscriptions.
 
-    Not available yet (the broker cannot do them): deleting topics, resetting subscription
-    cursors, partitioned topics. The etcd keys are described in docs/etcd-layout.md.
+    Not available yet (the broker cannot do it): deleting a subscription. The etcd keys are
+    described in docs/etcd-layout.md.
     """
     ctx.obj = Config(etcd_endpoints=etcd_endpoints, brokers=brokers, output=output)
 
@@ -637,19 +656,37 @@ def namespaces_set_policy(cfg: Config, namespace: str, **fields: int | None) -> 
 # ---------------------------------------------------------------------------- topics
 
 
-@cli.group(short_help="Create, list, describe and unload topics.")
+@cli.group(short_help="Create, list, describe, unload and delete topics.")
 def topics() -> None:
-    """Topics: create, list, describe, unload (docs/etcd-layout.md §3).
-
-    Deleting topics and partitioned topics are not available yet.
-    """
+    """Topics: create, list, describe, unload, delete (docs/etcd-layout.md §3)."""
 
 
-async def _topics_create(cfg: Config, topic: TopicName, delivery: str) -> Json:
+async def _topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int = 0) -> Json:
     async with _client(cfg) as client:
-        created = await client.admin.create_topic(topic.path, delivery=DeliveryMode(delivery))
+        created = await client.admin.create_topic(topic.path, delivery=DeliveryMode(delivery), partitions=partitions)
+        count = await client.admin.topic_partitions(topic.path)
+        if count:
+            return {
+                "topic": topic.path,
+                "created": created,
+                "requested_delivery": delivery,
+                "partitions": count,
+                "partition_topics": [
+                    {"topic": p.path, "owner": _owner(await client.lookup_topic(p.path))}
+                    for p in partition_names(topic, count)
+                ],
+            }
         owner = await client.lookup_topic(topic.path)
     return {"topic": topic.path, "created": created, "requested_delivery": delivery, "owner": _owner(owner)}
+
+
+def _created_text(d: Json) -> str:
+    what = f"partitioned topic {d['topic']}" if "partitions" in d else f"topic {d['topic']}"
+    head = f"created {what} ({d['requested_delivery']})" if d["created"] else f"{what} already existed"
+    if "partitions" not in d:
+        return f"{head}; owner {_owner_text(d['owner'])}"
+    rows = _table(["PARTITION", "OWNER"], [[p["topic"], _owner_text(p["owner"])] for p in d["partition_topics"]])
+    return f"{head}; {d['partitions']} partitions:\n{rows}"
 
 
 @topics.command("create")
@@ -661,17 +698,18 @@ async def _topics_create(cfg: Config, topic: TopicName, delivery: str) -> Json:
     show_default=True,
     help="Delivery mode (§3.2); an existing topic keeps its own.",
 )
+@click.option(
+    "--partitions",
+    type=click.IntRange(0, MAX_PARTITIONS),
+    default=0,
+    show_default=True,
+    help="Partitions of a partitioned topic (§3.1), named TOPIC-part-{i}; 0 for a plain topic.",
+)
 @click.pass_obj
-def topics_create(cfg: Config, topic: TopicName, delivery: str) -> None:
-    """Create TOPIC (/namespace/topic); the leader assigns its owner (§1.4, §3.1)."""
-    doc = _run(_topics_create(cfg, topic, delivery))
-    _emit(
-        cfg,
-        doc,
-        lambda d: (f"created topic {d['topic']} ({d['requested_delivery']})" if d["created"]
-                   else f"topic {d['topic']} already existed")
-        + f"; owner {_owner_text(d['owner'])}",
-    )
+def topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int) -> None:
+    """Create TOPIC (/namespace/topic); the leader assigns its owner (§1.4, §3.1), or each
+    partition's owner with --partitions."""
+    _emit(cfg, _run(_topics_create(cfg, topic, delivery, partitions)), _created_text)
 
 
 async def _topics_list(cfg: Config, namespace: str | None) -> Json:
@@ -735,8 +773,27 @@ def topics_list(cfg: Config, namespace: str | None) -> None:
     )
 
 
+async def _describe_partitioned(cfg: Config, client: DanubeClient, topic: TopicName, partitions: int) -> Json:
+    rows = []
+    for p in partition_names(topic, partitions):
+        owner = await client.lookup_topic(p.path)
+        description = await client.admin.describe_topic(p.path)
+        rows.append({"topic": p.path, "owner": _owner(owner), "next_offset": description.next_offset})
+    async with _store(cfg) as store:
+        delivery = await store.get(keys.topic_delivery(topic))
+    return {
+        "topic": topic.path,
+        "partitions": partitions,
+        "delivery": DeliveryMode.from_stored(delivery.value if delivery else None).value,
+        "partition_topics": rows,
+    }
+
+
 async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
     async with _client(cfg) as client:
+        partitions = await client.admin.topic_partitions(topic.path)
+        if partitions:
+            return await _describe_partitioned(cfg, client, topic, partitions)
         owner = await client.lookup_topic(topic.path)
         description = await client.admin.describe_topic(topic.path)
     async with _store(cfg) as store:
@@ -753,6 +810,19 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         "remote_end_offset": description.remote_end_offset,
         "earliest_offset": description.earliest_offset,
         "cache_bytes": description.cache_bytes,
+        "owner_epoch": description.owner_epoch,
+        "reserved_end_offset": description.reserved_end_offset,
+        "unavailable_ranges": [
+            {
+                "start_offset": u.start_offset,
+                "end_offset": u.end_offset,
+                "broker_id": u.broker_id,
+                "since": u.since,
+                "last_written": u.last_written,
+                "abandoned": u.abandoned,
+            }
+            for u in description.unavailable_ranges
+        ],
         "subscriptions": [
             {
                 "name": s.name,
@@ -762,6 +832,7 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
                 "consumers": s.consumers,
                 "records_from_object_storage": s.records_from_object_storage,
                 "skipped_below_retention": s.skipped_below_retention,
+                "skipped_unavailable": s.skipped_unavailable,
             }
             for s in description.subscriptions
         ],
@@ -769,6 +840,13 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
 
 
 def _describe_text(d: Json) -> str:
+    if "partitions" in d:
+        head = _fields([("topic", d["topic"]), ("partitions", d["partitions"]), ("delivery", d["delivery"])])
+        rows = _table(
+            ["PARTITION", "OWNER", "NEXT_OFFSET"],
+            [[p["topic"], _owner_text(p["owner"]), p["next_offset"]] for p in d["partition_topics"]],
+        )
+        return f"{head}\n\npartitions:\n{rows}"
     summary = _fields(
         [
             ("topic", d["topic"]),
@@ -781,13 +859,20 @@ def _describe_text(d: Json) -> str:
             ("remote offsets", "-" if d["remote_first_offset"] is None
              else f"{d['remote_first_offset']}..{d['remote_end_offset']}"),
             ("earliest offset", d["earliest_offset"]),
+            ("owner epoch", d["owner_epoch"]),
+            ("reserved through", d["reserved_end_offset"]),
         ]
+    )
+    ranges = d["unavailable_ranges"]
+    unavailable = "" if not ranges else "\n\nunavailable ranges (held by failed brokers, §5.5):\n" + _table(
+        ["START", "END", "BROKER", "LAST_WRITTEN", "ABANDONED"],
+        [[u["start_offset"], u["end_offset"], u["broker_id"], u["last_written"], u["abandoned"]] for u in ranges],
     )
     subs = _table(
         ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS"],
         [[s["name"], s["type"], s["cursor"], s["read_position"], s["consumers"]] for s in d["subscriptions"]],
     )
-    return f"{summary}\n\nloaded subscriptions:\n{subs}"
+    return f"{summary}{unavailable}\n\nloaded subscriptions:\n{subs}"
 
 
 @topics.command("describe")
@@ -806,6 +891,25 @@ async def _topics_unload(cfg: Config, topic: TopicName) -> Json:
     return {"topic": topic.path, "previous_owner": _owner(previous), "next_offset": next_offset, "owner": _owner(owner)}
 
 
+async def _topics_abandon_range(cfg: Config, topic: TopicName, start_offset: int) -> Json:
+    async with _client(cfg) as client:
+        skipped = await client.admin.abandon_unavailable_range(topic.path, start_offset)
+    return {"topic": topic.path, "start_offset": start_offset, "skipped": skipped}
+
+
+@topics.command("abandon-range")
+@click.argument("topic", callback=_parse_topic)
+@click.argument("start_offset", type=click.IntRange(min=0))
+@click.pass_obj
+def topics_abandon_range(cfg: Config, topic: TopicName, start_offset: int) -> None:
+    """Give up waiting for TOPIC's unavailable range starting at START_OFFSET (§5.5): its
+    offsets not in object storage are skipped by subscriptions (counted) and by tiering. Use
+    it when the failed broker's disk is lost for good."""
+    doc = _run(_topics_abandon_range(cfg, topic, start_offset))
+    _emit(cfg, doc, lambda d: f"abandoned the unavailable range of {d['topic']} at {d['start_offset']}: "
+          f"{d['skipped']} offsets will never be delivered")
+
+
 @topics.command("unload")
 @click.argument("topic", callback=_parse_topic)
 @click.pass_obj
@@ -821,14 +925,42 @@ def topics_unload(cfg: Config, topic: TopicName) -> None:
     )
 
 
+async def _topics_delete(cfg: Config, topic: TopicName, force: bool) -> Json:
+    async with _client(cfg) as client:
+        deleted = await client.admin.delete_topic(topic.path, force=force)
+    return {"topic": topic.path, "force": force, "deleted": deleted}
+
+
+@topics.command("delete")
+@click.argument("topic", callback=_parse_topic)
+@click.option("--force", is_flag=True, help="Delete even with producers or consumers connected (they are closed).")
+@click.pass_obj
+def topics_delete(cfg: Config, topic: TopicName, force: bool) -> None:
+    """Delete TOPIC, without asking: its etcd keys (§1.4, §1.5, §2.2, §3, §5), its WAL and its
+    segment objects; a partitioned topic partition by partition. Its Iceberg table is kept.
+
+    Refused while producers or consumers are connected, unless --force closes them (a client
+    producer that keeps sending creates the topic again). The name can be created again; it
+    starts at offset 0. Prints every topic deleted.
+    """
+    doc = _run(_topics_delete(cfg, topic, force))
+    _emit(
+        cfg,
+        doc,
+        lambda d: f"deleted {d['topic']}"
+        if d["deleted"] == [d["topic"]]
+        else f"deleted partitioned topic {d['topic']}" + "".join(f"\ndeleted {p}" for p in d["deleted"]),
+    )
+
+
 # ---------------------------------------------------------------------------- subscriptions
 
 
 @cli.group(short_help="Subscriptions and their cursors.")
 def subscriptions() -> None:
-    """Subscriptions and their cursors (docs/etcd-layout.md §3.4, §3.5).
+    """Subscriptions and their cursors (docs/etcd-layout.md §3.4, §3.5): list, reset-cursor.
 
-    Resetting or deleting a cursor is not available yet.
+    Deleting a subscription is not available yet.
     """
 
 
@@ -894,6 +1026,89 @@ def subscriptions_list(cfg: Config, topic: TopicName) -> None:
                 for s in d["subscriptions"]
             ],
         ),
+    )
+
+
+def _parse_subscription(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return validate_part("subscription", value)
+    except InvalidNameError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def _parse_timestamp(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``--timestamp``: milliseconds since the Unix epoch, or an ISO 8601 time (UTC when it
+    carries no offset), as milliseconds."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither milliseconds since the epoch nor an ISO 8601 time "
+            "(e.g. 2026-01-31T12:00:00Z)", ctx=ctx, param=param
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    ms = int(moment.timestamp() * 1000)
+    if ms < 0:
+        raise click.BadParameter(f"{value!r} is before the Unix epoch", ctx=ctx, param=param)
+    return ms
+
+
+async def _reset_cursor(cfg: Config, topic: TopicName, subscription: str, position: Json) -> Json:
+    async with _client(cfg) as client:
+        next_offset = await client.admin.reset_cursor(topic.path, subscription, **position)
+    return {"topic": topic.path, "subscription": subscription, "position": position, "next_offset": next_offset}
+
+
+@subscriptions.command("reset-cursor")
+@click.argument("topic", callback=_parse_topic)
+@click.argument("subscription", callback=_parse_subscription)
+@click.option("--offset", type=click.IntRange(min=0), default=None, help="Deliver from this offset.")
+@click.option("--earliest", is_flag=True, help="Deliver from the earliest offset (object storage included).")
+@click.option("--latest", is_flag=True, help="Deliver only messages published from now on.")
+@click.option(
+    "--timestamp",
+    callback=_parse_timestamp,
+    default=None,
+    help="Deliver from the first message published at or after this time: milliseconds since the "
+    "epoch or ISO 8601 (UTC without an offset).",
+)
+@click.pass_obj
+def subscriptions_reset_cursor(
+    cfg: Config,
+    topic: TopicName,
+    subscription: str,
+    offset: int | None,
+    earliest: bool,
+    latest: bool,
+    timestamp: int | None,
+) -> None:
+    """Move SUBSCRIPTION of TOPIC to one position (exactly one of --offset, --earliest,
+    --latest, --timestamp); its unacknowledged deliveries are dropped, and the stored cursor
+    (§3.5) becomes the new offset - 1. Connected consumers subscribe again by themselves."""
+    positions: list[Json] = []
+    if offset is not None:
+        positions.append({"offset": offset})
+    if earliest:
+        positions.append({"earliest": True})
+    if latest:
+        positions.append({"latest": True})
+    if timestamp is not None:
+        positions.append({"timestamp_ms": timestamp})
+    if len(positions) != 1:
+        raise click.UsageError(
+            f"give exactly one of --offset, --earliest, --latest, --timestamp ({len(positions)} given)"
+        )
+    doc = _run(_reset_cursor(cfg, topic, subscription, positions[0]))
+    _emit(
+        cfg,
+        doc,
+        lambda d: f"subscription {d['subscription']} of {d['topic']} now delivers from offset {d['next_offset']}",
     )
 
 

@@ -139,6 +139,50 @@ class SubscriptionBusyError(DanubeError):
         super().__init__(f"subscription {subscription!r} is busy: {reason}")
 
 
+class SubscriptionNotFoundError(DanubeError, LookupError):
+    """The topic has no subscription of that name (``docs/etcd-layout.md`` §3.4)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, topic: str, subscription: str) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        super().__init__(f"topic {topic!r} has no subscription {bounded(subscription)!r}")
+
+
+class TopicInUseError(DanubeError):
+    """A topic still has producers or consumers connected, and the operation (deleting the
+    topic) was not forced."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, topic: str, producers: int, consumers: int) -> None:
+        self.topic = topic
+        self.producers = producers
+        self.consumers = consumers
+        super().__init__(
+            f"topic {topic!r} is in use ({producers} producer(s), {consumers} consumer(s) connected): "
+            "close them first, or force the deletion, which closes them"
+        )
+
+
+class OffsetOutOfRangeError(DanubeError):
+    """An offset lies outside what a subscription of the topic can be positioned at: from the
+    earliest retained offset to the next offset the topic hands out (both included)."""
+
+    grpc_code = grpc.StatusCode.OUT_OF_RANGE
+
+    def __init__(self, topic: str, offset: int, earliest_offset: int, next_offset: int) -> None:
+        self.topic = topic
+        self.offset = offset
+        self.earliest_offset = earliest_offset
+        self.next_offset = next_offset
+        super().__init__(
+            f"offset {offset} is out of range for topic {topic!r}: a position must lie from the "
+            f"earliest offset {earliest_offset} to the next offset {next_offset}"
+        )
+
+
 class SchemaNotFoundError(DanubeError, LookupError):
     """No schema is registered under that id, subject or version (``docs/etcd-layout.md`` §4)."""
 
@@ -297,6 +341,58 @@ class SegmentQuarantinedError(DanubeError):
         )
 
 
+class PartitionedTopicError(DanubeError):
+    """The topic is partitioned: it holds no messages itself, its partitions
+    ``{topic}-part-{i}`` (``i`` in ``0..partitions-1``) do (``docs/etcd-layout.md`` §3.1).
+
+    Raised by a broker asked to produce to, subscribe to or administer the partitioned topic
+    itself, and by the client's metadata lookup, which the client's producer and consumer
+    take as the signal to open one inner producer or consumer per partition.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        last = f"{topic}-part-{partitions - 1}"
+        super().__init__(
+            f"topic {bounded(topic)!r} is partitioned into {partitions} partitions "
+            f"({bounded(topic)}-part-0 .. {bounded(last)}): produce to and subscribe to its partitions "
+            "(the Danube client does so by itself)"
+        )
+
+
+class DuplicateSequenceError(DanubeError):
+    """A producer sent sequence numbers the topic's owner has written already, in a batch it
+    does not remember as such (an old resend, or one overlapping the last batch in part); the
+    batch is not written (idempotent produce, ``broker/idempotence.py``)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, topic: str, producer_name: str, base_sequence: int, last_sequence: int) -> None:
+        self.topic = topic
+        self.producer_name = producer_name
+        self.base_sequence = base_sequence
+        self.last_sequence = last_sequence
+        super().__init__(
+            f"producer {bounded(producer_name)!r} on {bounded(topic)!r}: sequence {base_sequence} was written "
+            f"already (its highest written sequence is {last_sequence}); the batch is not written again"
+        )
+
+
+class UnavailableRangeNotFoundError(DanubeError, LookupError):
+    """No unavailable range of the topic starts at the offset given
+    (``docs/etcd-layout.md`` §5.5)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, topic: str, start_offset: int) -> None:
+        self.topic = topic
+        self.start_offset = start_offset
+        super().__init__(f"topic {bounded(topic)!r} has no unavailable range starting at offset {start_offset}")
+
+
 class ProducerClosedError(DanubeError, RuntimeError):
     """A message was given to a client-side producer that is not open (or already closed)."""
 
@@ -321,6 +417,9 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     ProducerNotFoundError,
     ConsumerNotFoundError,
     SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicInUseError,
+    OffsetOutOfRangeError,
     SchemaNotFoundError,
     InvalidSchemaError,
     SegmentNotFoundError,
@@ -332,6 +431,9 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     BatchNotAppendedError,
     PositionBelowRetentionError,
     SegmentQuarantinedError,
+    PartitionedTopicError,
+    UnavailableRangeNotFoundError,
+    DuplicateSequenceError,
 )
 """The error classes that travel from broker to client with their typed fields."""
 

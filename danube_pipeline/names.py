@@ -37,7 +37,7 @@ MAX_SUBJECT_BYTES: Final = 255
 _PART = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _SUBJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
-RESERVED_CLUSTER_NAMES: Final = frozenset({"register", "brokers", "unassigned", "load", "leader"})
+RESERVED_CLUSTER_NAMES: Final = frozenset({"register", "brokers", "unassigned", "load", "leader", "load_balance"})
 """Children of ``/cluster`` other than the cluster name itself (``docs/etcd-layout.md`` §1)."""
 
 

@@ -42,6 +42,11 @@ limits, and every layer keeps a contiguous range of offsets.
 6. ``wal``: ``apply_local_retention(topic)`` on the broker admin API (:class:`RetentionAdmin`),
    skipped (``wal_step="skipped"``) while the client has no such method.
 
+**Partitioned topics** (``docs/etcd-layout.md`` §3.1). Retention runs per partition
+``{topic}-part-{i}``, each a topic with its own offsets, descriptors, objects and WAL; their
+rows live in the partitioned topic's table, so step 1 deletes only the partition's rows
+(``_partition = i``), and steps 2 and 3 work on that shared table.
+
 **Crashes.** The retained start only grows from run to run (the cutoff moves forward; objects
 below it were expired, so deleting them does not change where the first unexpired record is;
 the size limit counts from the newest object). Whatever step a run dies after, the next run
@@ -77,6 +82,7 @@ from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import NamespacePolicy, ObjectDescriptor
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.partitions import partition_of
 from danube_pipeline.records import OBJECT_SUFFIX
 from danube_pipeline.segments import decode_segment
 from danube_pipeline.spark import delete_rows_below, expire_snapshots, remove_orphan_files
@@ -166,7 +172,8 @@ class RetentionReport:
             without a time limit.
         retained_start: the first offset kept (:func:`retained_start_offset`); ``None``
             without limits or without completed descriptors.
-        table: ``ns.topic`` when the topic has a table, else ``None``.
+        table: ``ns.topic`` when the topic has a table (the partitioned topic's, for a
+            partition), else ``None``.
         rows_deleted: rows deleted from the table by this run.
         snapshots_expired: table snapshots this run expired.
         data_files_deleted: data files ``expire_snapshots`` deleted.
@@ -374,8 +381,11 @@ def _may_hold_orphans(location: str, older_than_ms: int) -> bool:
     return False
 
 
-def _count_rows_below(table: Table, offset: int) -> int:
-    scan = table.scan(row_filter=f"_offset < {int(offset)}", selected_fields=("_offset",))
+def _count_rows_below(table: Table, offset: int, partition: int | None) -> int:
+    where = f"_offset < {int(offset)}"
+    if partition is not None:
+        where = f"{iceberg.PARTITION_COLUMN} = {int(partition)} AND {where}"
+    scan = table.scan(row_filter=where, selected_fields=("_offset",))
     return sum(batch.num_rows for batch in scan.to_arrow_batch_reader())
 
 
@@ -458,16 +468,19 @@ async def apply_retention(
         retained,
     )
 
-    ident = iceberg.table_identifier(topic)
+    part = await partition_of(store, topic)
+    table_topic = part.parent if part is not None else topic
+    partition = part.index if part is not None else None
+    ident = iceberg.table_identifier(table_topic)
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
     if table is not None:
         report.table = ".".join(ident)
 
     # 1. rows below the retained start
     if table is not None and retained is not None:
-        below = _count_rows_below(table, retained)
+        below = _count_rows_below(table, retained, partition)
         if below:
-            delete_rows_below(sessions.get(), topic, retained, catalog_name=spark_catalog)
+            delete_rows_below(sessions.get(), table_topic, retained, catalog_name=spark_catalog, partition=partition)
             report.rows_deleted = below
             log.info("%s: deleted %d rows below offset %d", topic.path, below, retained)
     done("rows")
@@ -484,7 +497,7 @@ async def apply_retention(
         ]
         if expirable:
             report.data_files_deleted = expire_snapshots(
-                sessions.get(), topic, older_than_ms=wall_ms, retain_last=1, catalog_name=spark_catalog
+                sessions.get(), table_topic, older_than_ms=wall_ms, retain_last=1, catalog_name=spark_catalog
             )
             table.refresh()
             report.snapshots_expired = len(before - {s.snapshot_id for s in table.snapshots()})
@@ -495,7 +508,7 @@ async def apply_retention(
     if table is not None and limited:
         older_than = wall_ms - orphan_min_age_ms
         if _may_hold_orphans(table.location(), older_than):
-            removed = remove_orphan_files(sessions.get(), topic, older_than_ms=older_than, catalog_name=spark_catalog)
+            removed = remove_orphan_files(sessions.get(), table_topic, older_than_ms=older_than, catalog_name=spark_catalog)
             report.orphan_files_removed = len(removed)
             if removed:
                 log.info("%s: removed %d orphan files", topic.path, len(removed))

@@ -331,9 +331,15 @@ def _timestamp_literal(epoch_ms: int) -> str:
 
 
 def delete_rows_below(
-    spark: SparkSession, topic: TopicName, offset: int, *, catalog_name: str | None = None
+    spark: SparkSession,
+    topic: TopicName,
+    offset: int,
+    *,
+    catalog_name: str | None = None,
+    partition: int | None = None,
 ) -> None:
-    """``DELETE FROM {catalog}.{ns}.{topic} WHERE _offset < {offset}``.
+    """``DELETE FROM {catalog}.{ns}.{topic} WHERE _offset < {offset}`` (``AND _partition = {i}``
+    for partition ``i`` of a partitioned topic's table).
 
     Iceberg drops a data file from the table without rewriting it when every row of it
     matches (its ``_offset`` upper bound is below ``offset``); a file that holds rows on both
@@ -342,9 +348,11 @@ def delete_rows_below(
 
     Args:
         spark: a session from :func:`build_spark_session` on the table's catalog.
-        topic: the topic whose table it is.
+        topic: the topic whose table it is (the partitioned topic, for a partition).
         offset: rows with a smaller ``_offset`` are deleted.
         catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+        partition: only rows of this partition (``_partition``), whose offsets are its own
+            (``docs/etcd-layout.md`` §3.1); ``None`` for a plain topic's table.
 
     Raises:
         pyspark.errors.AnalysisException: the table does not exist.
@@ -352,7 +360,10 @@ def delete_rows_below(
             validation refuses).
     """
     _, full = _table_ref(topic, catalog_name)
-    spark.sql(f"DELETE FROM {full} WHERE _offset < {int(offset)}").collect()
+    where = f"_offset < {int(offset)}"
+    if partition is not None:
+        where = f"_partition = {int(partition)} AND {where}"
+    spark.sql(f"DELETE FROM {full} WHERE {where}").collect()
 
 
 def expire_snapshots(

@@ -27,10 +27,11 @@ from pyiceberg.catalog import Catalog
 from danube_pipeline import iceberg
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError, TopicNotFoundError
 from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.descriptors import read_descriptors
-from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
+from danube_pipeline.metadata.descriptors import blocking_range, passable, read_descriptors, read_unavailable_ranges
+from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor, UnavailableRange
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.partitions import partition_count, partition_of
 from danube_pipeline.records import Record, object_id
 from danube_pipeline.segments import decode_segment
 
@@ -157,6 +158,8 @@ class TieringReport:
         descriptors_total: completed descriptors of the topic afterwards.
         cursor: ``objects/cur``'s padded start offset afterwards, ``None`` if unset.
         object_ids_written: ``data-{start}-{end}.dnb1`` of each object uploaded, in order.
+        waiting_at: the offset tiering stopped at because an unavailable range holds it
+            (``docs/etcd-layout.md`` §5.5: a failed owner's offsets), ``None`` otherwise.
     """
 
     topic: str
@@ -171,6 +174,7 @@ class TieringReport:
     descriptors_total: int = 0
     cursor: str | None = None
     object_ids_written: list[str] = field(default_factory=list)
+    waiting_at: int | None = None
 
 
 async def tier_sealed_segments(
@@ -226,6 +230,7 @@ async def tier_sealed_segments(
     sealed = sorted(await admin.list_sealed_segments(topic.path), key=lambda s: s.start_offset)
     sealed = [s for s in sealed if s.end_offset >= s.start_offset]
     descriptors, _ = await read_descriptors(store, topic)
+    ranges = await read_unavailable_ranges(store, topic)
     sealed, sources = await with_released_segments(topic, sealed, descriptors, admin)
     report.sealed_segments = len(sealed)
     first_retained = retained_start(descriptors)
@@ -272,10 +277,18 @@ async def tier_sealed_segments(
                     f"{topic.path} segment {seg.start_offset}..{seg.end_offset} overlaps object {d.object_id}",
                 )
         prev = previous_end(seg.start_offset)
+        expected = 0 if prev is None else prev + 1
+        waiting = blocking_range(ranges, expected, seg.start_offset - 1) if seg.start_offset > expected else None
+        if waiting is not None:
+            # A failed owner's offsets may still arrive (§5.5): tier nothing past them yet.
+            report.waiting_at = expected
+            log.warning("%s: tiering waits at offset %d: unavailable range %d..%d of broker %d",
+                        topic.path, expected, waiting.start_offset, waiting.end_offset, waiting.broker_id)
+            break
         if prev is None:
-            if seg.start_offset != 0 and index != 0:
+            if seg.start_offset != 0 and index != 0 and not passable(ranges, 0, seg.start_offset - 1):
                 raise OffsetRangeError(0, seg.start_offset, f"{topic.path} first object")
-        elif seg.start_offset != prev + 1:
+        elif seg.start_offset != prev + 1 and not passable(ranges, prev + 1, seg.start_offset - 1):
             raise OffsetRangeError(prev + 1, seg.start_offset, f"{topic.path} object {oid}")
 
         created_at = int(time.time()) if now_s is None else now_s
@@ -349,14 +362,17 @@ class TableReport:
     """What :func:`commit_objects_to_table` did.
 
     Attributes:
-        table: ``ns.topic``, the table's identifier in the catalog.
+        table: ``ns.topic``, the table's identifier in the catalog (for a partition
+            ``{topic}-part-{i}``, the partitioned topic's table).
+        partition: the partition index ``i`` when the topic is a partition of a partitioned
+            topic, ``None`` otherwise.
         objects_appended: objects appended by this call, one snapshot each.
         objects_skipped: completed objects already in the table.
         rows_appended: rows appended by this call.
         snapshot_id: the table's current snapshot afterwards, ``None`` without a table.
-        committed_end_offset: the table's committed end offset afterwards, ``None`` when
-            nothing was ever appended.
-        row_count: rows in the whole table afterwards (its snapshot summary's
+        committed_end_offset: the table's committed end offset afterwards (the partition's,
+            for a partition), ``None`` when nothing was ever appended.
+        row_count: rows in the whole table afterwards, every partition's (its snapshot summary's
             ``total-records``), ``None`` without a table or when the summary lacks it.
         data_files: live data files afterwards.
         snapshots: ids of the snapshots this call created, in order.
@@ -364,6 +380,7 @@ class TableReport:
     """
 
     table: str
+    partition: int | None = None
     objects_appended: int = 0
     objects_skipped: int = 0
     rows_appended: int = 0
@@ -421,8 +438,13 @@ async def commit_objects_to_table(
     from the first object's schema (the registry's latest version of the schema id its records
     carry; ``_payload`` when they carry none).
 
+    A partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1,
+    :func:`danube_pipeline.partitions.partition_of`) appends to the partitioned topic's table,
+    with ``_partition = i`` and its own committed end offset
+    (``danube.committed-end-offset.part-{i}``; :mod:`danube_pipeline.iceberg.append`).
+
     Args:
-        topic: the topic whose table it is.
+        topic: the topic whose objects to append.
         store: the connected metadata store (descriptors).
         objects: the object store holding the segment objects.
         catalog: the shared Iceberg catalog.
@@ -435,13 +457,18 @@ async def commit_objects_to_table(
         OffsetRangeError: the descriptors or the table leave a gap.
         CorruptRecordError: an object does not match its descriptor or fails decoding.
         SchemaNotFoundError: a record names a schema the registry does not know.
+        MetadataStoreError: etcd failed.
     """
-    ident = iceberg.table_identifier(topic)
-    report = TableReport(table=".".join(ident))
+    part = await partition_of(store, topic)
+    table_topic = part.parent if part is not None else topic
+    partition = part.index if part is not None else None
+    ident = iceberg.table_identifier(table_topic)
+    report = TableReport(table=".".join(ident), partition=partition)
     descriptors, _ = await read_descriptors(store, topic)
     completed = [d for d in descriptors if d.completed]
+    ranges = await read_unavailable_ranges(store, topic)
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
-    committed = iceberg.committed_end_offset(table) if table is not None else None
+    committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
     payload_only = table is not None and iceberg.PAYLOAD_COLUMN in {f.name for f in table.schema().fields}
 
     for d in completed:
@@ -461,10 +488,10 @@ async def commit_objects_to_table(
             raise OffsetRangeError(d.start_offset, records[0].offset if records else -1, where)
         avro, writers = (None, {}) if payload_only else await _schemas_for(records, registry)
         if table is None:
-            table = iceberg.ensure_table(catalog, topic, avro)
+            table = iceberg.ensure_table(catalog, table_topic, avro, partitioned=part is not None)
             payload_only = avro is None
         elif avro is not None:
-            table = iceberg.ensure_table(catalog, topic, avro)
+            table = iceberg.ensure_table(catalog, table_topic, avro, partitioned=part is not None)
         result = iceberg.append_records(
             table,
             records,
@@ -472,7 +499,8 @@ async def commit_objects_to_table(
             d.object_id,
             topic=topic.path,
             writer_schemas=writers,
-            first_offset=completed[0].start_offset,
+            first_offset=_resume_offset(completed, d, committed, ranges),
+            partition=partition,
         )
         committed = result.committed_end_offset
         if result.rows_appended:
@@ -491,20 +519,34 @@ async def commit_objects_to_table(
         table.refresh()
         snapshot = table.current_snapshot()
         report.snapshot_id = snapshot.snapshot_id if snapshot else None
-        report.committed_end_offset = iceberg.committed_end_offset(table)
+        report.committed_end_offset = iceberg.committed_end_offset(table, partition=partition)
         report.row_count = iceberg.snapshot_row_count(table)
         report.data_files = iceberg.data_file_count(table)
     return report
 
 
+def _resume_offset(
+    completed: Sequence[ObjectDescriptor], d: ObjectDescriptor, committed: int | None, ranges: Sequence[UnavailableRange]
+) -> int:
+    """Where the table may resume for object ``d``: its own start when the offsets between the
+    table's committed end and it were never handed out or were abandoned (§5.5), else the first
+    completed descriptor's start (offsets below it expired)."""
+    after = 0 if committed is None else committed + 1
+    if d.start_offset > after and passable(ranges, after, d.start_offset - 1):
+        return d.start_offset
+    return completed[0].start_offset
+
+
 async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
-    """Topics whose root key ``/topics/{ns}/{topic}`` exists (``docs/etcd-layout.md`` §3.1).
+    """Topics whose root key ``/topics/{ns}/{topic}`` exists (``docs/etcd-layout.md`` §3.1),
+    except partitioned topics: they hold no messages themselves (their root holds the
+    partition count), each of their partitions ``{topic}-part-{i}`` is a topic listed here.
 
     Args:
         store: the connected metadata store.
 
     Returns:
-        The topics, in key order; sub-keys and malformed names are ignored.
+        The topics, in key order; sub-keys, partitioned topics and malformed names are ignored.
 
     Raises:
         MetadataStoreError: etcd failed.
@@ -513,7 +555,7 @@ async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
     found: list[TopicName] = []
     for kv in kvs:
         parts = kv.key.split("/")
-        if len(parts) != 4 or parts[1] != keys.TOPICS.strip("/"):
+        if len(parts) != 4 or parts[1] != keys.TOPICS.strip("/") or partition_count(kv.value):
             continue
         try:
             found.append(TopicName.parse(f"/{parts[2]}/{parts[3]}"))

@@ -145,11 +145,15 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             "next_offset": 3, "first_local_offset": d.first_local_offset, "wal_bytes": d.wal_bytes,
             "sealed_segments": d.sealed_segments, "remote_first_offset": None, "remote_end_offset": None,
             "earliest_offset": d.earliest_offset, "cache_bytes": d.cache_bytes,
+            "owner_epoch": d.owner_epoch, "reserved_end_offset": 99_999, "unavailable_ranges": [],
             "subscriptions": [{
                 "name": "audit", "type": "Exclusive", "cursor": 1, "read_position": sub.read_position,
                 "consumers": 0, "records_from_object_storage": 0, "skipped_below_retention": 0,
+                "skipped_unavailable": 0,
             }],
         }  # fmt: skip
+        owner_kv = await meta.get(keys.topic_assignment(me["broker_id"], events))
+        assert owner_kv is not None and d.owner_epoch == owner_kv.create_revision
         assert d.next_offset == 3 and d.wal_bytes > 0
 
         sub_meta = await value(meta, keys.topic_subscription(events, "audit"))

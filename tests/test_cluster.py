@@ -11,6 +11,7 @@ import pytest
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess
+from danube_pipeline.errors import UnavailableRangeNotFoundError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
@@ -216,8 +217,8 @@ async def test_draining_moves_every_topic_away(
 
 
 async def test_unload_and_drain_refuse_bad_input(start_broker: Callable[..., BrokerProcess]) -> None:
-    """The two RPCs left out of the fuzzing (they take topics away) answer bad input with a
-    typed error and change nothing."""
+    """Three RPCs left out of the fuzzing (they take topics or offsets away) answer bad input
+    with a typed error and change nothing."""
     import grpc
 
     from danube_pipeline.proto import danube_pb2 as pb
@@ -235,7 +236,21 @@ async def test_unload_and_drain_refuse_bad_input(start_broker: Callable[..., Bro
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await admin.UnloadTopic(pb.UnloadTopicRequest(topic="/default/missing"), timeout=5)
             assert caught.value.code() is grpc.StatusCode.NOT_FOUND
-            for method in ("/danube.v1.Admin/UnloadTopic", "/danube.v1.Admin/DrainBroker"):
+            for bad in ("/default/bad name", ""):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await admin.AbandonUnavailableRange(pb.AbandonUnavailableRangeRequest(topic=bad), timeout=5)
+                assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, bad
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await admin.AbandonUnavailableRange(
+                    pb.AbandonUnavailableRangeRequest(topic="/default/missing", start_offset=0), timeout=5
+                )
+            assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+            with pytest.raises(UnavailableRangeNotFoundError) as no_range:
+                await client.admin.abandon_unavailable_range("/default/stays", 5)
+            assert (no_range.value.topic, no_range.value.start_offset) == ("/default/stays", 5)
+            for method in (
+                "/danube.v1.Admin/UnloadTopic", "/danube.v1.Admin/DrainBroker", "/danube.v1.Admin/AbandonUnavailableRange"
+            ):
                 call = channel.unary_unary(method, request_serializer=lambda b: b)
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
                     await call(b"\xff\xff\xff", timeout=5)
@@ -244,3 +259,123 @@ async def test_unload_and_drain_refuse_bad_input(start_broker: Callable[..., Bro
         async with await MetadataStore.connect(broker.etcd_endpoints) as meta:
             state = await meta.get(keys.broker_state(broker.broker_id))
             assert state is not None and state.value["mode"] == "active"
+
+
+async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_back(
+    tmp_path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]  # type: ignore[no-untyped-def]
+) -> None:
+    """SIGKILL a topic's owner: once its lease expires the leader gives the topic to the other
+    broker, which starts past the dead owner's reserved offset block and records the block as
+    an unavailable range. Consumers wait there. The dead broker's disk returns: it finds the
+    topic gone (fenced), keeps its WAL as released segments and records the last offset it
+    wrote; tiering fills the range and every acked message reads back exactly once, at the
+    offset it was acked with (``docs/etcd-layout.md`` §5.4, §5.5)."""
+    from danube_pipeline.errors import DanubeError
+    from danube_pipeline.objectstore import ObjectStore
+    from danube_pipeline.tiering import tier_sealed_segments
+
+    url = (tmp_path / "objects").as_uri()
+    args = ["--object-store-url", url, "--lease-ttl-s", "2", "--offset-block", "1000"]
+    brokers = [start_broker(extra_args=args), start_broker(extra_args=args)]
+    topic = "/default/failover"
+    name = TopicName.parse(topic)
+    async with DanubeClient([b.address for b in brokers], metadata_retries=40, retry_backoff_ms=250) as client:
+        await client.admin.create_topic(topic)
+        owner_id = (await client.lookup_topic(topic)).broker_id
+        owner = next(b for b in brokers if b.broker_id == owner_id)
+        survivor = next(b for b in brokers if b.broker_id != owner_id)
+        async with client.producer(topic, producer_name="before", max_batch_messages=10) as producer:
+            acked = {await producer.send(payload(i)): payload(i) for i in range(300)}
+        owner.kill()
+        async with client.producer(topic, producer_name="after", max_batch_messages=10) as producer:
+            for i in range(300, 400):
+                acked[await producer.send(payload(i))] = payload(i)
+        assert (await client.lookup_topic(topic)).broker_id == survivor.broker_id
+        assert min(o for o in acked if o >= 300) == 1000  # past the dead owner's block 0..999
+        async with await MetadataStore.connect(etcd_endpoints) as meta:
+            ranges, _ = await meta.get_prefix(keys.unavailable_prefix(name))
+            assert [(r.value["start_offset"], r.value["end_offset"], r.value["broker_id"]) for r in ranges] == [
+                (0, 999, owner_id)
+            ]
+            described = await client.admin.describe_topic(topic)
+            assert [(u.start_offset, u.end_offset, u.last_written) for u in described.unavailable_ranges] == [
+                (0, 999, None)
+            ]
+            # A consumer from the earliest offset waits at the range: nothing is skipped.
+            async with client.consumer(topic, subscription="waits", initial_position=InitialPosition.EARLIEST) as c:
+                with pytest.raises((TimeoutError, DanubeError)):
+                    await c.receive(timeout_ms=1500)
+            # The dead broker's disk returns. It no longer owns the topic: its WAL becomes
+            # released segments and the range learns where its writes ended.
+            returned = start_broker(data_dir=owner.data_dir, extra_args=args)
+
+            async def last_written_recorded() -> bool:
+                kvs, _ = await meta.get_prefix(keys.unavailable_prefix(name))
+                return [kv.value.get("last_written") for kv in kvs] == [299]
+
+            await eventually(last_written_recorded, timeout_s=20, what="the returned broker records its last offset")
+            assert (await client.lookup_topic(topic)).broker_id == survivor.broker_id
+            assert await owners(meta, name) == [survivor.broker_id]
+            reservation = await meta.get(keys.offset_reservation(name))
+            assert reservation is not None and reservation.value["broker_id"] == survivor.broker_id
+            # Tiering reads the returned broker's segments under their own offsets, then the
+            # survivor's; the range's offsets never handed out (300..999) are passed over.
+            await client.admin.seal_active_segment(topic)
+            report = await tier_sealed_segments(name, store=meta, admin=client.admin, objects=ObjectStore(url))
+            assert (report.first_offset, report.last_offset) == (0, 1099)
+        log = await read_log(client, topic, "replay", 400)
+        assert dict(log) == acked
+        assert returned.broker_id == owner_id
+
+
+async def test_a_resent_batch_is_written_once_across_a_restart_and_a_move(
+    etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
+) -> None:
+    """Idempotent produce (``broker/idempotence.py``): a batch sent again with the same
+    producer name and sequence numbers gets the offsets it was written at, on the same owner,
+    after the owner restarts (rebuilt from its WAL) and after the topic moved (handed over,
+    ``docs/etcd-layout.md`` §5.6); sequences written already in another batch are refused."""
+    import grpc
+
+    from danube_pipeline.batches import BatchBuilder
+    from danube_pipeline.proto import danube_pb2 as pb
+    from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
+
+    first = start_broker()
+    topic = "/default/idempotent"
+
+    def batch(producer_id: int, base_sequence: int, count: int) -> bytes:
+        builder = BatchBuilder(1)
+        for i in range(count):
+            builder.append(f"seq-{base_sequence + i}".encode(), timestamp_us=1)
+        return builder.build(producer_id=producer_id, producer_name="once", base_sequence=base_sequence)
+
+    async def send(address: str, base_sequence: int, count: int) -> tuple[int, int]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            producer = pb_grpc.ProducerServiceStub(channel)
+            created = await producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name="once"), timeout=10)
+            answer = await producer.SendBatch(
+                pb.SendBatchRequest(producer_id=created.producer_id, batch=batch(created.producer_id, base_sequence, count)),
+                timeout=10,
+            )
+            await producer.CloseProducer(pb.CloseProducerRequest(producer_id=created.producer_id), timeout=10)
+            return answer.first_offset, answer.last_offset
+
+    assert await send(first.address, 100, 5) == (0, 4)
+    assert await send(first.address, 100, 5) == (0, 4)  # resent: not written again
+    assert await send(first.address, 105, 3) == (5, 7)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await send(first.address, 102, 2)  # sequences written already, in another batch
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "DuplicateSequenceError" in str(caught.value.trailing_metadata())
+    first.stop()
+    first = start_broker(data_dir=first.data_dir)
+    assert await send(first.address, 105, 3) == (5, 7)  # rebuilt from the WAL after the restart
+    second = start_broker()
+    async with DanubeClient([first.address, second.address]) as client:
+        assert await client.admin.unload_topic(topic) == 8
+        owner = (await client.lookup_topic(topic)).broker_id
+        assert owner == second.broker_id
+        assert await send(second.address, 105, 3) == (5, 7)  # handed over with the topic
+        assert await send(second.address, 108, 2) == (8, 9)
+        assert (await client.admin.describe_topic(topic)).next_offset == 10

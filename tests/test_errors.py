@@ -127,7 +127,9 @@ async def _raw(stubs: Stubs, call: Callable[[Stubs], Awaitable[object]]) -> obje
 
 @pytest_asyncio.fixture
 async def broker_stubs(start_broker: Callable[..., BrokerProcess]) -> AsyncIterator[tuple[BrokerProcess, Stubs]]:
-    broker = start_broker()
+    # A long lease TTL: the leader waits that long before failing over a broker it never saw
+    # registered (the unregistered owner of /default/elsewhere below stays unavailable).
+    broker = start_broker(extra_args=["--lease-ttl-s", "120"])
     pool = ConnectionPool()
     try:
         yield broker, pool.stubs(broker.address)
@@ -222,7 +224,7 @@ async def test_broker_errors_carry_their_fields_on_raw_calls(
     assert (err7.topic, err7.broker_id) == ("/default/elsewhere", broker.broker_id)
 
     err8 = await _raises(BrokerUnavailableError, _raw(stubs, lambda s: s.discovery.TopicLookup(
-        pb.TopicLookupRequest(topic="/default/elsewhere"), timeout=t)))
+        pb.TopicLookupRequest(topic="/default/elsewhere"), timeout=3)))  # it waits for a failover, in vain
     assert err8.address == "broker 4242" and "not registered" in err8.reason
 
 

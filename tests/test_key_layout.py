@@ -39,6 +39,9 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/schemas/_index/by_id/\d+",  # §4.4
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/objects/(\d{20}|cur)",  # §5.1, §5.2
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/state",  # §5.3
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/reservation",  # §5.4
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producer_sequences",  # §5.6
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/unavailable/\d{20}",  # §5.5
 ]
 
 N = 50
@@ -90,7 +93,7 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
     assert kv[f"/cluster/brokers/{b}/default/flights"] is None
     load = kv[f"/cluster/load/{b}"]
     assert list(load) == ["resources_usage", "topic_list", "topics_len"]
-    assert [r["resource"] for r in load["resources_usage"]] == ["CPU", "Memory"]
+    assert [r["resource"] for r in load["resources_usage"]] == ["CPU", "Memory", "MsgRate", "ByteRate"]
     assert load["topic_list"] == ["/default/flights"] and load["topics_len"] == 1
     assert kv["/cluster/leader"] == b
     # §2.1 policy with the documented defaults, §2.2 topic registry
@@ -120,6 +123,13 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
     assert sub["consumer_name"] == "layout-consumer"
     assert sub["subscription_name"] == "layout-sub" and sub["subscription_type"] == 1
     assert kv["/topics/default/flights/subscriptions/layout-sub/cursor"] == N - 1
+    # §5.4 the owner's reserved offset block, guarded by its assignment key's create revision
+    reservation = kv["/danube-data/storage/topics/default/flights/reservation"]
+    assert list(reservation) == ["broker_id", "owner_epoch", "first_offset", "end_offset", "last_written"]
+    assert reservation["broker_id"] == b and reservation["first_offset"] == 0
+    assert reservation["end_offset"] >= N - 1 and reservation["last_written"] is None
+    assigned = {x.key: x for x in kvs}[f"/cluster/brokers/{b}/default/flights"]
+    assert reservation["owner_epoch"] == assigned.create_revision
     # §4.1-§4.4
     assert kv["/schemas/_global/next_schema_id"] == 2
     meta = kv["/schemas/flights/metadata"]

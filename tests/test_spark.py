@@ -19,7 +19,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.assets import compacted_table
-from assets.resources import IcebergCatalogResource, SparkResource
+from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
 from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
 from danube_pipeline.records import Record
@@ -126,13 +126,14 @@ def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) 
 
 
 @pytest.mark.spark
-def test_compacted_table_asset(spark_catalog: dict[str, Any]) -> None:
+def test_compacted_table_asset(spark_catalog: dict[str, Any], etcd_endpoints: list[str]) -> None:
     topic = TopicName("default", "asset_readings")
     table = iceberg.ensure_table(spark_catalog["catalog"], topic, SCHEMA)
     for start in (0, 10):
         iceberg.append_records(table, _records(start, start + 9), SCHEMA, f"data-{start}-{start + 9}.dnb1")
 
     resources = {
+        "etcd": EtcdResource(endpoints=",".join(etcd_endpoints)),  # a plain topic: no partitioned root
         "iceberg_catalog": IcebergCatalogResource(
             name=CATALOG, uri=spark_catalog["uri"], warehouse=spark_catalog["warehouse"]
         ),

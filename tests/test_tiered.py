@@ -237,13 +237,30 @@ async def test_wiped_broker_continues_above_every_offset_handed_out(
     broker = start(start_broker, store, data_dir=data_dir)
     async with DanubeClient([broker.address]) as client:
         await produce(client, topic, 300, 50)
+        # The broker cannot know which offsets of its reserved block (§5.4) it acked and lost:
+        # it starts past the block, and the untiered part is an unavailable range (§5.5).
         described = await client.admin.describe_topic(topic)
-        assert described.next_offset == 350 and described.first_local_offset == 300
+        assert described.next_offset == 100_050 and described.first_local_offset == 100_000
+        assert [(u.start_offset, u.end_offset, u.broker_id) for u in described.unavailable_ranges] == [
+            (300, 99_999, broker.broker_id)
+        ]
         async with client.consumer(topic, subscription="all", initial_position=InitialPosition.EARLIEST) as consumer:
-            assert await receive_all(consumer, 350) == list(range(350))
-        await tier(client, etcd_endpoints, topic, store)  # the new segment follows the old objects
+            assert await receive_all(consumer, 300) == list(range(300))
+            with pytest.raises(TimeoutError):  # it waits at the range: nothing is skipped silently
+                await consumer.receive(timeout_ms=1000)
+            # The disk is lost for good: the operator abandons the range; the skip is counted.
+            assert await client.admin.abandon_unavailable_range(topic, 300) == 99_700
+            after = [await consumer.receive(timeout_ms=10_000) for _ in range(50)]
+            assert [m.offset for m in after] == list(range(100_000, 100_050))
+            assert [m.payload for m in after] == [payload(300 + i) for i in range(50)]
+            for message in after:
+                await consumer.ack(message)
         described = await client.admin.describe_topic(topic)
-        assert described.remote_end_offset == 349
+        assert [s.skipped_unavailable for s in described.subscriptions] == [99_700]
+        await client.admin.seal_active_segment(topic)
+        await tier(client, etcd_endpoints, topic, store)  # the new segment passes over the abandoned range
+        described = await client.admin.describe_topic(topic)
+        assert described.remote_end_offset == 100_049
 
 
 @pytest.mark.parametrize("mode", ["earliest", "error"])

@@ -79,11 +79,20 @@ class StorageMonitor(Protocol):
     def storage_available(self, directory: Path) -> None: ...
 
 
+class OffsetGuard(Protocol):
+    """Reserves offsets before the WAL writes them (:class:`broker.ownership.Ownership`)."""
+
+    reserved_end: int
+
+    async def reserve_through(self, offset: int) -> None: ...
+
+
 class WriteAheadLog:
     """Durable, append-only log of one topic, made of ``dnb1`` segment files.
 
-    Open it with :meth:`open` and close it with :meth:`close`. ``sync_count`` and
-    ``record_count`` count the ``fdatasync`` calls and records written since it was opened.
+    Open it with :meth:`open` and close it with :meth:`close`. ``sync_count``,
+    ``record_count`` and ``byte_count`` count the ``fdatasync`` calls, the records and the
+    record-batch bytes written since it was opened.
     """
 
     def __init__(
@@ -101,6 +110,7 @@ class WriteAheadLog:
         self.inline_write_max_bytes = DEFAULT_INLINE_WRITE_MAX_BYTES
         self.sync_count = 0
         self.record_count = 0
+        self.byte_count = 0
         self._sealed: list[Segment] = []
         self._sealed_starts: list[int] = []
         self._active: Segment | None = None
@@ -118,6 +128,7 @@ class WriteAheadLog:
         self._listeners: list[Callable[[int], None]] = []
         self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
         self.storage_monitor: StorageMonitor | None = None
+        self.offset_guard: OffsetGuard | None = None
         self._storage_full = False
         self._seal_outage = OutageLog(log, f"sealing WAL segments in {directory}")
 
@@ -356,6 +367,13 @@ class WriteAheadLog:
                         self._fail_queued(exc)
                         continue
                 batch = self._take_batch()
+                guard = self.offset_guard
+                if guard is not None and batch[-1].last_offset > guard.reserved_end:
+                    try:
+                        await guard.reserve_through(batch[-1].last_offset)
+                    except Exception as exc:  # noqa: BLE001 - fenced or etcd down: nothing is written
+                        self._refuse_queued(batch, exc)
+                        continue
                 await self._write_batch(batch)
                 active = self._active
                 if (
@@ -411,6 +429,7 @@ class WriteAheadLog:
             return
         self.sync_count += 1
         self.record_count += sum(item.record_count for item in batch)
+        self.byte_count += size
         assert active.index is not None
         for offset, pos in positions:
             active.index.add(offset, pos)
@@ -446,6 +465,19 @@ class WriteAheadLog:
             if not item.future.done():
                 item.future.set_exception(error)
         self._wake_waiters()  # offsets were handed back: waiters such as seal_active re-check
+
+    def _refuse_queued(self, batch: list[PendingAppend], exc: Exception) -> None:
+        """The offsets of ``batch`` could not be reserved (:attr:`offset_guard`): fail it and
+        everything queued after it with ``exc``, unwritten, and hand the offsets back."""
+        failed = batch + self._queue
+        self._queue = []
+        assert self._active is not None
+        self._next_offset = self._active.end + 1
+        log.warning("WAL %s: %d appends refused: offsets not reserved: %s", self.directory, len(failed), exc)
+        for item in failed:
+            if not item.future.done():
+                item.future.set_exception(exc)
+        self._wake_waiters()
 
     def _fail_queued(self, exc: OSError) -> None:
         """No active segment to write to: fail everything queued (nothing was written)."""

@@ -37,6 +37,7 @@ from danube_pipeline.client.types import (
     DeliveryMode,
     InitialPosition,
     Message,
+    MessageId,
     SegmentInfo,
     SubscriptionType,
     TopicInfo,
@@ -55,6 +56,7 @@ __all__ = [
     "DeliveryMode",
     "InitialPosition",
     "Message",
+    "MessageId",
     "Producer",
     "ProducerClosedError",
     "SegmentInfo",
@@ -147,7 +149,10 @@ class DanubeClient:
         """A producer for ``topic``; open it with ``async with`` (or ``await p.open()``).
 
         Args:
-            topic: ``"/{namespace}/{topic}"``; created on open if it does not exist.
+            topic: ``"/{namespace}/{topic}"``; created on open if it does not exist. A
+                partitioned topic (``docs/etcd-layout.md`` §3.1) gets one inner producer per
+                partition: a message with a ``key`` goes to the partition of the key's murmur2
+                hash (Kafka's default partitioner), one without goes round-robin.
             producer_name: ``[A-Za-z0-9_-]{1,128}``.
             schema: an Avro schema registered on open; the broker checks every payload
                 against it.
@@ -191,14 +196,17 @@ class DanubeClient:
         """A consumer of ``subscription`` on ``topic``; open it with ``async with``.
 
         Args:
-            topic: ``"/{namespace}/{topic}"``; must exist.
+            topic: ``"/{namespace}/{topic}"``; must exist. On a partitioned topic the
+                consumer subscribes to every partition under ``subscription`` and merges
+                their messages (each names its partition; acks go back to it).
             subscription: the subscription name; its cursor lives on the broker.
             subscription_type: Exclusive, Shared or Failover.
             consumer_name: defaults to ``consumer-<random hex>``.
             initial_position: where a new subscription starts.
             receiver_queue_size: unacked messages the broker may have outstanding to this
                 consumer. Once that many are delivered and not acked, the broker sends no
-                more until some are acked, so a consumer that never acks stops receiving.
+                more until some are acked, so a consumer that never acks stops receiving. On a
+                partitioned topic, per partition.
             ack_batch_size: acks buffered before they are sent.
             ack_flush_ms: longest time an ack stays buffered, in milliseconds.
 
@@ -234,6 +242,8 @@ class DanubeClient:
         Raises:
             InvalidNameError: the name is malformed.
             TopicNotFoundError: the topic does not exist.
+            PartitionedTopicError: the topic is partitioned: it has no owner, each of its
+                partitions ``{topic}-part-{i}`` has one (``partitions`` is the count).
             BrokerUnavailableError: every metadata pass failed.
         """
         return await self._metadata.lookup(TopicName.parse(topic).path)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from danube_pipeline.batches import RECORD_OVERHEAD_BYTES, BatchBuilder
+from danube_pipeline.client.types import MessageId
 from danube_pipeline.errors import MessageTooLargeError
 
 _time_ns = time.time_ns
@@ -26,8 +27,11 @@ class Batch:
 
     Attributes:
         builder: the framed records (built into a batch per producer id when sent).
-        futures: one per message, resolved with its offset.
+        futures: one per message, resolved with its offset, a :class:`MessageId` (typed
+            ``int``: a future's type is invariant, and callers hold ``Future[int]``).
         sequence_id: the ``SendStream`` sequence number, once sent.
+        base_sequence: the producer's sequence number of the batch's first message, given when
+            it is first sent and kept when it is resent (idempotent produce); -1 before.
         attempts: times the stream failed with a retriable error while this batch was the
             oldest unanswered.
     """
@@ -35,6 +39,7 @@ class Batch:
     builder: BatchBuilder
     futures: list[asyncio.Future[int]] = field(default_factory=list)
     sequence_id: int = 0
+    base_sequence: int = -1
     attempts: int = 0
 
     @property
@@ -51,7 +56,7 @@ class Batch:
         """Give message ``i`` the offset ``first_offset + i``."""
         for i, future in enumerate(self.futures):
             if not future.done():
-                future.set_result(first_offset + i)
+                future.set_result(MessageId(first_offset + i))
 
     def fail(self, exc: BaseException) -> None:
         """Fail every future of the batch that is still pending."""

@@ -79,6 +79,7 @@ class Context:
         Raises:
             TopicNotFoundError: the topic does not exist (and ``create_missing`` is false, or
                 it still does not resolve after being created).
+            PartitionedTopicError: the topic is partitioned (no owner; its partitions have).
             BrokerUnavailableError: the metadata refresh ran out of passes.
             DanubeError: a non-retriable error from the broker, or the last retriable one.
         """
@@ -150,8 +151,16 @@ class Context:
                         self.pool.discard(broker.address)
         raise last if last is not None else unavailable("", "no broker known")
 
-    async def create_topic(self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
+    async def create_topic(
+        self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE, partitions: int = 0
+    ) -> bool:
         """``Admin.CreateTopic`` on any broker; the topic's owner is assigned by the cluster.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            delivery: the delivery mode (of every partition, for a partitioned topic).
+            partitions: 0 for a plain topic; N > 0 for a partitioned topic whose N partitions
+                ``{topic}-part-{i}`` are created and assigned one by one.
 
         Returns:
             True if the topic was created, false if it already existed.
@@ -163,7 +172,9 @@ class Context:
 
         # One request id for every attempt: a retry after an attempt that did create the topic
         # (its answer lost) still answers created = true from the same broker.
-        request = pb.CreateTopicRequest(topic=topic, delivery=delivery.name, request_id=uuid.uuid4().hex)
+        request = pb.CreateTopicRequest(
+            topic=topic, delivery=delivery.name, request_id=uuid.uuid4().hex, partitions=partitions
+        )
 
         async def create(stubs: Stubs) -> bool:
             response = await stubs.admin.CreateTopic(request, timeout=self.request_timeout_s)

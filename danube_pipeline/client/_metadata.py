@@ -12,6 +12,10 @@ in Kafka's Java client, ``bootstrap_servers`` in aiokafka):
 * **One refresh in flight.** Every caller that needs fresh metadata joins the single
   :class:`asyncio.Task` running the refresh; topics asked for while it runs are looked up by
   it if it has not yet reached its lookups, otherwise by the next one. Never two at once.
+* **A partitioned topic has no owner.** ``TopicLookup`` answers it with its partition count
+  (``docs/etcd-layout.md`` §3.1); :meth:`ClusterMetadata.lookup` raises
+  :class:`~danube_pipeline.errors.PartitionedTopicError` carrying the count (cached like an
+  owner), which the producer and consumer take as the signal to work per partition.
 * **A retry has one meaning.** A *pass* tries each candidate broker once, in order, until one
   answers. A refresh makes at most ``1 + metadata_retries`` passes, sleeping
   ``retry_backoff_ms`` between them. A pass goes over the known brokers; when the map is
@@ -42,7 +46,7 @@ from danube_pipeline.client.types import (
     ClusterInfo,
     _cluster_info_from_pb,
 )
-from danube_pipeline.errors import BrokerUnavailableError, DanubeError
+from danube_pipeline.errors import BrokerUnavailableError, DanubeError, PartitionedTopicError
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -99,6 +103,7 @@ class ClusterMetadata:
         self.cluster: ClusterInfo | None = None
         """The last ``Discovery.ClusterMetadata`` answer, or ``None`` before bootstrap."""
         self._topics: dict[str, int] = {}
+        self._partitioned: dict[str, int] = {}  # partitioned topic -> partition count
         self._wanted: set[str] = set()
         self._task: asyncio.Task[dict[str, _LookupResult]] | None = None
         self.refresh_count = 0
@@ -120,10 +125,15 @@ class ClusterMetadata:
 
         Raises:
             TopicNotFoundError: the cluster does not know the topic.
+            PartitionedTopicError: the topic is partitioned: it has no owner, its partitions
+                ``{topic}-part-{i}`` do (the error's ``partitions`` is the count).
             BrokerUnavailableError: every pass of the refresh failed.
             DanubeError: another definite answer from the broker (e.g. ``InvalidNameError``).
         """
         if not refresh:
+            count = self._partitioned.get(topic)
+            if count is not None:
+                raise PartitionedTopicError(topic, count)
             cached = self.cached(topic)
             if cached is not None:
                 return cached
@@ -146,8 +156,9 @@ class ClusterMetadata:
         return None if address is None else BrokerAddress(broker_id, address)
 
     def invalidate(self, topic: str) -> None:
-        """Forget the cached owner of ``topic``."""
+        """Forget the cached owner (or partition count) of ``topic``."""
         self._topics.pop(topic, None)
+        self._partitioned.pop(topic, None)
 
     async def refresh(self) -> ClusterInfo:
         """Refresh the broker map, joining a refresh already in flight.
@@ -282,10 +293,13 @@ class ClusterMetadata:
             results[topic] = answer
         self._wanted.difference_update(topics)
         for topic, answer in results.items():
+            self._partitioned.pop(topic, None)
             if isinstance(answer, BrokerAddress):
                 self._topics[topic] = answer.broker_id
             else:
                 self._topics.pop(topic, None)
+                if isinstance(answer, PartitionedTopicError):
+                    self._partitioned[topic] = answer.partitions
         return results
 
     async def _lookup_one(self, stubs: Stubs, topic: str) -> tuple[_LookupResult, bool]:
@@ -301,6 +315,8 @@ class ClusterMetadata:
             )
         except grpc.aio.AioRpcError as exc:
             return from_rpc_error(exc, stubs.address), is_transport_failure(exc)
+        if response.partitions:
+            return PartitionedTopicError(topic, response.partitions), False
         self.brokers[response.broker_id] = response.broker_addr
         return BrokerAddress(response.broker_id, response.broker_addr), False
 

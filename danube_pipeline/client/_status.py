@@ -101,11 +101,16 @@ def rpc_errors(address: str) -> Iterator[None]:
 
     Raises:
         DanubeError: converted by :func:`from_rpc_error`.
+        BrokerUnavailableError: the channel was closed under the call (retriable).
     """
     try:
         yield
     except grpc.aio.AioRpcError as exc:
         raise from_rpc_error(exc, address) from exc
+    except grpc.aio.UsageError as exc:
+        # The channel was closed under the call (another caller discarded it after its stream
+        # failed): as retriable as a broken connection; the retry takes a fresh channel.
+        raise unavailable(address, f"channel closed: {exc}") from exc
 
 
 def unavailable(address: str, reason: str) -> BrokerUnavailableError:

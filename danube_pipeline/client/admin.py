@@ -22,9 +22,10 @@ from danube_pipeline.client.types import (
     _topic_description_from_pb,
     _topic_info_from_pb,
 )
-from danube_pipeline.errors import CorruptRecordError, DanubeError
+from danube_pipeline.errors import CorruptRecordError, DanubeError, MalformedRequestError, PartitionedTopicError
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 
@@ -34,7 +35,9 @@ class AdminClient:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
 
-    async def create_topic(self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
+    async def create_topic(
+        self, topic: str, *, delivery: DeliveryMode = DeliveryMode.RELIABLE, partitions: int = 0
+    ) -> bool:
         """Create a topic; the cluster assigns its owner.
 
         Sent to any broker (connected ones first): a topic that does not exist has no owner.
@@ -42,16 +45,46 @@ class AdminClient:
         Args:
             topic: ``"/{namespace}/{topic}"``.
             delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
+            partitions: 0 (the default) for a plain topic; N > 0 for a partitioned topic: its
+                root holds N (§3.1) and its N partitions ``{topic}-part-{i}`` are plain topics,
+                each assigned its own owner (created and assigned before this returns).
+                Producers and consumers of the client handle a partitioned topic by themselves.
 
         Returns:
-            True if created, False if it already existed.
+            True if created, False if it already existed (a partitioned topic keeps its own
+            partition count; partitions missing after an earlier failed creation are created).
 
         Raises:
-            InvalidNameError: the name is malformed (checked before sending).
+            InvalidNameError: the name, or a partition's, is malformed (checked before sending),
+                or a partition's name is taken by an existing topic.
+            MalformedRequestError: ``partitions`` is negative or above
+                :data:`~danube_pipeline.partitions.MAX_PARTITIONS` (checked before sending).
             BrokerUnavailableError: no broker answered.
             DanubeError: another refusal from the broker.
         """
-        return await self._ctx.create_topic(TopicName.parse(topic).path, delivery=DeliveryMode(delivery))
+        name = TopicName.parse(topic)
+        if partitions:
+            partition_names(name, partitions)  # the count and every name, before anything is sent
+        return await self._ctx.create_topic(name.path, delivery=DeliveryMode(delivery), partitions=partitions)
+
+    async def topic_partitions(self, topic: str) -> int:
+        """The topic's partition count (``docs/etcd-layout.md`` §3.1), from a lookup.
+
+        Returns:
+            N > 0 for a partitioned topic (its partitions are ``{topic}-part-{i}``), 0 for a
+            plain topic.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: every metadata pass failed.
+        """
+        path = TopicName.parse(topic).path
+        try:
+            await self._ctx.metadata.lookup(path)
+        except PartitionedTopicError as exc:
+            return exc.partitions
+        return 0
 
     async def list_topics(self, namespace: str = "") -> list[TopicInfo]:
         """Topics of one namespace, or of all namespaces.
@@ -203,6 +236,155 @@ class AdminClient:
         next_offset = await self._ctx.call_owner(path, call)
         self._ctx.metadata.invalidate(path)
         return next_offset
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> list[str]:
+        """Delete the topic and everything it holds, on its owner.
+
+        Deleted: the topic's etcd keys (``docs/etcd-layout.md`` §1.4, §1.5, §2.2, every key
+        under ``/topics/{ns}/{topic}/`` (§3) and ``/danube-data/storage/topics/{ns}/{topic}/``
+        (§5)), its WAL on the owner and the segments the owner kept from earlier releases,
+        and its segment objects in object storage. Not deleted: its Iceberg table. The name
+        can be created again afterwards; it starts at offset 0.
+
+        A partitioned topic (§3.1) is deleted through any broker, which deletes each partition
+        ``{topic}-part-{i}`` through the partition's owner, then the topic's own keys.
+
+        Nothing asks for confirmation. A retry after an answer that was lost finds the topic
+        gone (``TopicNotFoundError``); a deletion that failed half-way (etcd or object storage
+        down) leaves the topic existing, and deleting it again finishes the work.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            force: delete even with producers or consumers connected: they are closed (their
+                streams end; a client producer that keeps sending creates the topic again).
+
+        Returns:
+            The topics deleted: ``[topic]``, or the partitions of a partitioned topic.
+
+        Raises:
+            InvalidNameError: the name is malformed (checked before sending).
+            TopicNotFoundError: the topic does not exist.
+            TopicInUseError: producers or consumers are connected and ``force`` is false;
+                ``producers`` and ``consumers`` say how many. Nothing of that topic was deleted
+                (of a partitioned topic, the partitions before it were).
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+            DanubeError: another refusal from the broker (``MetadataStoreError`` when etcd
+                was unreachable).
+        """
+        path = TopicName.parse(topic).path
+        request = pb.DeleteTopicRequest(topic=path, force=force)
+
+        async def call(stubs: Stubs) -> list[str]:
+            response = await stubs.admin.DeleteTopic(request, timeout=self._ctx.request_timeout_s)
+            return list(response.deleted)
+
+        try:
+            deleted = await self._ctx.call_owner(path, call)
+        except PartitionedTopicError:  # no owner: any broker deletes it, partition by partition
+            deleted = await self._ctx.call_any(call)
+        self._ctx.metadata.invalidate(path)
+        for partition in deleted:
+            self._ctx.metadata.invalidate(partition)
+        return deleted
+
+    async def reset_cursor(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        offset: int | None = None,
+        earliest: bool = False,
+        latest: bool = False,
+        timestamp_ms: int | None = None,
+    ) -> int:
+        """Move a subscription's cursor, on the topic's owner: give exactly one position.
+
+        Unacknowledged deliveries are dropped and the stored cursor (§3.5) becomes the new
+        offset - 1 at once. Connected consumers' streams end and the client consumers
+        subscribe again by themselves, continuing from the new offset; acks they buffered
+        before the reset and send after it may still acknowledge offsets delivered again.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"`` (a plain topic or one partition).
+            subscription: an existing subscription of the topic.
+            offset: the next offset to deliver, from the topic's earliest offset to its next
+                offset (both included; see :meth:`describe_topic`).
+            earliest: deliver from the earliest offset a subscription can read (object
+                storage included).
+            latest: deliver only messages published from now on.
+            timestamp_ms: deliver from the first message published at or after this time, in
+                milliseconds since the Unix epoch; searched in the owner's WAL: a time before
+                the WAL's first message gives the earliest offset, one after the last message
+                the next offset.
+
+        Returns:
+            The next offset the subscription delivers.
+
+        Raises:
+            MalformedRequestError: not exactly one position, or a negative ``offset`` or
+                ``timestamp_ms`` (checked before sending).
+            InvalidNameError: the topic or subscription name is malformed (checked before
+                sending).
+            TopicNotFoundError: the topic does not exist.
+            PartitionedTopicError: the topic is partitioned: reset each partition.
+            SubscriptionNotFoundError: the topic has no such subscription (§3.4).
+            OffsetOutOfRangeError: ``offset`` is below the earliest offset or above the next
+                one; ``earliest_offset`` and ``next_offset`` give the range.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+            DanubeError: another refusal from the broker (``MetadataStoreError`` when the
+                cursor could not be stored; retrying is safe).
+        """
+        path = TopicName.parse(topic).path
+        validate_part("subscription", subscription)
+        given = sum((offset is not None, earliest, latest, timestamp_ms is not None))
+        if given != 1:
+            raise MalformedRequestError(
+                f"give exactly one position (offset, earliest, latest or timestamp_ms), got {given}"
+            )
+        request = pb.ResetCursorRequest(topic=path, subscription=subscription)
+        if offset is not None:
+            if offset < 0:
+                raise MalformedRequestError(f"offset must not be negative, got {offset}")
+            request.offset = offset
+        elif timestamp_ms is not None:
+            if timestamp_ms < 0:
+                raise MalformedRequestError(f"timestamp_ms must not be negative, got {timestamp_ms}")
+            request.timestamp_ms = timestamp_ms
+        elif earliest:
+            request.earliest = True
+        else:
+            request.latest = True
+
+        async def call(stubs: Stubs) -> int:
+            response = await stubs.admin.ResetCursor(request, timeout=self._ctx.request_timeout_s)
+            return int(response.next_offset)
+
+        return await self._ctx.call_owner(path, call)
+
+    async def abandon_unavailable_range(self, topic: str, start_offset: int) -> int:
+        """Give up waiting for the topic's unavailable range starting at ``start_offset``
+        (``docs/etcd-layout.md`` §5.5): the offsets a failed broker held and nobody tiered are
+        skipped by subscriptions (counted in ``skipped_unavailable``) and by tiering.
+
+        Returns:
+            How many offsets will never be delivered.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            UnavailableRangeNotFoundError: no range starts at ``start_offset``.
+            BrokerUnavailableError: the owner could not be reached within the retry budget.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> int:
+            response = await stubs.admin.AbandonUnavailableRange(
+                pb.AbandonUnavailableRangeRequest(topic=path, start_offset=start_offset),
+                timeout=self._ctx.request_timeout_s,
+            )
+            return int(response.skipped)
+
+        return await self._ctx.call_owner(path, call)
 
     async def drain_broker(self, address: str) -> list[str]:
         """Drain the broker at ``address``: it is marked ``draining``, releases every topic it

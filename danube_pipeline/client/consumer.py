@@ -7,6 +7,15 @@ A background task reads ``MessageBatch`` answers into an :class:`asyncio.Queue`;
 When the stream fails with a retriable or ``invalid_metadata`` error, the consumer looks the
 topic up again, subscribes again and reopens the stream; messages still in the
 local queue are dropped because the broker redelivers every unacked message (at least once).
+
+**Partitioned topics** (``docs/etcd-layout.md`` §3.1). When the lookup on open says the topic is
+partitioned (:class:`~danube_pipeline.errors.PartitionedTopicError`), the consumer subscribes
+to every partition ``{topic}-part-{i}`` under the same subscription name, through one inner
+consumer per partition (each with its own window of ``receiver_queue_size`` messages, stream,
+acks and reconnection, following its partition's owner). :meth:`Consumer.receive` takes the
+partitions' messages in turn, one at a time, so each partition's messages arrive in their
+order; each message's ``topic`` and ``partition`` name its partition, and :meth:`Consumer.ack`
+sends the ack to that partition's consumer.
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ from danube_pipeline.errors import (
     ConsumerClosedError,
     ConsumerNotFoundError,
     DanubeError,
+    PartitionedTopicError,
 )
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -70,7 +81,11 @@ class Consumer:
         topic: ``"/{namespace}/{topic}"``.
         subscription: the subscription name.
         consumer_name: this consumer's name.
-        consumer_id: the broker-assigned id (changes after a re-subscribe); 0 before open.
+        consumer_id: the broker-assigned id (changes after a re-subscribe); 0 before open,
+            and on a partitioned topic (see :attr:`partition_consumers`).
+        partitions: the topic's partition count once open: 0 for a plain topic.
+        partition_consumers: on a partitioned topic, the inner consumer of each partition
+            ``{topic}-part-{i}``, by index; empty on a plain topic.
     """
 
     def __init__(
@@ -98,7 +113,13 @@ class Consumer:
         self._initial_position = InitialPosition(initial_position)
         self._receiver_queue_size = receiver_queue_size
         self._ack_batch_size = ack_batch_size
+        self._ack_flush_ms = ack_flush_ms
         self._ack_flush_s = ack_flush_ms / 1000
+        self.partitions = 0
+        self.partition_consumers: list[Consumer] = []
+        self._by_topic: dict[str, Consumer] = {}
+        self._partition: int | None = None  # this consumer's index, when it is a partition's
+        self._turn = 0
         self.consumer_id = 0
         self._stubs: Stubs | None = None
         self._messages: collections.deque[Message] = collections.deque()
@@ -139,7 +160,13 @@ class Consumer:
         """
         if self._state != "new":
             raise ConsumerClosedError(f"consumer {self.consumer_name!r} was already opened")
-        await self._subscribe(refresh=False)
+        try:
+            await self._subscribe(refresh=False)
+        except PartitionedTopicError as exc:
+            await self._open_partitions(exc.partitions)
+            self._state = "open"
+            self._ctx.children.add(self)
+            return self
         self._state = "open"
         self._ctx.children.add(self)
         loop = asyncio.get_running_loop()
@@ -147,8 +174,38 @@ class Consumer:
         self._acker = loop.create_task(self._ack_loop())
         return self
 
+    async def _open_partitions(self, partitions: int) -> None:
+        """Subscribe to every partition of the topic through one inner consumer each, all at
+        once; if one fails, close those that opened and raise its error."""
+        inners = [
+            Consumer(
+                self._ctx,
+                name.path,
+                subscription=self.subscription,
+                subscription_type=self._subscription_type,
+                consumer_name=self.consumer_name,
+                initial_position=self._initial_position,
+                receiver_queue_size=self._receiver_queue_size,
+                ack_batch_size=self._ack_batch_size,
+                ack_flush_ms=self._ack_flush_ms,
+            )
+            for name in partition_names(TopicName.parse(self.topic), partitions)
+        ]
+        for index, inner in enumerate(inners):
+            inner._partition = index
+            inner._arrived = self._arrived  # a delivery to any partition wakes receive()
+        results = await asyncio.gather(*(c.open() for c in inners), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(c.close() for c in inners), return_exceptions=True)
+            raise failed[0]
+        self.partition_consumers = inners
+        self._by_topic = {c.topic: c for c in inners}
+        self.partitions = partitions
+
     async def close(self) -> None:
-        """Flush buffered acks, stop receiving and ``CloseConsumer``. Safe to call twice.
+        """Flush buffered acks, stop receiving and ``CloseConsumer`` (on a partitioned topic:
+        every partition's consumer). Safe to call twice.
 
         Raises:
             DanubeError: the broker refused buffered acks with a non-retriable error (acks
@@ -159,6 +216,13 @@ class Consumer:
             return
         self._state = "closed"
         self._ctx.children.discard(self)
+        if self.partition_consumers:
+            results = await asyncio.gather(*(c.close() for c in self.partition_consumers), return_exceptions=True)
+            self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} is closed"))
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            return
         await cancel_and_wait(self._receiver, self._acker)
         try:
             await self._flush_acks()
@@ -192,7 +256,8 @@ class Consumer:
             timeout_ms: how long to wait, in milliseconds; ``None`` waits forever.
 
         Returns:
-            The next :class:`Message`, in offset order for an Exclusive subscription.
+            The next :class:`Message`, in offset order for an Exclusive subscription (per
+            partition, on a partitioned topic: the partitions take turns).
 
         Raises:
             TimeoutError: no message arrived within ``timeout_ms``.
@@ -202,6 +267,8 @@ class Consumer:
         """
         if self._state == "new":
             raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
+        if self.partition_consumers:
+            return await self._receive_partitions(timeout_ms)
         messages = self._messages
         if messages:
             return messages.popleft()
@@ -219,6 +286,39 @@ class Consumer:
                     raise TimeoutError(f"no message within {timeout_ms} ms")
                 await asyncio.wait_for(self._arrived.wait(), remaining)
         return messages.popleft()
+
+    def _next_queued(self) -> Message | None:
+        """The next queued message of the partitions, taking them in turn."""
+        inners = self.partition_consumers
+        count = len(inners)
+        for step in range(count):
+            index = (self._turn + step) % count
+            queue = inners[index]._messages
+            if queue:
+                self._turn = (index + 1) % count
+                return queue.popleft()
+        return None
+
+    async def _receive_partitions(self, timeout_ms: int | None) -> Message:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
+        while True:
+            message = self._next_queued()
+            if message is not None:
+                return message
+            if self._terminal is not None:
+                raise self._terminal
+            for inner in self.partition_consumers:
+                if inner._terminal is not None:  # a partition's stream failed for good
+                    raise inner._terminal
+            self._arrived.clear()
+            if deadline is None:
+                await self._arrived.wait()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"no message within {timeout_ms} ms")
+                await asyncio.wait_for(self._arrived.wait(), remaining)
 
     def _deliver(self, messages: list[Message]) -> None:
         self._messages.extend(messages)
@@ -266,7 +366,7 @@ class Consumer:
                 with rpc_errors(stubs.address):
                     async for deliveries in call:
                         for delivery in deliveries.batches:
-                            self._deliver(_messages_from_delivery(self.topic, delivery))
+                            self._deliver(_messages_from_delivery(self.topic, delivery, self._partition))
                 error: DanubeError = unavailable(stubs.address, "Receive stream ended by the broker")
             except DanubeError as exc:
                 error = exc
@@ -314,14 +414,25 @@ class Consumer:
         again.
 
         Args:
-            message: the :class:`Message`, or its offset.
+            message: the :class:`Message`, or its offset (on a plain topic only: on a
+                partitioned topic the message says which partition the ack goes to).
 
         Raises:
             ConsumerClosedError: the consumer is not open.
+            ValueError: on a partitioned topic, an offset alone, or a message of another topic.
             DanubeError: an earlier flush was refused with a non-retriable error.
         """
         if self._state != "open":
             raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
+        if self.partition_consumers:
+            inner = self._by_topic.get(message.topic) if isinstance(message, Message) else None
+            if inner is None:
+                raise ValueError(
+                    f"{self.topic} is partitioned: ack the Message received (it names its partition), "
+                    f"not {message!r}"
+                )
+            await inner.ack(message)
+            return
         error, self._ack_error = self._ack_error, None
         if error is not None:
             raise error
@@ -369,5 +480,5 @@ class Consumer:
     def __repr__(self) -> str:
         return (
             f"Consumer(topic={self.topic!r}, subscription={self.subscription!r}, "
-            f"consumer_id={self.consumer_id}, state={self._state!r})"
+            f"consumer_id={self.consumer_id}, partitions={self.partitions}, state={self._state!r})"
         )

@@ -25,6 +25,15 @@ When the stream fails:
 * with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
   of the batch the broker was answering fail; the producer opens a new stream and the later
   batches are sent again.
+
+**Partitioned topics** (``docs/etcd-layout.md`` §3.1). When the lookup on open says the topic is
+partitioned (:class:`~danube_pipeline.errors.PartitionedTopicError`), the producer opens one
+inner producer per partition ``{topic}-part-{i}``, with the same name, schema and options, and
+routes each message (:mod:`danube_pipeline.client._partitioner`): by the murmur2 hash of its
+``key`` (Kafka's default partitioner: one key, one partition, in order), or round-robin per
+message when it has none. Each inner producer batches, retries and follows its partition's
+owner on its own; ``send`` answers a :class:`~danube_pipeline.client.types.MessageId` whose
+``partition`` says where the message went.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ import collections
 import contextlib
 import itertools
 import logging
+import time
+import typing
 import uuid
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -43,19 +54,22 @@ import grpc
 from danube_pipeline.client._accumulator import Accumulator, Batch
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
+from danube_pipeline.client._partitioner import Partitioner
 from danube_pipeline.client._status import from_rpc_error, rpc_errors, unavailable
 from danube_pipeline.client._tasks import cancel_and_wait
-from danube_pipeline.client.types import AvroSchema
+from danube_pipeline.client.types import AvroSchema, MessageId
 from danube_pipeline.errors import (
     BrokerUnavailableError,
     DanubeError,
     MalformedRequestError,
     OffsetRangeError,
+    PartitionedTopicError,
     ProducerClosedError,
     error_from_status,
 )
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -75,11 +89,15 @@ class Producer:
         topic: ``"/{namespace}/{topic}"``.
         producer_name: the producer's name.
         producer_id: the broker-assigned id (changes if the producer is re-created after a
-            broker failure); 0 before open.
+            broker failure); 0 before open, and on a partitioned topic (see
+            :attr:`partition_producers`).
         schema_id: the registered schema's global id; 0 without a schema.
         schema_version: the schema's version within its subject; 0 without a schema.
         max_message_size_bytes: largest payload accepted, in bytes (the namespace policy's
             ``max_message_size``, ``docs/etcd-layout.md`` §2.1).
+        partitions: the topic's partition count once open: 0 for a plain topic.
+        partition_producers: on a partitioned topic, the inner producer of each partition
+            ``{topic}-part-{i}``, by index; empty on a plain topic.
     """
 
     def __init__(
@@ -99,6 +117,15 @@ class Producer:
         self._ctx = ctx
         self.topic = TopicName.parse(topic).path
         self.producer_name = validate_part("producer", producer_name)
+        self._options = {
+            "linger_ms": linger_ms,
+            "max_batch_messages": max_batch_messages,
+            "max_batch_bytes": max_batch_bytes,
+            "max_in_flight_batches": max_in_flight_batches,
+        }
+        self.partitions = 0
+        self.partition_producers: list[Producer] = []
+        self._partitioner: Partitioner | None = None
         self._schema = schema
         self._max_in_flight = max_in_flight_batches
         self._max_batch_bytes = max_batch_bytes
@@ -124,6 +151,10 @@ class Producer:
         self._needs_producer = False
         self._retry_at = 0.0
         self._sequence = itertools.count(1)
+        # Message sequence numbers for idempotent produce (the broker's ``broker/idempotence.py``):
+        # they start at the wall clock in µs, so a producer re-opened under the same name starts
+        # above the numbers its earlier incarnation used (while it sent under 1 message per µs).
+        self._next_message_sequence = time.time_ns() // 1000
         self._runner: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -142,7 +173,8 @@ class Producer:
         await self.close()
 
     async def open(self) -> Producer:
-        """Look up the topic, register the schema if any, and create the producer.
+        """Look up the topic, register the schema if any, and create the producer (on a
+        partitioned topic: one per partition, see the module docstring).
 
         Returns:
             This producer.
@@ -155,19 +187,53 @@ class Producer:
         """
         if self._state != "new":
             raise ProducerClosedError(f"producer {self.producer_name!r} was already opened")
-        await self._connect(refresh=False, create=True)
+        try:
+            await self._connect(refresh=False, create=True)
+        except PartitionedTopicError as exc:
+            await self._open_partitions(exc.partitions)
+            self._state = "open"
+            self._ctx.children.add(self)
+            return self
         self._state = "open"
         self._ctx.children.add(self)
         self._runner = asyncio.get_running_loop().create_task(self._run())
         return self
 
+    async def _open_partitions(self, partitions: int) -> None:
+        """Open one inner producer per partition of the topic, all at once; if one fails, close
+        those that opened and raise its error."""
+        inners = [
+            Producer(self._ctx, name.path, producer_name=self.producer_name, schema=self._schema, **self._options)
+            for name in partition_names(TopicName.parse(self.topic), partitions)
+        ]
+        results = await asyncio.gather(*(p.open() for p in inners), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(p.close() for p in inners), return_exceptions=True)
+            raise failed[0]
+        self.partition_producers = inners
+        self.partitions = partitions
+        self._partitioner = Partitioner(partitions)
+        self.max_message_size_bytes = min(p.max_message_size_bytes for p in inners)
+        self.schema_id = inners[0].schema_id
+        self.schema_version = inners[0].schema_version
+
     async def close(self) -> None:
-        """Flush every queued message, then close the stream and ``CloseProducer``.
+        """Flush every queued message, then close the stream and ``CloseProducer`` (on a
+        partitioned topic: every partition's producer).
 
         Safe to call twice. Messages that could not be delivered have their futures failed.
         """
         if self._state in ("closed", "new"):
             self._state = "closed"
+            return
+        if self.partition_producers:
+            self._state = "closing"
+            try:
+                await asyncio.gather(*(p.close() for p in self.partition_producers), return_exceptions=True)
+            finally:
+                self._state = "closed"
+                self._ctx.children.discard(self)
             return
         self._state = "closing"
         try:
@@ -211,11 +277,15 @@ class Producer:
             payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
             attributes: user key/value pairs (strings; a name at most 65,535 bytes in UTF-8,
                 at most 65,535 pairs).
-            key: a routing key carried with the message, or ``None``.
+            key: a routing key carried with the message, or ``None``. On a partitioned topic
+                it chooses the partition (murmur2 hash, as Kafka's default partitioner);
+                without a key the partitions take turns, message by message.
 
         Returns:
-            A future resolved with the message's offset when the broker acknowledges the
-            batch (after its WAL ``fdatasync``), or failed with the broker's error.
+            A future resolved with the message's :class:`MessageId` (its offset, an ``int``,
+            and ``partition``, ``None`` on a plain topic; the future is typed ``Future[int]``
+            as before) when the broker acknowledges the batch (after its WAL ``fdatasync``),
+            or failed with the broker's error.
 
         Raises:
             MessageTooLargeError: ``len(payload)`` exceeds :attr:`max_message_size_bytes`; checked
@@ -226,6 +296,10 @@ class Producer:
         """
         if self._state != "open":
             raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
+        if self._partitioner is not None:
+            index = self._partitioner.partition(key)
+            inner = self.partition_producers[index].send_nowait(payload, attributes=attributes, key=key)
+            return _in_partition(inner, index)
         future = self._accumulator.append(payload, attributes, key)
         if self._adaptive:
             self._wakeup.set()
@@ -233,16 +307,19 @@ class Producer:
 
     async def send(
         self, payload: bytes, *, attributes: Mapping[str, str] | None = None, key: str | None = None
-    ) -> int:
+    ) -> MessageId:
         """Send one message and wait for its acknowledgement.
 
         Args:
             payload: the message bytes, at most :attr:`max_message_size_bytes` bytes.
             attributes: user key/value pairs (strings).
-            key: a routing key carried with the message, or ``None``.
+            key: a routing key carried with the message, or ``None``; on a partitioned topic
+                it chooses the partition (see :meth:`send_nowait`).
 
         Returns:
-            The message's offset in the topic.
+            The message's offset in the topic (in its partition, on a partitioned topic), as
+            a :class:`MessageId` whose ``partition`` is the partition's index (``None`` on a
+            plain topic).
 
         Raises:
             MessageTooLargeError: the payload is too large (checked before sending).
@@ -251,13 +328,16 @@ class Producer:
             ProducerClosedError: the producer is not open, or closed before the ack.
             DanubeError: another refusal from the broker.
         """
-        return await self.send_nowait(payload, attributes=attributes, key=key)
+        return typing.cast(MessageId, await self.send_nowait(payload, attributes=attributes, key=key))
 
     async def flush(self) -> None:
         """Close the current batch and wait until every queued message is answered.
 
         Does not raise for failed messages: their futures carry the errors.
         """
+        if self.partition_producers:
+            await asyncio.gather(*(p.flush() for p in self.partition_producers))
+            return
         self._accumulator.close_batch()
         futures = [f for b in itertools.chain(self._inflight, self._pending) for f in b.futures]
         futures = [f for f in futures if not f.done()]
@@ -458,6 +538,9 @@ class Producer:
     async def _write(self, call: grpc.aio.StreamStreamCall, batch: Batch) -> None:
         if not batch.sequence_id:
             batch.sequence_id = next(self._sequence)
+        if batch.base_sequence < 0:
+            batch.base_sequence = self._next_message_sequence
+            self._next_message_sequence += batch.message_count
         gen = self._stream_gen
         address = self._owner_address or ""
         self._inflight.append(batch)
@@ -468,6 +551,7 @@ class Producer:
                 producer_name=self.producer_name,
                 schema_id=self.schema_id,
                 schema_version=self.schema_version,
+                base_sequence=batch.base_sequence,
             ),
             sequence_id=batch.sequence_id,
         )
@@ -488,5 +572,25 @@ class Producer:
     def __repr__(self) -> str:
         return (
             f"Producer(topic={self.topic!r}, producer_name={self.producer_name!r}, "
-            f"producer_id={self.producer_id}, state={self._state!r})"
+            f"producer_id={self.producer_id}, partitions={self.partitions}, state={self._state!r})"
         )
+
+
+def _in_partition(inner: asyncio.Future[int], partition: int) -> asyncio.Future[int]:
+    """A future following ``inner``, whose result (a :class:`MessageId`) carries ``partition``."""
+    outer: asyncio.Future[int] = inner.get_loop().create_future()
+
+    def copy(done: asyncio.Future[int]) -> None:
+        if outer.done():
+            return
+        if done.cancelled():
+            outer.cancel()
+            return
+        error = done.exception()
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(MessageId.in_partition(done.result(), partition))
+
+    inner.add_done_callback(copy)
+    return outer

@@ -25,6 +25,7 @@ __all__ = [
     "InitialPosition",
     "LocalRetentionResult",
     "Message",
+    "MessageId",
     "SegmentInfo",
     "SubscriptionInfo",
     "SubscriptionType",
@@ -65,6 +66,34 @@ class AvroSchema:
         validate_subject(self.subject)
 
 
+class MessageId(int):
+    """What a producer's ``send`` answers: the message's offset, as an ``int`` (so
+    ``offset == message_id`` and arithmetic work as before), carrying the partition too.
+
+    Attributes:
+        partition: the index ``i`` of the partition ``{topic}-part-{i}`` the message went to,
+            for a producer on a partitioned topic (``docs/etcd-layout.md`` §3.1); ``None`` on a
+            plain topic.
+    """
+
+    partition: int | None = None
+
+    @classmethod
+    def in_partition(cls, offset: int, partition: int) -> MessageId:
+        """``offset`` in partition ``partition``."""
+        message_id = cls(offset)
+        message_id.partition = partition
+        return message_id
+
+    def __str__(self) -> str:
+        return int.__repr__(self)  # prints as the offset, like the int it is
+
+    def __repr__(self) -> str:
+        if self.partition is None:
+            return f"MessageId({int(self)})"
+        return f"MessageId({int(self)}, partition={self.partition})"
+
+
 class Message(NamedTuple):
     """One message delivered to a consumer (an immutable record; a named tuple, because a
     consumer builds one per message and a tuple is the cheapest immutable object to build).
@@ -81,6 +110,9 @@ class Message(NamedTuple):
         schema_version: version within the schema's subject; 0 = no schema.
         redelivery_count: how many times the broker delivered it before without an ack.
         key: the routing key the producer gave, or ``None``.
+        partition: for a consumer of a partitioned topic, the index ``i`` of the partition
+            ``{topic}-part-{i}`` it came from (``topic`` is then that partition's name);
+            ``None`` on a plain topic.
     """
 
     topic: str
@@ -94,6 +126,7 @@ class Message(NamedTuple):
     schema_version: int
     redelivery_count: int
     key: str | None = None
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +197,8 @@ class SubscriptionInfo:
         consumers: consumers attached.
         records_from_object_storage: records handed out from object storage.
         skipped_below_retention: offsets jumped over because they expired.
+        skipped_unavailable: offsets of unavailable ranges skipped (``--unavailable-range
+            skip``, or the range was abandoned).
     """
 
     name: str
@@ -173,6 +208,29 @@ class SubscriptionInfo:
     consumers: int
     records_from_object_storage: int
     skipped_below_retention: int
+    skipped_unavailable: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UnavailableRangeInfo:
+    """Offsets a failed owner may have acknowledged that are not in object storage yet
+    (``docs/etcd-layout.md`` §5.5).
+
+    Attributes:
+        start_offset, end_offset: the range, inclusive.
+        broker_id: the failed owner whose disk holds them.
+        since: when the range was recorded, seconds since the epoch.
+        last_written: the last offset that broker wrote, once it returned (offsets above it
+            were never handed out); ``None`` until then.
+        abandoned: an operator gave up waiting: offsets not in object storage are skipped.
+    """
+
+    start_offset: int
+    end_offset: int
+    broker_id: int
+    since: int
+    last_written: int | None
+    abandoned: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +247,10 @@ class TopicDescription:
         earliest_offset: the earliest offset a subscription can read.
         subscriptions: the subscriptions loaded, by name.
         cache_bytes: the broker's cache of objects read back (all topics), in bytes.
+        broker_id: the owner that answered.
+        owner_epoch: its assignment key's create revision (``docs/etcd-layout.md`` §1.4).
+        reserved_end_offset: the last offset of its reserved block (§5.4).
+        unavailable_ranges: offsets failed owners may hold (§5.5), ascending.
     """
 
     first_local_offset: int
@@ -200,6 +262,10 @@ class TopicDescription:
     earliest_offset: int
     subscriptions: list[SubscriptionInfo]
     cache_bytes: int
+    broker_id: int = 0
+    owner_epoch: int = 0
+    reserved_end_offset: int = 0
+    unavailable_ranges: list[UnavailableRangeInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +298,10 @@ class ClusterInfo:
     leader_broker_id: int = 0
 
 
-def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery) -> list[Message]:
+def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery, partition: int | None = None) -> list[Message]:
     """The messages of one delivered batch: records from ``first_offset`` on, minus those the
-    broker reports acknowledged already.
+    broker reports acknowledged already; ``partition`` is the topic's index when it is a
+    partition of a partitioned topic.
 
     Raises:
         MalformedRequestError: the batch does not parse.
@@ -256,6 +323,7 @@ def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery) -> list[Mess
             schema_version=header.schema_version,
             redelivery_count=count,
             key=key,
+            partition=partition,
         )
         for offset, publish_time_us, key, attributes, payload in records
         if offset >= first and offset not in skip
@@ -300,10 +368,25 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
                 consumers=s.consumers,
                 records_from_object_storage=s.records_from_object_storage,
                 skipped_below_retention=s.skipped_below_retention,
+                skipped_unavailable=s.skipped_unavailable,
             )
             for s in r.subscriptions
         ],
         cache_bytes=r.cache_bytes,
+        broker_id=r.broker_id,
+        owner_epoch=r.owner_epoch,
+        reserved_end_offset=r.reserved_end_offset,
+        unavailable_ranges=[
+            UnavailableRangeInfo(
+                start_offset=u.start_offset,
+                end_offset=u.end_offset,
+                broker_id=u.broker_id,
+                since=u.since,
+                last_written=u.last_written if u.HasField("last_written") else None,
+                abandoned=u.abandoned,
+            )
+            for u in r.unavailable_ranges
+        ],
     )
 
 

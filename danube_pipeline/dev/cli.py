@@ -87,27 +87,34 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     broker_host, _, broker_port = settings.broker_addresses()[0].partition(":")
     etcd = EtcdServer(home / "etcd", host=etcd_host, client_port=int(etcd_port))
     etcd.start()
-    broker = BrokerProcess(
-        etcd_endpoints=etcd.endpoints,
-        data_dir=home / "broker",
-        host=broker_host,
-        port=int(broker_port),
-        segment_max_age_s=60.0,
-        extra_args=["--object-store-url", (home / "objects").as_uri()],
-    )
+    brokers = [
+        BrokerProcess(
+            etcd_endpoints=etcd.endpoints,
+            data_dir=home / ("broker" if i == 0 else f"broker-{i + 1}"),
+            host=broker_host,
+            port=int(broker_port) + i,
+            segment_max_age_s=60.0,
+            extra_args=["--object-store-url", (home / "objects").as_uri()],
+        )
+        for i in range(args.brokers)
+    ]
     dagster: subprocess.Popen[bytes] | None = None
     try:
-        broker.start()
+        for broker in brokers:
+            broker.start()
+        addresses = [broker.address for broker in brokers]
         env = {
             **os.environ,
-            **settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=[broker.address]),
+            **settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=addresses),
             "DAGSTER_HOME": str(instance),
             DAGSTER_STORAGE_ENV: str(home / "dagster"),
         }
         print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)")
-        print(f"broker    {broker.address}   id {broker.broker_id}   WAL in {home / 'broker'}")
+        for broker in brokers:
+            print(f"broker    {broker.address}   id {broker.broker_id}   WAL in {broker.data_dir}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
-        print("Ctrl-C stops all three.", flush=True)
+        print(f"export DANUBE_BROKER_ADDRESSES={','.join(addresses)}   (for danube-admin and clients)")
+        print("Ctrl-C stops them all.", flush=True)
         dagster = subprocess.Popen(
             [dg_binary(), "dev", "-m", "assets.definitions", "-p", str(args.port)],
             env=env,
@@ -122,9 +129,17 @@ def _cmd_dev(args: argparse.Namespace) -> int:
                 dagster.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 dagster.kill()
-        broker.stop()
+        for broker in reversed(brokers):
+            broker.stop()
         etcd.stop()
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dagster-home", default=None, help="Dagster instance config (default $DAGSTER_HOME or ./dagster_home)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=_cmd_demo)
-    dev = sub.add_parser("dev", help="etcd + broker + Dagster UI and daemon until Ctrl-C")
+    dev = sub.add_parser("dev", help="etcd + brokers + Dagster UI and daemon until Ctrl-C")
     dev.add_argument("--home", default=None, help="state directory (default $DANUBE_HOME/dev); kept")
     dev.add_argument("--dagster-home", default=None, help="Dagster instance config (default $DAGSTER_HOME or ./dagster_home)")
     dev.add_argument("--port", type=int, default=3000, help="Dagster UI port")
+    dev.add_argument("--brokers", type=_positive_int, default=1,
+                     help="brokers to start on one etcd, on consecutive ports from the configured broker port")
     dev.set_defaults(func=_cmd_dev)
     args = parser.parse_args(argv)
     return int(args.func(args))

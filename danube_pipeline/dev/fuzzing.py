@@ -591,8 +591,9 @@ DISRUPTIVE_RPCS = frozenset({
     "Admin.DrainBroker", "Admin.UnloadTopic", "Admin.DeleteTopic", "Admin.ResetCursor", "Admin.AbandonUnavailableRange",
 })
 """RPCs whose well-formed requests take the broker's topics away (every request of
-``DrainBroker`` is well formed: it has no field). They are left out of the fuzzed RPCs; their
-bad input is tested on its own (``tests/test_cluster.py``)."""
+``DrainBroker`` is well formed: it has no field), delete them, move a subscription's cursor
+or give up offsets. They are left out of the fuzzed RPCs; their bad input is tested on its own
+(``tests/test_cluster.py``, ``tests/test_topic_admin.py``)."""
 
 
 def rpcs() -> list[Rpc]:

@@ -4,12 +4,19 @@
   own data directory on free ports and waits until ``/health`` reports healthy.
 * :class:`BrokerProcess` runs ``python -m broker`` against that etcd and waits for the
   broker's ready file (``{"broker_id": int, "broker_addr": "host:port", "pid": int}``).
+* :class:`LocalCluster` runs one etcd and N brokers, each broker with its own data directory
+  and port.
 
-Both are synchronous context managers; ``stop`` is idempotent.
+All three are synchronous context managers; ``stop`` is idempotent. Run as a module, it serves
+a cluster until Ctrl-C (``make dev BROKERS=3``)::
+
+    python -m danube_pipeline.dev.localcluster --brokers 3
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import importlib.resources
 import json
@@ -28,7 +35,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-__all__ = ["BrokerProcess", "ChildProcess", "EtcdServer", "etcd_binary", "free_port"]
+__all__ = [
+    "BrokerProcess",
+    "ChildProcess",
+    "EtcdServer",
+    "LocalCluster",
+    "broker_data_dir",
+    "etcd_binary",
+    "free_port",
+]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -161,6 +176,46 @@ class ChildProcess:
             RuntimeError: the process exited first, or ``timeout_s`` passed (``on_timeout`` is
                 called first); the message names ``what`` and carries the log tail.
         """
+        self._spawn(command, env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            self._raise_if_exited(what)
+            time.sleep(0.05)
+        on_timeout()
+        raise self._not_ready(what, timeout_s)
+
+    async def spawn_and_wait_async(
+        self,
+        command: list[str],
+        *,
+        what: str,
+        ready: Callable[[], bool],
+        timeout_s: float,
+        on_timeout: Callable[[], None],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """:meth:`spawn_and_wait` for a running event loop: the 50 ms polls sleep with
+        ``asyncio.sleep``, so the loop's other tasks go on meanwhile.
+
+        Call it from a loop in the main thread: the child follows the *thread* that spawned
+        it (``PR_SET_PDEATHSIG``).
+
+        Raises:
+            RuntimeError: as :meth:`spawn_and_wait`.
+        """
+        self._spawn(command, env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            self._raise_if_exited(what)
+            await asyncio.sleep(0.05)
+        on_timeout()
+        raise self._not_ready(what, timeout_s)
+
+    def _spawn(self, command: list[str], env: Mapping[str, str] | None) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
@@ -171,28 +226,30 @@ class ChildProcess:
             env=None if env is None else dict(env),
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._proc = None
-                self._close_log()
-                raise RuntimeError(
-                    f"{what} exited with code {code} before it was ready; log {self.log_path}:\n"
-                    + _log_tail(self.log_path)
-                )
-            time.sleep(0.05)
-        on_timeout()
+
+    def _not_ready(self, what: str, timeout_s: float) -> RuntimeError:
+        return RuntimeError(f"{what} not ready within {timeout_s}s; log {self.log_path}:\n" + _log_tail(self.log_path))
+
+    def _raise_if_exited(self, what: str) -> None:
+        if self._proc is None or self._proc.poll() is None:
+            return
+        code = self._proc.returncode
+        self._proc = None
+        self._close_log()
         raise RuntimeError(
-            f"{what} not ready within {timeout_s}s; log {self.log_path}:\n" + _log_tail(self.log_path)
+            f"{what} exited with code {code} before it was ready; log {self.log_path}:\n" + _log_tail(self.log_path)
         )
 
     @property
     def running(self) -> bool:
         """Whether the child process is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exited(self) -> bool:
+        """Whether the child was started and has exited on its own (a stopped or killed child
+        is forgotten, so it has not exited in this sense)."""
+        return self._proc is not None and self._proc.poll() is not None
 
     def stop(self, *, timeout_s: float = 10.0) -> None:
         """SIGTERM the process, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
@@ -408,6 +465,22 @@ class BrokerProcess(ChildProcess):
         """
         if self.running:
             return
+        self.spawn_and_wait(**self._launch(timeout_s))
+
+    async def start_async(self, *, timeout_s: float = 30.0) -> None:
+        """:meth:`start` without blocking a running event loop (a restart under load); call it
+        from a loop in the main thread.
+
+        Raises:
+            RuntimeError: as :meth:`start`.
+        """
+        if self.running:
+            return
+        await self.spawn_and_wait_async(**self._launch(timeout_s))
+
+    def _launch(self, timeout_s: float) -> dict[str, Any]:
+        """Prepare a start: the data directory exists, the old ready file is gone; returns the
+        keyword arguments of :meth:`spawn_and_wait`."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         self._ready = None
@@ -416,14 +489,14 @@ class BrokerProcess(ChildProcess):
             self._ready = self._read_ready()
             return self._ready is not None
 
-        self.spawn_and_wait(
-            self.command(),
-            what="broker",
-            ready=ready,
-            timeout_s=timeout_s,
-            on_timeout=self.kill,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-        )
+        return {
+            "command": self.command(),
+            "what": "broker",
+            "ready": ready,
+            "timeout_s": timeout_s,
+            "on_timeout": self.kill,
+            "env": {**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        }
 
     def _read_ready(self) -> dict[str, Any] | None:
         try:
@@ -468,3 +541,196 @@ class BrokerProcess(ChildProcess):
             return self._proc.pid
         return int(self._ready_value("pid"))
 
+
+
+def broker_data_dir(root: Path, index: int) -> Path:
+    """The data directory of broker ``index`` (0-based) of a :class:`LocalCluster` in ``root``:
+    ``root / "broker"`` for the first (where a one-broker ``make dev`` always kept it), then
+    ``root / "broker-2"``, ``root / "broker-3"``, ..."""
+    return Path(root) / ("broker" if index == 0 else f"broker-{index + 1}")
+
+
+class LocalCluster:
+    """One etcd and N brokers on loopback, each broker with its own data directory and port.
+
+    etcd keeps its data in ``root / "etcd"``; broker ``i`` in :func:`broker_data_dir`. A
+    broker's id lives in its data directory, so a cluster started again on the same ``root``
+    comes back with the same brokers.
+
+    Example::
+
+        with LocalCluster(tmp_path, brokers=3) as cluster:
+            async with DanubeClient(cluster.addresses) as client: ...
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        brokers: int = 1,
+        host: str = "127.0.0.1",
+        etcd_client_port: int | None = None,
+        broker_ports: Sequence[int] | None = None,
+        cluster_name: str = "danube",
+        segment_max_bytes: int | None = None,
+        segment_max_age_s: float | None = None,
+        broker_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Args:
+        root: the cluster's state directory (created if missing; reused across restarts).
+        brokers: how many brokers, at least 1.
+        host: interface etcd and the brokers listen on.
+        etcd_client_port: etcd's client port; a free one when ``None``.
+        broker_ports: one port per broker; ``0`` (the default for each) lets the broker pick a
+            free one.
+        cluster_name: Danube cluster name (``docs/etcd-layout.md`` §1.1).
+        segment_max_bytes: seal WAL segments at this size, in bytes (broker default if None).
+        segment_max_age_s: seal WAL segments at this age, in seconds (broker default if None).
+        broker_args: more CLI arguments for every broker.
+        env: extra environment variables for every broker.
+
+        Raises:
+            ValueError: ``brokers`` is below 1, or ``broker_ports`` does not have one port per
+                broker.
+        """
+        if brokers < 1:
+            raise ValueError(f"a cluster needs at least one broker, not {brokers}")
+        ports = list(broker_ports) if broker_ports is not None else [0] * brokers
+        if len(ports) != brokers:
+            raise ValueError(f"{len(ports)} broker ports given for {brokers} brokers")
+        self.root = Path(root)
+        self.etcd = EtcdServer(self.root / "etcd", host=host, client_port=etcd_client_port)
+        self.brokers = [
+            BrokerProcess(
+                etcd_endpoints=self.etcd.endpoints,
+                data_dir=broker_data_dir(self.root, index),
+                host=host,
+                port=port,
+                cluster_name=cluster_name,
+                segment_max_bytes=segment_max_bytes,
+                segment_max_age_s=segment_max_age_s,
+                extra_args=broker_args,
+                env=env,
+            )
+            for index, port in enumerate(ports)
+        ]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every broker's ``host:port``, in start order.
+
+        Raises:
+            RuntimeError: a broker never became ready.
+        """
+        return [broker.address for broker in self.brokers]
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start etcd, then the brokers one after the other, each waiting until it is ready.
+
+        Blocking; call it from the main thread (the children follow the thread that started
+        them). When one fails, everything started so far is stopped.
+
+        Raises:
+            RuntimeError: a process exited or was not ready within ``timeout_s`` (the message
+                carries its log tail).
+        """
+        try:
+            self.etcd.start(timeout_s=timeout_s)
+            for broker in self.brokers:
+                broker.start(timeout_s=timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the brokers (last started first), then etcd; each SIGTERM, then SIGKILL after
+        a grace period. Idempotent."""
+        for broker in reversed(self.brokers):
+            broker.stop()
+        self.etcd.stop()
+
+    def exited(self) -> list[str]:
+        """The processes that were started and are no longer running, as ``"etcd"`` or
+        ``"broker N"`` (1-based)."""
+        gone = ["etcd"] if self.etcd.exited else []
+        return gone + [f"broker {i + 1}" for i, broker in enumerate(self.brokers) if broker.exited]
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m danube_pipeline.dev.localcluster``: etcd and N brokers until Ctrl-C or
+    SIGTERM (``make dev BROKERS=N``); prints where each one listens, and stops them all when
+    interrupted or when one of them exits."""
+    from danube_pipeline import settings
+
+    _, etcd_port = _split_address(settings.etcd_endpoints()[0])
+    broker_host, broker_port = _split_address(settings.broker_addresses()[0])
+    parser = argparse.ArgumentParser(prog="python -m danube_pipeline.dev.localcluster", description=main.__doc__)
+    parser.add_argument("--brokers", type=int, default=1, help="how many brokers (default 1)")
+    parser.add_argument("--home", default=None, help="state directory (default $DANUBE_HOME/dev); kept")
+    parser.add_argument("--host", default=broker_host, help=f"interface to listen on (default {broker_host})")
+    parser.add_argument("--etcd-port", type=int, default=etcd_port,
+                        help=f"etcd client port, 0 = any free one (default {etcd_port}, from $DANUBE_ETCD_ENDPOINTS)")
+    parser.add_argument("--broker-port", type=int, default=broker_port,
+                        help=f"port of the first broker, the next ones count up; 0 = free ports (default {broker_port})")
+    parser.add_argument("--segment-max-age-s", type=float, default=60.0, help="seal WAL segments at this age (s)")
+    args = parser.parse_args(argv)
+    if args.brokers < 1:
+        parser.error("--brokers must be at least 1")
+    home = Path(args.home).resolve() if args.home else settings.danube_home() / "dev"
+    ports = [args.broker_port + i if args.broker_port else 0 for i in range(args.brokers)]
+    cluster = LocalCluster(
+        home,
+        brokers=args.brokers,
+        host=args.host,
+        etcd_client_port=args.etcd_port or None,
+        broker_ports=ports,
+        segment_max_age_s=args.segment_max_age_s,
+        broker_args=["--object-store-url", (home / "objects").as_uri()],
+    )
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        cluster.start()
+        etcd = cluster.etcd.endpoint
+        print(f"etcd        {etcd}   (.venv/bin/etcdctl --endpoints={etcd} get / --prefix --keys-only)")
+        for i, broker in enumerate(cluster.brokers):
+            print(f"broker {i + 1:<4} {broker.address}   id {broker.broker_id}   WAL in {broker.data_dir}")
+        print(f"DANUBE_ETCD_ENDPOINTS={etcd} DANUBE_BROKER_ADDRESSES={','.join(cluster.addresses)}")
+        print(f"Ctrl-C stops etcd and the {args.brokers} broker{'s' if args.brokers > 1 else ''}.", flush=True)
+        while not (gone := cluster.exited()):
+            time.sleep(0.5)
+        print(f"{', '.join(gone)} exited (logs in {home}); stopping the rest", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,11 +10,13 @@ from danube_pipeline.iceberg.append import (
     COMMITTED_END_OFFSET_PROPERTY,
     SUMMARY_END_OFFSET,
     SUMMARY_OBJECT_ID,
+    SUMMARY_PARTITION,
     SUMMARY_START_OFFSET,
     SUMMARY_TOPIC,
     AppendResult,
     append_records,
     committed_end_offset,
+    committed_end_offset_property,
 )
 from danube_pipeline.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.iceberg.catalog import (
@@ -31,6 +33,7 @@ from danube_pipeline.iceberg.catalog import (
 )
 from danube_pipeline.iceberg.schema import (
     METADATA_COLUMNS,
+    PARTITION_COLUMN,
     PAYLOAD_COLUMN,
     VALUE_COLUMN,
     iceberg_schema_for_avro,
@@ -40,9 +43,11 @@ from danube_pipeline.iceberg.schema import (
 __all__ = [
     "COMMITTED_END_OFFSET_PROPERTY",
     "METADATA_COLUMNS",
+    "PARTITION_COLUMN",
     "PAYLOAD_COLUMN",
     "SUMMARY_END_OFFSET",
     "SUMMARY_OBJECT_ID",
+    "SUMMARY_PARTITION",
     "SUMMARY_START_OFFSET",
     "SUMMARY_TOPIC",
     "VALUE_COLUMN",
@@ -51,6 +56,7 @@ __all__ = [
     "append_records",
     "arrow_table_for_records",
     "committed_end_offset",
+    "committed_end_offset_property",
     "data_file_count",
     "duplicate_offsets",
     "ensure_table",

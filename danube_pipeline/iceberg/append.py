@@ -14,6 +14,13 @@ our summary), row-level ``DELETE`` (an ``overwrite``/``delete`` snapshot without
 the property existed fall back to the newest ancestor snapshot whose summary carries
 ``danube.end-offset``. So replaying an object appends nothing, even after maintenance.
 
+**Partitioned topics** (``docs/etcd-layout.md`` §3.1). The partitions ``{topic}-part-{i}`` of a
+partitioned topic all append to the topic's one table, each with its own offsets: an append
+for partition ``i`` writes ``_partition = i`` in every row, sets the property
+``danube.committed-end-offset.part-{i}`` instead, and adds ``danube.partition = i`` to the
+summary. Exactly-once then holds per partition, as above; two partitions appending at once
+conflict only on the commit, and the loser retries with its own partition's property.
+
 A commit succeeds only if the table's ``main`` branch still points at the snapshot the writer
 read (the append's ``AssertRefSnapshotId`` requirement, checked by the catalog; Iceberg spec,
 "Optimistic Concurrency"), and the property is read from that same metadata. A commit that
@@ -42,11 +49,13 @@ __all__ = [
     "COMMITTED_END_OFFSET_PROPERTY",
     "SUMMARY_END_OFFSET",
     "SUMMARY_OBJECT_ID",
+    "SUMMARY_PARTITION",
     "SUMMARY_START_OFFSET",
     "SUMMARY_TOPIC",
     "AppendResult",
     "append_records",
     "committed_end_offset",
+    "committed_end_offset_property",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,6 +64,8 @@ SUMMARY_TOPIC = "danube.topic"
 SUMMARY_START_OFFSET = "danube.start-offset"
 SUMMARY_END_OFFSET = "danube.end-offset"
 SUMMARY_OBJECT_ID = "danube.object-id"
+SUMMARY_PARTITION = "danube.partition"
+"""Summary field of an append for partition ``i`` of a partitioned topic: ``i`` (decimal)."""
 
 COMMITTED_END_OFFSET_PROPERTY = "danube.committed-end-offset"
 """Table property: the last offset appended to the table (decimal string, inclusive).
@@ -66,17 +77,30 @@ deleted, and the offsets are never appended again)."""
 DEFAULT_COMMIT_ATTEMPTS = 5
 
 
-def committed_end_offset(table: Table) -> int | None:
-    """The last offset committed to ``table`` by :func:`append_records`.
+def committed_end_offset_property(partition: int | None = None) -> str:
+    """The table property holding the committed end offset: ``danube.committed-end-offset``
+    for a plain topic's table, ``danube.committed-end-offset.part-{i}`` for partition ``i`` of
+    a partitioned topic's (module docstring)."""
+    if partition is None:
+        return COMMITTED_END_OFFSET_PROPERTY
+    return f"{COMMITTED_END_OFFSET_PROPERTY}.part-{partition}"
 
-    Reads the table property ``danube.committed-end-offset``, which every append sets in its
-    own commit and which compaction, row deletes and snapshot expiry leave alone. A table
-    written before that property existed has none; then the current snapshot's ancestry is
-    walked, newest first, to the first snapshot whose summary carries ``danube.end-offset``
-    (compaction snapshots written by Spark do not).
+
+def committed_end_offset(table: Table, *, partition: int | None = None) -> int | None:
+    """The last offset committed to ``table`` by :func:`append_records` (for partition
+    ``partition`` of a partitioned topic's table, when given).
+
+    Reads the table property ``danube.committed-end-offset`` (``...-offset.part-{i}`` for a
+    partition), which every append sets in its own commit and which compaction, row deletes
+    and snapshot expiry leave alone. A table written before that property existed has none;
+    then the current snapshot's ancestry is walked, newest first, to the first snapshot whose
+    summary carries ``danube.end-offset`` (compaction snapshots written by Spark do not) and
+    the same ``danube.partition`` (none, without ``partition``).
 
     Args:
         table: a topic's table, as loaded (call ``table.refresh()`` for the catalog's latest).
+        partition: the partition index, for a partitioned topic's table; ``None`` for a plain
+            topic's.
 
     Returns:
         The inclusive end offset, or ``None`` if nothing was appended yet (or, for a table
@@ -85,17 +109,19 @@ def committed_end_offset(table: Table) -> int | None:
     Raises:
         ValueError: the property is set but is not an integer.
     """
-    value = table.metadata.properties.get(COMMITTED_END_OFFSET_PROPERTY)
+    value = table.metadata.properties.get(committed_end_offset_property(partition))
     if value is not None:
         return int(value)
-    return _summary_end_offset(table)
+    return _summary_end_offset(table, partition)
 
 
-def _summary_end_offset(table: Table) -> int | None:
-    """``danube.end-offset`` of the newest ancestor snapshot whose summary has it."""
+def _summary_end_offset(table: Table, partition: int | None) -> int | None:
+    """``danube.end-offset`` of the newest ancestor snapshot whose summary has it, for the
+    same partition."""
+    wanted = None if partition is None else str(partition)
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         summary = snapshot.summary
-        if summary is None:
+        if summary is None or summary[SUMMARY_PARTITION] != wanted:
             continue
         value = summary[SUMMARY_END_OFFSET]
         if value is not None:
@@ -161,6 +187,7 @@ def append_records(
     topic: str | None = None,
     writer_schemas: Mapping[tuple[int, int], Mapping[str, Any] | str] | None = None,
     first_offset: int | None = None,
+    partition: int | None = None,
     max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
     retry_backoff_s: float = 0.05,
 ) -> AppendResult:
@@ -182,6 +209,10 @@ def append_records(
             table (they had expired), the append resumes at ``first_offset``. ``None`` accepts
             any start on an empty table (a topic whose oldest segments were never tiered) and
             no jump on a non-empty one.
+        partition: for partition ``i`` of a partitioned topic, ``i``: the rows get
+            ``_partition = i`` and the offsets are the partition's own, committed in
+            ``danube.committed-end-offset.part-{i}`` (module docstring). ``None`` for a plain
+            topic.
         max_attempts: commit attempts on ``CommitFailedException`` (refresh, recompute, retry).
         retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
 
@@ -201,7 +232,7 @@ def append_records(
     where = f"{topic} {object_id}"
     _check_contiguous(records, where)
     for attempt in range(1, max_attempts + 1):
-        committed = committed_end_offset(table)
+        committed = committed_end_offset(table, partition=partition)
         if committed is None:
             pending: Sequence[Record] = records
             if pending and first_offset is not None and pending[0].offset != first_offset:
@@ -215,7 +246,9 @@ def append_records(
         skipped = len(records) - len(pending)
         if not pending:
             return AppendResult(None, 0, committed, skipped, attempt)
-        df = arrow_table_for_records(pending, avro_schema, writer_schemas=writer_schemas, iceberg_schema=table.schema())
+        df = arrow_table_for_records(
+            pending, avro_schema, writer_schemas=writer_schemas, iceberg_schema=table.schema(), partition=partition
+        )
         start, end = pending[0].offset, pending[-1].offset
         properties = {
             SUMMARY_TOPIC: topic,
@@ -223,11 +256,13 @@ def append_records(
             SUMMARY_END_OFFSET: str(end),
             SUMMARY_OBJECT_ID: object_id,
         }
+        if partition is not None:
+            properties[SUMMARY_PARTITION] = str(partition)
         handle = _without_commit_retries(table)
         try:
             # One commit: the snapshot and the property, on top of the snapshot read above.
             with handle.transaction() as transaction:
-                transaction.set_properties({COMMITTED_END_OFFSET_PROPERTY: str(end)})
+                transaction.set_properties({committed_end_offset_property(partition): str(end)})
                 transaction.append(df, snapshot_properties=properties)
         except CommitFailedException:
             if attempt == max_attempts:

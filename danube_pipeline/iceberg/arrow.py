@@ -12,7 +12,13 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from danube_pipeline.errors import SchemaMismatchError
-from danube_pipeline.iceberg.schema import PAYLOAD_COLUMN, as_avro_dict, payload_columns, schema_from_columns
+from danube_pipeline.iceberg.schema import (
+    PARTITION_COLUMN,
+    PAYLOAD_COLUMN,
+    as_avro_dict,
+    payload_columns,
+    schema_from_columns,
+)
 from danube_pipeline.records import Record
 
 __all__ = ["arrow_table_for_records"]
@@ -49,6 +55,7 @@ def arrow_table_for_records(
     *,
     writer_schemas: Mapping[tuple[int, int], Mapping[str, Any] | str] | None = None,
     iceberg_schema: Schema | None = None,
+    partition: int | None = None,
 ) -> pa.Table:
     """Build the Arrow table that :func:`append_records` appends.
 
@@ -64,6 +71,9 @@ def arrow_table_for_records(
         iceberg_schema: the target table's schema; defaults to
             :func:`iceberg_schema_for_avro` of ``avro_schema``. Columns of the table that the
             Avro schema does not produce are filled with nulls.
+        partition: the partition index every record comes from, written to ``_partition``
+            (a partitioned topic's table, ``docs/etcd-layout.md`` §3.1); ``None`` for a plain
+            topic.
 
     Returns:
         A ``pyarrow.Table`` whose schema matches the Iceberg schema (required columns
@@ -74,7 +84,7 @@ def arrow_table_for_records(
     """
     table_avro = as_avro_dict(avro_schema) if avro_schema is not None else None
     columns = payload_columns(table_avro) if table_avro is not None else None
-    schema = iceberg_schema or schema_from_columns(columns)
+    schema = iceberg_schema or schema_from_columns(columns, partitioned=partition is not None)
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
 
     n = len(records)
@@ -87,6 +97,8 @@ def arrow_table_for_records(
         "_schema_version": [r.schema_version for r in records],
         "_attributes": [list(r.attributes.items()) for r in records],
     }
+    if partition is not None:
+        data[PARTITION_COLUMN] = [partition] * n
     if columns is None:
         data[PAYLOAD_COLUMN] = [r.payload for r in records]
     else:

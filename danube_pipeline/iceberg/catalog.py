@@ -2,7 +2,10 @@
 
 A topic ``/{ns}/{topic}`` maps to the Iceberg table ``(ns, topic)`` (Iceberg namespace = Danube
 namespace) in the SQL catalog that pyiceberg's ``SqlCatalog`` and Spark's ``JdbcCatalog`` both
-use (see :mod:`danube_pipeline.spark`).
+use (see :mod:`danube_pipeline.spark`). The partitions ``{topic}-part-{i}`` of a partitioned
+topic (``docs/etcd-layout.md`` §3.1) all map to the partitioned topic's table, whose
+``_partition`` column tells them apart; the functions reading offsets take the ``partition`` to
+read (``None``: every row).
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.table import Table
+from pyiceberg.table import DataScan, Table
 
 from danube_pipeline import settings
-from danube_pipeline.iceberg.schema import iceberg_schema_for_avro
+from danube_pipeline.iceberg.schema import PARTITION_COLUMN, iceberg_schema_for_avro
 from danube_pipeline.names import TopicName
 
 __all__ = [
@@ -109,6 +112,8 @@ def ensure_table(
     catalog: Catalog,
     topic: TopicName,
     avro_schema: Mapping[str, Any] | str | None,
+    *,
+    partitioned: bool = False,
 ) -> Table:
     """Load the topic's table, creating its namespace and the table when missing.
 
@@ -117,8 +122,9 @@ def ensure_table(
 
     Args:
         catalog: the shared catalog (:func:`load_catalog`).
-        topic: the topic whose table it is.
+        topic: the topic whose table it is (for a partition, the partitioned topic).
         avro_schema: the topic's Avro schema, or ``None`` for a ``_payload`` table.
+        partitioned: the table of a partitioned topic, with the ``_partition`` column.
 
     Returns:
         The table, loaded after any schema change.
@@ -128,7 +134,7 @@ def ensure_table(
             :func:`~danube_pipeline.iceberg.iceberg_schema_for_avro`).
     """
     identifier = table_identifier(topic)
-    wanted = iceberg_schema_for_avro(avro_schema)
+    wanted = iceberg_schema_for_avro(avro_schema, partitioned=partitioned)
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
@@ -160,16 +166,24 @@ def data_file_count(table: Table) -> int:
     return int(table.inspect.files().num_rows)
 
 
-def read_offsets(table: Table) -> list[int]:
+def _offset_scan(table: Table, partition: int | None) -> DataScan:
+    """A scan of the ``_offset`` column, of one partition's rows when ``partition`` is given."""
+    if partition is None:
+        return table.scan(selected_fields=("_offset",))
+    return table.scan(row_filter=f"{PARTITION_COLUMN} = {int(partition)}", selected_fields=("_offset",))
+
+
+def read_offsets(table: Table, *, partition: int | None = None) -> list[int]:
     """Every ``_offset`` in the table's current snapshot (a full scan of that column).
 
     Args:
         table: a topic's table.
+        partition: only the rows of this partition (a partitioned topic's table).
 
     Returns:
         The offsets, sorted, one per row (a duplicated offset appears twice).
     """
-    arrow = table.scan(selected_fields=("_offset",)).to_arrow()
+    arrow = _offset_scan(table, partition).to_arrow()
     return sorted(arrow.column("_offset").to_pylist())
 
 
@@ -188,13 +202,14 @@ class OffsetStats:
     last_offset: int | None
 
 
-def offset_stats(table: Table) -> OffsetStats:
+def offset_stats(table: Table, *, partition: int | None = None) -> OffsetStats:
     """Count the rows of the table's current snapshot and find their ``_offset`` bounds.
 
     Streams the ``_offset`` column batch by batch (memory: one batch).
 
     Args:
         table: a topic's table.
+        partition: only the rows of this partition (a partitioned topic's table).
 
     Returns:
         The :class:`OffsetStats`.
@@ -202,7 +217,7 @@ def offset_stats(table: Table) -> OffsetStats:
     rows = 0
     low: int | None = None
     high: int | None = None
-    for batch in table.scan(selected_fields=("_offset",)).to_arrow_batch_reader():
+    for batch in _offset_scan(table, partition).to_arrow_batch_reader():
         if batch.num_rows == 0:
             continue
         rows += batch.num_rows
@@ -247,19 +262,21 @@ def snapshot_row_count(table: Table) -> int | None:
     return int(value) if value is not None else None
 
 
-def duplicate_offsets(table: Table) -> dict[int, int]:
+def duplicate_offsets(table: Table, *, partition: int | None = None) -> dict[int, int]:
     """Offsets held by more than one row of the table's current snapshot.
 
     Scans the ``_offset`` column only (8 bytes per row in memory).
 
     Args:
         table: a topic's table.
+        partition: only the rows of this partition (in a partitioned topic's table each
+            partition has its own offsets, so duplicates are looked for per partition).
 
     Returns:
         ``{offset: rows holding it}`` for every offset held by two rows or more; empty when
         every offset is unique.
     """
-    offsets = table.scan(selected_fields=("_offset",)).to_arrow().column("_offset")
+    offsets = _offset_scan(table, partition).to_arrow().column("_offset")
     counts = pc.value_counts(offsets)
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
     return {

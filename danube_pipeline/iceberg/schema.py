@@ -7,6 +7,11 @@ Each table has the message metadata columns (field ids 1-9)::
 
 followed by one typed column per field of the topic's Avro record schema, or a single
 ``_payload`` binary column when the topic has no schema.
+
+The table of a partitioned topic (``docs/etcd-layout.md`` §3.1) has one more metadata column,
+``_partition int`` (field id 10, before the payload columns): the index ``i`` of the partition
+``{topic}-part-{i}`` a row came from, so ``(_partition, _offset)`` identifies a row. A plain
+topic's table has no ``_partition`` column.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from danube_pipeline.errors import InvalidSchemaError
 
 __all__ = [
     "METADATA_COLUMNS",
+    "PARTITION_COLUMN",
     "PAYLOAD_COLUMN",
     "VALUE_COLUMN",
     "iceberg_schema_for_avro",
@@ -59,6 +65,8 @@ METADATA_COLUMNS = (
     "_attributes",
 )
 PAYLOAD_COLUMN = "_payload"
+PARTITION_COLUMN = "_partition"
+"""In a partitioned topic's table: the partition index of the row (see the module docstring)."""
 VALUE_COLUMN = "value"
 """Column name used when the topic's Avro schema is not a record (e.g. a bare ``"string"``)."""
 
@@ -211,7 +219,7 @@ def payload_columns(avro_schema: Mapping[str, Any]) -> list[PayloadColumn]:
         columns = []
         for f in avro_schema.get("fields", []):
             name = f["name"]
-            if name in METADATA_COLUMNS or name == PAYLOAD_COLUMN:
+            if name in METADATA_COLUMNS or name in (PAYLOAD_COLUMN, PARTITION_COLUMN):
                 raise InvalidSchemaError(
                     str(avro_schema.get("name", "?")),
                     f"field {name!r} collides with a Danube metadata column",
@@ -240,17 +248,28 @@ def _metadata_fields() -> list[NestedField]:
     ]
 
 
-def schema_from_columns(columns: Sequence[PayloadColumn] | None) -> Schema:
-    """The Iceberg schema: the metadata columns (field ids 1-9), then the payload columns.
+def schema_from_columns(columns: Sequence[PayloadColumn] | None, *, partitioned: bool = False) -> Schema:
+    """The Iceberg schema: the metadata columns (field ids 1-9), ``_partition`` (field id 10)
+    when ``partitioned``, then the payload columns.
 
     Args:
-        columns: the payload columns (field ids from 10 on), or ``None`` for ``_payload``.
+        columns: the payload columns (field ids from 10 on, 11 when partitioned), or ``None``
+            for ``_payload``.
+        partitioned: the table of a partitioned topic (``docs/etcd-layout.md`` §3.1).
 
     Returns:
         The schema.
     """
     fields = _metadata_fields()
     next_id = 10
+    if partitioned:
+        fields.append(
+            NestedField(
+                next_id, PARTITION_COLUMN, IntegerType(), required=False,
+                doc="index i of the partition {topic}-part-{i} the row came from",
+            )
+        )
+        next_id += 1
     if columns is None:
         fields.append(NestedField(next_id, PAYLOAD_COLUMN, BinaryType(), required=False, doc="raw payload"))
     else:
@@ -260,7 +279,7 @@ def schema_from_columns(columns: Sequence[PayloadColumn] | None) -> Schema:
     return Schema(*fields)
 
 
-def iceberg_schema_for_avro(avro_schema: Mapping[str, Any] | str | None) -> Schema:
+def iceberg_schema_for_avro(avro_schema: Mapping[str, Any] | str | None, *, partitioned: bool = False) -> Schema:
     """The Iceberg schema of a topic's table.
 
     Args:
@@ -272,16 +291,18 @@ def iceberg_schema_for_avro(avro_schema: Mapping[str, Any] | str | None) -> Sche
             ``timestamp``, ``date``, ``time-*``, ``decimal``; enums and ``uuid`` to
             ``string``, ``fixed`` to ``binary``; anything else (records, arrays, maps,
             multi-branch unions) to a ``string`` holding its JSON.
+        partitioned: the table of a partitioned topic: with the ``_partition`` column.
 
     Returns:
-        The metadata columns (field ids 1-9) followed by the payload columns.
+        The metadata columns (field ids 1-9, and ``_partition`` when partitioned) followed by
+        the payload columns.
 
     Raises:
         InvalidSchemaError: the schema is malformed or a field collides with a metadata column.
     """
     if avro_schema is None:
-        return schema_from_columns(None)
-    return schema_from_columns(payload_columns(as_avro_dict(avro_schema)))
+        return schema_from_columns(None, partitioned=partitioned)
+    return schema_from_columns(payload_columns(as_avro_dict(avro_schema)), partitioned=partitioned)
 
 
 def as_avro_dict(avro_schema: Mapping[str, Any] | str) -> dict[str, Any]:

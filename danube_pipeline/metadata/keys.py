@@ -67,8 +67,15 @@ def load_report(broker_id: int) -> str:
     return f"{CLUSTER}/load/{broker_id}"
 
 
+LOAD_REPORT_PREFIX = f"{CLUSTER}/load/"
+"""§1.6 ``/cluster/load/``: every broker's load report."""
+
 CLUSTER_LEADER = f"{CLUSTER}/leader"
 """§1.7 ``/cluster/leader``; value the leader's broker id (u64)."""
+
+CLUSTER_LOAD_BALANCE = f"{CLUSTER}/load_balance"
+"""§1.8 ``/cluster/load_balance``; value the leader's last
+:class:`broker.load_manager.LoadBalanceDecision`."""
 
 
 # ---- 2. namespaces
@@ -175,6 +182,28 @@ def objects_cur(topic: TopicName) -> str:
 def sealed_state(topic: TopicName) -> str:
     """§5.3 ``.../state``; value :class:`SealedState`, written when a topic is unloaded."""
     return f"{storage_topic(topic)}/state"
+
+
+def offset_reservation(topic: TopicName) -> str:
+    """§5.4 ``.../reservation``; value :class:`OffsetReservation`: the offsets the owner may
+    hand out without asking etcd again."""
+    return f"{storage_topic(topic)}/reservation"
+
+
+def producer_sequences(topic: TopicName) -> str:
+    """§5.6 ``.../producer_sequences``: the idempotent producers' last sequences, handed from
+    a releasing owner to the next one."""
+    return f"{storage_topic(topic)}/producer_sequences"
+
+
+def unavailable_prefix(topic: TopicName) -> str:
+    """§5.5 ``.../unavailable/``: every unavailable range of the topic."""
+    return f"{storage_topic(topic)}/unavailable/"
+
+
+def unavailable_range(topic: TopicName, start_offset: int) -> str:
+    """§5.5 ``.../unavailable/{padded_start_offset}``; value :class:`UnavailableRange`."""
+    return f"{unavailable_prefix(topic)}{pad_offset(start_offset)}"
 
 
 # ---- 6. legacy

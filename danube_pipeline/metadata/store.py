@@ -368,6 +368,7 @@ class MetadataStore:
         self,
         *,
         created: Mapping[str, int] | None = None,
+        modified: Mapping[str, int] | None = None,
         exists: Sequence[str] = (),
         puts: Sequence[tuple[str, JsonValue | JsonRecord]] = (),
         deletes: Sequence[str] = (),
@@ -379,6 +380,8 @@ class MetadataStore:
             created: ``key -> create_revision`` each key must still have (``0``: the key must
                 not exist). Comparing a create revision pins one incarnation of a key, e.g. the
                 leader key of one election (its epoch, ``docs/etcd-layout.md`` §1.7).
+            modified: ``key -> mod_revision`` each key must still have (``0``: the key must
+                not exist): the key is unchanged since it was read.
             exists: keys that must exist.
             puts: ``(key, value)`` pairs to write.
             deletes: keys to delete.
@@ -392,6 +395,7 @@ class MetadataStore:
             MetadataStoreError: if etcd cannot be reached or rejects the transaction.
         """
         compare = [compare_create(k, rev) for k, rev in (created or {}).items()]
+        compare += [compare_absent(k) if rev == 0 else compare_mod(k, rev) for k, rev in (modified or {}).items()]
         compare += [compare_exists(k) for k in exists]
         lease_id = lease.id if lease else 0
         ops = [put_op(k, v, lease_id) for k, v in puts] + [delete_op(k) for k in deletes]

@@ -322,5 +322,56 @@ class SealedState(JsonRecord):
     timestamp: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetReservation(JsonRecord):
+    """§5.4 ``.../reservation``: the block of offsets the topic's owner reserved.
+
+    The owner writes it in a transaction guarded by its assignment key's create revision (its
+    *owner epoch*, §1.4) before it acknowledges any offset above the previous ``end_offset``;
+    the next owner starts past ``end_offset``.
+
+    Attributes:
+        broker_id: the owner that reserved the block.
+        owner_epoch: the create revision of its assignment key (§1.4).
+        first_offset: the first offset of its ownership (where its WAL started).
+        end_offset: the last offset it may hand out (inclusive); -1 before any.
+        last_written: set by a fenced owner when it finds its topic gone: the last offset its
+            WAL holds; offsets above it up to ``end_offset`` were never handed out.
+    """
+
+    broker_id: int
+    owner_epoch: int
+    first_offset: int
+    end_offset: int
+    last_written: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnavailableRange(JsonRecord):
+    """§5.5 ``.../unavailable/{start}``: offsets a failed owner may have acknowledged and not
+    tiered, recorded by the owner that took the topic over.
+
+    Attributes:
+        start_offset, end_offset: the range, inclusive.
+        broker_id: the failed owner, whose disk holds them.
+        since: when the range was recorded, seconds since the epoch.
+        last_written: set once that broker returned: the last offset its WAL holds; offsets
+            above it were never handed out (consumers and tiering pass over them).
+        abandoned: set by an operator (``danube-admin topics abandon-range``): offsets of the
+            range not in object storage are skipped, counted.
+    """
+
+    start_offset: int
+    end_offset: int
+    broker_id: int
+    since: int
+    last_written: int | None = None
+    abandoned: bool = False
+
+    def unused_from(self) -> int | None:
+        """The first offset of the range that was never handed out, ``None`` while unknown."""
+        return None if self.last_written is None else max(self.start_offset, self.last_written + 1)
+
+
 RELIABLE = "Reliable"
 NON_RELIABLE = "NonReliable"

@@ -356,7 +356,7 @@ class DescribeTopicRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class SubscriptionState(_message.Message):
-    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention")
+    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention", "skipped_unavailable")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,7 @@ class SubscriptionState(_message.Message):
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FROM_OBJECT_STORAGE_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_BELOW_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: SubscriptionType
     cursor: int
@@ -371,7 +372,8 @@ class SubscriptionState(_message.Message):
     consumers: int
     records_from_object_storage: int
     skipped_below_retention: int
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ...) -> None: ...
+    skipped_unavailable: int
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
     __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges")

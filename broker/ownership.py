@@ -1,0 +1,333 @@
+"""Topic ownership with an epoch, and offset blocks reserved before they are acknowledged
+(``docs/etcd-layout.md`` §1.4, §5.4, §5.5).
+
+A broker owns a topic while its assignment key ``/cluster/brokers/{id}/{ns}/{topic}`` exists;
+the key's create revision is the *owner epoch*. A key deleted and created again (the topic
+failed over, or moved away and back) has a new create revision, so every write guarded by the
+epoch this broker read when it loaded the topic fails once ownership changed hands: the broker
+is *fenced*.
+
+Offsets are fenced the same way. Before the WAL writes (and so before it acknowledges) an
+offset above the reserved block, :meth:`Ownership.reserve_through` extends the block in
+``.../reservation`` (§5.4) with a transaction guarded by the owner epoch. A broker cut off from
+etcd, or one whose topic was given to another broker, can therefore acknowledge offsets only
+up to the end of the block it reserved while it was the owner; the next owner starts past that
+end (:func:`plan_takeover`). The part of the failed owner's block that was not in object
+storage when the topic was taken over becomes an *unavailable range* (§5.5): the failed owner
+holds those offsets on its disk. When that broker comes back, it finds the topic gone, keeps
+its WAL as released segments (served for tiering) and records the last offset it wrote
+(:func:`record_last_written`); offsets above it were never handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+from danube_pipeline.errors import NotServedHereError
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.etcd import KeyValue
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
+
+from broker.config import DEFAULT_OFFSET_BLOCK
+
+log = logging.getLogger(__name__)
+
+_TAKEOVER_ATTEMPTS = 5
+
+
+def _parse(kv: KeyValue | None, cls: type[values.JsonRecord]) -> values.JsonRecord | None:
+    if kv is None:
+        return None
+    try:
+        return cls.from_json(kv.value)
+    except (ValueError, TypeError):
+        log.warning("ignoring malformed %s at %s", cls.__name__, kv.key)
+        return None
+
+
+def wal_has_records(directory: Path) -> bool:
+    """Whether a WAL directory holds a segment file: the WAL knows where it stands (even when
+    local retention left only an empty active segment, whose name is its start offset)."""
+    if not directory.is_dir():
+        return False
+    return any(f.suffix in (".log", ".dnb1") for f in directory.iterdir())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TakeoverPlan:
+    """What :func:`plan_takeover` found.
+
+    Attributes:
+        epoch: this broker's owner epoch (§1.4).
+        floor: the first offset an empty WAL starts at.
+        continuing: the reservation is this broker's own and its WAL holds its records (a
+            restart): the WAL goes on inside the same block.
+        reservation: the reservation read, ``None`` when the topic never had one.
+        reservation_revision: its ``mod_revision`` (0: absent), guarding the takeover write.
+        unavailable: the range the failed owner may hold, or ``None``.
+    """
+
+    epoch: int
+    floor: int
+    continuing: bool
+    reservation: values.OffsetReservation | None
+    reservation_revision: int
+    unavailable: values.UnavailableRange | None
+
+
+async def plan_takeover(
+    store: MetadataStore, name: TopicName, broker_id: int, *, wal_holds_data: bool, tiered_end: int | None
+) -> TakeoverPlan:
+    """Decide where this broker's ownership of ``name`` starts, from etcd (linearizable reads).
+
+    * No reservation yet: above the sealed state (§5.3) and the tiered offsets (§5.1).
+    * The reservation is this broker's and its WAL holds records: go on in the same block.
+    * The previous owner released the topic (the sealed state's ``last_committed_offset`` is at
+      or above its reservation's end): right after it.
+    * Otherwise the previous owner failed: past the end of its block, and the offsets of its
+      block not in object storage form an unavailable range (§5.5).
+
+    Args:
+        store: etcd.
+        name: the topic.
+        broker_id: this broker.
+        wal_holds_data: whether the local WAL directory holds records (:func:`wal_has_records`).
+        tiered_end: the last offset in object storage (the last completed descriptor's end).
+
+    Raises:
+        NotServedHereError: the topic is not assigned to this broker.
+        MetadataStoreError: etcd unreachable.
+    """
+    assignment = await store.get(keys.topic_assignment(broker_id, name))
+    if assignment is None:
+        raise NotServedHereError(name.path, broker_id)
+    res_kv = await store.get(keys.offset_reservation(name))
+    res = _parse(res_kv, values.OffsetReservation)
+    assert res is None or isinstance(res, values.OffsetReservation)
+    sealed = _parse(await store.get(keys.sealed_state(name)), values.SealedState)
+    assert sealed is None or isinstance(sealed, values.SealedState)
+    base = 0
+    if sealed is not None:
+        base = sealed.last_committed_offset + 1
+    if tiered_end is not None:
+        base = max(base, tiered_end + 1)
+    unavailable = None
+    continuing = res is not None and res.broker_id == broker_id and wal_holds_data and res.last_written is None
+    floor = base
+    if res is not None and not continuing:
+        released = sealed is not None and sealed.last_committed_offset >= res.end_offset
+        if not released and res.end_offset >= base:
+            floor = res.end_offset + 1
+            start = max(res.first_offset, base)
+            last = res.last_written
+            if start <= res.end_offset and (last is None or last >= start):
+                unavailable = values.UnavailableRange(
+                    start_offset=start, end_offset=res.end_offset, broker_id=res.broker_id,
+                    since=int(time.time()), last_written=last,
+                )
+    return TakeoverPlan(
+        epoch=assignment.create_revision,
+        floor=floor,
+        continuing=continuing,
+        reservation=res,
+        reservation_revision=res_kv.mod_revision if res_kv is not None else 0,
+        unavailable=unavailable,
+    )
+
+
+class Ownership:
+    """This broker's ownership of one topic: the owner epoch and the reserved block.
+
+    Args:
+        store: etcd.
+        name: the topic.
+        broker_id: this broker.
+        epoch: the owner epoch (§1.4).
+        first_offset: the first offset of this ownership.
+        reserved_end: the last offset reserved (inclusive).
+        block: offsets reserved per extension.
+
+    Attributes:
+        fenced: set once a guarded write failed because the topic changed hands.
+    """
+
+    def __init__(
+        self, store: MetadataStore, name: TopicName, broker_id: int, *, epoch: int, first_offset: int,
+        reserved_end: int, block: int = DEFAULT_OFFSET_BLOCK,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.broker_id = broker_id
+        self.epoch = epoch
+        self.first_offset = first_offset
+        self.reserved_end = reserved_end
+        self.block = block
+        self.fenced = False
+        self.reservations = 0
+        self._lock = asyncio.Lock()
+
+    @property
+    def guard(self) -> dict[str, int]:
+        """The comparison every owner write carries: the assignment key's create revision."""
+        return {keys.topic_assignment(self.broker_id, self.name): self.epoch}
+
+    def reservation(self, end_offset: int) -> values.OffsetReservation:
+        return values.OffsetReservation(
+            broker_id=self.broker_id, owner_epoch=self.epoch, first_offset=self.first_offset, end_offset=end_offset
+        )
+
+    def _fenced(self, what: str) -> NotServedHereError:
+        if not self.fenced:
+            self.fenced = True
+            log.warning("topic %s: %s refused: broker %d no longer owns it (owner epoch %d changed)",
+                        self.name, what, self.broker_id, self.epoch)
+        return NotServedHereError(self.name.path, self.broker_id)
+
+    async def reserve_through(self, offset: int) -> None:
+        """Make sure ``offset`` lies inside the reserved block, extending it by whole blocks.
+
+        Raises:
+            NotServedHereError: this broker no longer owns the topic (fenced).
+            MetadataStoreError: etcd unreachable (nothing above the old end may be written).
+        """
+        async with self._lock:
+            if offset <= self.reserved_end:
+                return
+            if self.fenced:
+                raise NotServedHereError(self.name.path, self.broker_id)
+            end = offset + self.block - 1
+            revision = await self.store.transaction(
+                created=self.guard, puts=[(keys.offset_reservation(self.name), self.reservation(end))]
+            )
+            if revision is None:
+                raise self._fenced(f"reserving offsets up to {end}")
+            self.reserved_end = end
+            self.reservations += 1
+
+    async def put(self, key: str, value: values.JsonValue | values.JsonRecord) -> None:
+        """Write ``key`` only while this broker still owns the topic (cursors, §3.5).
+
+        Raises:
+            NotServedHereError: fenced.
+            MetadataStoreError: etcd unreachable.
+        """
+        if await self.store.transaction(created=self.guard, puts=[(key, value)]) is None:
+            raise self._fenced(f"writing {key}")
+
+
+async def commit_takeover(
+    store: MetadataStore, name: TopicName, broker_id: int, plan: TakeoverPlan, next_offset: int, *,
+    block: int = DEFAULT_OFFSET_BLOCK, wal_holds_data: bool, tiered_end: int | None,
+) -> tuple[Ownership, TakeoverPlan]:
+    """Write this broker's reservation (and the unavailable range of the plan) in one
+    transaction guarded by the owner epoch and the reservation read; re-plan and retry when
+    the reservation changed meanwhile (a fenced owner recorded its last offset).
+
+    Args:
+        next_offset: the opened WAL's next offset (at or above ``plan.floor``).
+
+    Returns:
+        The ownership and the plan that was written.
+
+    Raises:
+        NotServedHereError: the topic is no longer assigned here.
+        MetadataStoreError: etcd unreachable.
+    """
+    for _ in range(_TAKEOVER_ATTEMPTS):
+        if plan.continuing and plan.reservation is not None:
+            first = plan.reservation.first_offset
+            end = max(plan.reservation.end_offset, next_offset - 1)
+        else:
+            first, end = next_offset, next_offset + block - 1
+        ownership = Ownership(
+            store, name, broker_id, epoch=plan.epoch, first_offset=first, reserved_end=end, block=block
+        )
+        puts: list[tuple[str, values.JsonValue | values.JsonRecord]] = [
+            (keys.offset_reservation(name), ownership.reservation(end))
+        ]
+        if plan.unavailable is not None:
+            puts.append((keys.unavailable_range(name, plan.unavailable.start_offset), plan.unavailable))
+        revision = await store.transaction(
+            created=ownership.guard, modified={keys.offset_reservation(name): plan.reservation_revision}, puts=puts
+        )
+        if revision is not None:
+            if plan.unavailable is not None:
+                u = plan.unavailable
+                log.warning(
+                    "topic %s taken over from failed broker %d: offsets %d..%d are unavailable until its disk "
+                    "returns and they are tiered (last written: %s); this broker starts at %d",
+                    name, u.broker_id, u.start_offset, u.end_offset, u.last_written, next_offset,
+                )
+            return ownership, plan
+        plan = await plan_takeover(store, name, broker_id, wal_holds_data=wal_holds_data, tiered_end=tiered_end)
+        if not plan.continuing and plan.floor > next_offset:
+            raise NotServedHereError(name.path, broker_id)  # reloaded at the new floor next time
+    raise NotServedHereError(name.path, broker_id)
+
+
+async def record_last_written(store: MetadataStore, name: TopicName, broker_id: int, last_written: int) -> bool:
+    """A fenced owner records the last offset its WAL holds of ``name``: on its reservation if
+    nobody took the topic over yet (§5.4), else on the unavailable ranges of its block (§5.5).
+
+    Returns:
+        Whether a key was updated.
+
+    Raises:
+        MetadataStoreError: etcd unreachable.
+    """
+    for _ in range(_TAKEOVER_ATTEMPTS):
+        res_kv = await store.get(keys.offset_reservation(name))
+        res = _parse(res_kv, values.OffsetReservation)
+        if res_kv is not None and isinstance(res, values.OffsetReservation) and res.broker_id == broker_id:
+            if res.last_written is not None:
+                return False
+            updated = dataclasses.replace(res, last_written=min(last_written, res.end_offset))
+            if await store.transaction(modified={res_kv.key: res_kv.mod_revision}, puts=[(res_kv.key, updated)]):
+                log.info("topic %s: recorded offset %d as the last this broker wrote (its reservation ends at %d)",
+                         name, last_written, res.end_offset)
+                return True
+            continue
+        kvs, _ = await store.get_prefix(keys.unavailable_prefix(name))
+        changed = False
+        retry = False
+        for kv in kvs:
+            rng = _parse(kv, values.UnavailableRange)
+            if not isinstance(rng, values.UnavailableRange) or rng.broker_id != broker_id or rng.last_written is not None:
+                continue
+            updated_range = dataclasses.replace(rng, last_written=min(last_written, rng.end_offset))
+            if await store.transaction(modified={kv.key: kv.mod_revision}, puts=[(kv.key, updated_range)]):
+                changed = True
+                log.info("topic %s: unavailable range %d..%d: this broker wrote up to offset %d",
+                         name, rng.start_offset, rng.end_offset, last_written)
+            else:
+                retry = True
+        if not retry:
+            return changed
+    return False
+
+
+def unavailable_ranges(raw: dict[str, object]) -> list[values.UnavailableRange]:
+    """Parse the cached values under ``.../unavailable/`` (§5.5), ascending by start offset."""
+    out = []
+    for value in raw.values():
+        try:
+            out.append(values.UnavailableRange.from_json(value))
+        except (ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda r: r.start_offset)
+
+
+__all__ = [
+    "Ownership",
+    "TakeoverPlan",
+    "commit_takeover",
+    "plan_takeover",
+    "record_last_written",
+    "unavailable_ranges",
+    "wal_has_records",
+]
