@@ -624,6 +624,14 @@ class Broker:
             if ownership is not None:  # the block shrinks to what was handed out (§5.4)
                 puts.append((keys.offset_reservation(name), ownership.reservation(last)))
             puts.append((keys.producer_sequences(name), topic.sequences.to_json()))  # §5.6
+            untiered_from = self._untiered_from(topic)
+            if untiered_from is not None and untiered_from <= last:
+                # Offsets only this broker holds until they are tiered (§5.5): if it dies before,
+                # consumers and tiering wait for it rather than take the gap for a loss.
+                puts.append((keys.unavailable_range(name, untiered_from), values.UnavailableRange(
+                    start_offset=untiered_from, end_offset=last, broker_id=self.broker_id,
+                    since=int(time.time()), last_written=last,
+                )))
             revision = await self.store.transaction(
                 created=ownership.guard if ownership is not None else None,
                 exists=[keys.topic_assignment(self.broker_id, name)],
@@ -710,6 +718,14 @@ class Broker:
                     if m is not None:
                         found.append((f, int(m.group(1)), int(m.group(2)), f.stat().st_size))
         return sorted(found, key=lambda t: t[1])
+
+    @staticmethod
+    def _untiered_from(topic: Topic) -> int | None:
+        """The first offset of ``topic`` not in object storage, ``None`` without an object store."""
+        remote = topic.remote
+        if remote is None:
+            return None
+        return 0 if remote.end_offset is None else remote.end_offset + 1
 
     def _move_to_released(self, name: TopicName) -> Path | None:
         """Move the topic's WAL directory to :attr:`released_dir` (its sealed segments are

@@ -457,7 +457,7 @@ class Subscription:
             target = min(limit, nxt) if nxt is not None and nxt > position else limit
             self.skipped_unavailable += target - position
             log.error(
-                "%s/%s: offsets %d..%d held only by failed broker %d are skipped (%s; %d skipped in all)",
+                "%s/%s: offsets %d..%d held only by broker %d are skipped (%s; %d skipped in all)",
                 self.topic, self.name, position, target - 1, rng.broker_id,
                 "range abandoned" if rng.abandoned else "policy skip", self.skipped_unavailable,
             )
@@ -466,8 +466,8 @@ class Subscription:
         if self._waiting_at != position:
             self._waiting_at = position
             log.warning(
-                "%s/%s: offset %d is in an unavailable range (%d..%d, held by failed broker %d); waiting until "
-                "that broker returns and its segments are tiered",
+                "%s/%s: offset %d is in an unavailable range (%d..%d, held only by broker %d); waiting until "
+                "its segments are tiered",
                 self.topic, self.name, position, rng.start_offset, rng.end_offset, rng.broker_id,
             )
         return False
