@@ -3,7 +3,9 @@
 ``segment_objects`` → ``iceberg_table`` → ``compacted_table``: sealed WAL segments become
 objects plus etcd descriptors, then one Iceberg snapshot per object, then Spark compacts the
 table's small files. ``iceberg_table`` → ``retention``: the namespace's retention policy
-applied to the table, the descriptors, the objects and the broker's WAL. Each materialization
+applied to the table, the descriptors, the objects and the broker's WAL. ``iceberg_table`` →
+``schema_rewrite``: the rewrite declared on the table (``danube.rewrite``) applied to one UTC
+day's table partitions, backfillable over a range of days. Each materialization
 records metadata (offsets, bytes, row counts, snapshot ids, file counts) so the Dagster UI tells
 the story without opening logs; a value that is not known (no descriptor, an empty table) is
 left out rather than written as a sentinel.
@@ -16,9 +18,18 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from dagster import AssetExecutionContext, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
+from dagster import (
+    AssetExecutionContext,
+    Backoff,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    MultiPartitionKey,
+    RetryPolicy,
+    asset,
+)
 
-from assets.partitions import topics_partitions
+from assets.partitions import topic_days_partitions, topics_partitions
 from assets.resources import (
     BrokerResource,
     EtcdResource,
@@ -30,6 +41,7 @@ from danube_pipeline import iceberg
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import PartitionOf, partition_of
 from danube_pipeline.retention import RetentionReport, apply_retention
+from danube_pipeline.rewrite import RewriteError, RewriteReport, read_rewrite_spec, rewrite_table
 from danube_pipeline.schema_registry import SchemaRegistry
 from danube_pipeline.spark import compact_table
 from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
@@ -158,6 +170,9 @@ def iceberg_table(
                 "committed_end_offset": report.committed_end_offset,
                 "data_files": report.data_files,
                 "schema_ids": MetadataValue.json(report.schema_ids),
+                "dead_letter_records": MetadataValue.int(report.dead_letter_records),
+                "dead_letter_table": report.dead_letter_table,
+                "schema_changes": MetadataValue.json(report.schema_changes),
             }
         )
     )
@@ -310,4 +325,135 @@ def retention(
                 "wal_bytes": MetadataValue.int(report.wal_bytes) if report.wal_bytes is not None else None,
             }
         )
+    )
+
+
+def _topic_and_day(context: AssetExecutionContext) -> tuple[TopicName, dt.date]:
+    """The (topic, UTC day) of a ``topic_days_partitions`` run."""
+    key = context.partition_key
+    if not isinstance(key, MultiPartitionKey):
+        key = topic_days_partitions.get_partition_key_from_str(key)
+    dimensions = key.keys_by_dimension
+    return TopicName.from_partition_key(dimensions["topic"]), dt.date.fromisoformat(dimensions["day"])
+
+
+@asset(
+    partitions_def=topic_days_partitions,
+    group_name=TIERING_GROUP,
+    deps=[iceberg_table],
+    kinds={"spark", "iceberg"},
+    retry_policy=TIERING_RETRY_POLICY,
+    description=(
+        "The topic's table after the schema rewrite declared in its table property "
+        "danube.rewrite (a type change, a field split, a new partition spec) was applied to the "
+        "day's data files: one verified replace snapshot per table partition, summary "
+        "danube.rewrite-version. Backfill a range of days to rewrite them; re-running is a no-op."
+    ),
+)
+def schema_rewrite(
+    context: AssetExecutionContext,
+    etcd: EtcdResource,
+    iceberg_catalog: IcebergCatalogResource,
+    spark: SparkResource,
+) -> MaterializeResult:
+    """:func:`danube_pipeline.rewrite.rewrite_table` on the topic's table for the partition's
+    day. Spark starts only when the table declares a rewrite.
+
+    The partitions ``{topic}-part-{i}`` of a partitioned topic share one table: partition 0's
+    runs rewrite it, the others' skip (as ``compacted_table`` does).
+
+    Raises:
+        Failure: the rewrite failed (its message says why); retried by the op's retry policy
+            only for a conflict with a concurrent commit (``RewriteConflictError``).
+    """
+    topic, day = _topic_and_day(context)
+
+    async def partition() -> PartitionOf | None:
+        async with await etcd.connect() as store:
+            return await partition_of(store, topic)
+
+    part = asyncio.run(partition())
+    if part is not None:
+        topic = part.parent
+    ident = iceberg.table_identifier(topic)
+    table_name = ".".join(ident)
+    base = {"table": f"{iceberg_catalog.catalog_name()}.{table_name}", "day": day.isoformat()}
+    if part is not None and part.index != 0:
+        context.log.info(f"{table_name} is rewritten by the runs of partition 0")
+        return MaterializeResult(metadata={**base, "skipped": "rewritten by partition 0's runs"})
+    catalog = iceberg_catalog.load()
+    if not catalog.table_exists(ident):
+        context.log.info(f"{table_name} does not exist yet; nothing to rewrite")
+        return MaterializeResult(metadata={**base, "skipped": "table does not exist"})
+    if read_rewrite_spec(catalog.load_table(ident)) is None:
+        context.log.info(f"{table_name} declares no rewrite (table property danube.rewrite)")
+        return MaterializeResult(metadata={**base, "skipped": "no rewrite declared"})
+    try:
+        with spark.session() as session:
+            report = rewrite_table(session, catalog, topic, catalog_name=spark.resolved_catalog_name(), day=day)
+    except RewriteError as e:
+        # a bad spec or a failed verification fails the same way on a retry: only a conflict
+        # with a concurrent commit (RewriteConflictError, retriable) is worth the op retries
+        raise Failure(
+            description=str(e), metadata={**base, "error": type(e).__name__}, allow_retries=e.retriable
+        ) from e
+    context.log.info(_rewrite_summary(report))
+    return MaterializeResult(metadata={**base, **_rewrite_metadata(report)})
+
+
+def _rewrite_summary(report: RewriteReport) -> str:
+    if report.already_finalized:
+        return f"{report.table}: rewrite version {report.version} already finished; nothing to do"
+    return (
+        f"{report.table} {report.day}: rewrite version {report.version}: {len(report.rewritten)} partitions "
+        f"rewritten ({sum(u.files_before for u in report.rewritten)} → "
+        f"{sum(u.files_after for u in report.rewritten)} data files, "
+        f"{sum(u.rows for u in report.rewritten)} rows), {len(report.skipped)} already done; "
+        f"{report.remaining_files} files left in the table"
+        + ("; staged" if report.staged else "")
+        + ("; finalized" if report.finalized else "")
+    )
+
+
+def _rewrite_metadata(report: RewriteReport) -> dict[str, Any]:
+    """The ``schema_rewrite`` materialization's metadata (unknown values left out)."""
+    rewritten = report.rewritten
+    return _known(
+        {
+            "version": report.version,
+            "already_finalized": report.already_finalized or None,
+            "staged": report.staged,
+            "finalized": report.finalized,
+            "retired_columns": MetadataValue.json(dict(report.retired)) if report.retired else None,
+            "partitions_rewritten": len(rewritten),
+            "partitions_skipped": len(report.skipped),
+            "rows": MetadataValue.int(sum(u.rows for u in rewritten)),
+            "rows_converted": MetadataValue.int(sum(u.rows_converted for u in rewritten)),
+            "data_files_before": sum(u.files_before for u in rewritten),
+            "data_files_after": sum(u.files_after for u in rewritten),
+            "table_data_files_before": report.table_data_files_before if not report.already_finalized else None,
+            "table_data_files_after": report.table_data_files_after if not report.already_finalized else None,
+            "remaining_files": report.remaining_files if not report.already_finalized else None,
+            "snapshot_before": MetadataValue.text(str(report.snapshot_before)) if report.snapshot_before else None,
+            "snapshot_after": MetadataValue.text(str(report.snapshot_after)) if report.snapshot_after else None,
+            "snapshot_ids": MetadataValue.json([str(s) for s in report.snapshot_ids]),
+            "partitions": MetadataValue.json(
+                [
+                    {
+                        "partition": u.partition,
+                        "status": u.status,
+                        "files_before": u.files_before,
+                        "files_after": u.files_after,
+                        "rows": u.rows,
+                        "rows_converted": u.rows_converted,
+                        **({"snapshot_id": str(u.snapshot_id)} if u.snapshot_id is not None else {}),
+                    }
+                    for u in report.units
+                ]
+            ),
+            # checksums as text: they are exact sums of 64-bit hashes and exceed 2**63
+            "checksums": MetadataValue.json(
+                {u.partition: {"before": str(u.checksum_before), "after": str(u.checksum_after)} for u in rewritten}
+            ),
+        }
     )

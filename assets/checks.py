@@ -18,8 +18,10 @@ says what disagrees:
       descriptors cover from the table's first offset on (``end_offset - start_offset + 1``
       each, the first one cut at the table's first offset: retention deletes the table's
       oldest rows before it deletes a descriptor, and keeps a descriptor until all its records
-      expired).
-    * ``no_duplicate_offsets``: no ``_offset`` is held by two rows.
+      expired), less the records from that offset on that went to the dead-letter table
+      ``{topic}__dlq`` (:mod:`danube_pipeline.iceberg.dead_letter`).
+    * ``no_duplicate_offsets``: no ``_offset`` is held by two rows of the table and its
+      dead-letter table together.
 
 For a partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1) the
 ``iceberg_table`` checks look at the partition's rows (``_partition = i``) of the partitioned
@@ -211,8 +213,9 @@ def row_count_matches_descriptors(
     Retention (:mod:`danube_pipeline.retention`) deletes the table's rows below its retained
     start first and a descriptor only once all its records expired, so the table may start
     inside the first descriptor. Where it starts is the smallest ``_offset`` it holds; a table
-    whose rows all expired starts after its committed end offset. Rows missing or doubled
-    above that start make the counts differ.
+    whose rows all expired starts after its committed end offset. Records of the dead-letter
+    table from that start on count as rows (their offsets are committed without a row in the
+    table). Rows missing or doubled above that start make the counts differ.
     """
     topic = _topic(context)
     done = _completed(etcd, topic)
@@ -226,18 +229,27 @@ def row_count_matches_descriptors(
         committed = iceberg.committed_end_offset(table, partition=partition)
         start = committed + 1 if committed is not None else None
     descriptor_records = descriptor_record_count(done, from_offset=start)
+    dead_letters = iceberg.dead_letter_table_of(table) if table is not None else None
+    dead_letter_rows = (
+        len(iceberg.dead_letter_offsets(dead_letters, partition=partition, start_offset=start))
+        if dead_letters is not None
+        else 0
+    )
+    committed_rows = table_rows + dead_letter_rows
     return AssetCheckResult(
-        passed=table_rows == descriptor_records,
+        passed=committed_rows == descriptor_records,
         metadata={
             "table_rows": MetadataValue.int(table_rows),
+            "dead_letter_rows": MetadataValue.int(dead_letter_rows),
             "descriptor_records": MetadataValue.int(descriptor_records),
-            "difference_rows": MetadataValue.int(table_rows - descriptor_records),
+            "difference_rows": MetadataValue.int(committed_rows - descriptor_records),
             "completed_descriptors": len(done),
             **({"table_first_offset": start} if start is not None else {}),
         },
         description=None
-        if table_rows == descriptor_records
-        else f"table has {table_rows} rows, descriptors cover {descriptor_records} records",
+        if committed_rows == descriptor_records
+        else f"table has {table_rows} rows and {dead_letter_rows} dead letters, "
+        f"descriptors cover {descriptor_records} records",
     )
 
 
@@ -245,11 +257,15 @@ def row_count_matches_descriptors(
 def no_duplicate_offsets(
     context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
 ) -> AssetCheckResult:
-    """No ``_offset`` is held by more than one row of the table (of the partition's rows, for a
-    partition of a partitioned topic)."""
+    """No ``_offset`` is held by more than one row of the table and its dead-letter table (of
+    the partition's rows, for a partition of a partitioned topic)."""
     topic = _topic(context)
     table, partition = _table(etcd, iceberg_catalog, topic)
-    duplicated = iceberg.duplicate_offsets(table, partition=partition) if table is not None else {}
+    duplicated = (
+        iceberg.duplicate_offsets(table, partition=partition, dead_letters=iceberg.dead_letter_table_of(table))
+        if table is not None
+        else {}
+    )
     extra_rows = sum(count - 1 for count in duplicated.values())
     table_rows = iceberg.snapshot_row_count(table) if table is not None else 0
     return AssetCheckResult(

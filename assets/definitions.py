@@ -4,6 +4,7 @@ Run ``dg dev -m assets.definitions`` for the UI plus the daemon (``make dev`` do
 environment below set), or materialize from the command line::
 
     dg launch -m assets.definitions --assets segment_objects,iceberg_table --partition default.flights
+    dg launch -m assets.definitions --assets schema_rewrite --partition '2026-11-20|default.flights'
 
 with ``DAGSTER_HOME=$PWD/dagster_home`` and ``DANUBE_DAGSTER_STORAGE`` set (``dagster_home/README.md``).
 
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource, Definitions, EnvVar
 
-from assets.assets import compacted_table, iceberg_table, retention, segment_objects
+from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
 from assets.checks import tiering_checks
-from assets.jobs import compaction_job, retention_job, tiering_job
+from assets.jobs import compaction_job, retention_job, schema_rewrite_job, tiering_job
 from assets.resources import (
     BrokerResource,
     EtcdResource,
@@ -52,9 +53,9 @@ def default_resources() -> dict[str, ConfigurableResource]:
 
 
 defs = Definitions(
-    assets=[segment_objects, iceberg_table, compacted_table, retention],
+    assets=[segment_objects, iceberg_table, compacted_table, retention, schema_rewrite],
     asset_checks=tiering_checks,
-    jobs=[tiering_job, compaction_job, retention_job],
+    jobs=[tiering_job, compaction_job, retention_job, schema_rewrite_job],
     schedules=[compaction_schedule, retention_schedule],
     sensors=[topic_partitions_sensor, sealed_segments_sensor],
     resources=default_resources(),

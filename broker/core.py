@@ -39,7 +39,6 @@ from typing import Any
 from danube_pipeline.errors import (
     BrokerUnavailableError,
     ConsumerNotFoundError,
-    InvalidSchemaError,
     MetadataStoreError,
     NotServedHereError,
     OffsetRangeError,
@@ -55,7 +54,7 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.objectstore import ObjectStore
 from danube_pipeline.records import SEGMENT_HEADER_SIZE
 from danube_pipeline.outages import OutageLog
-from danube_pipeline.schema_registry import SchemaRegistry, parse_avro
+from danube_pipeline.schema_registry import SchemaRegistry
 
 from broker.config import BrokerConfig
 from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
@@ -65,6 +64,7 @@ from broker.idempotency import RecentRequests
 from broker.producer import Producer
 from broker.remote import ObjectCache, RemoteLog
 from broker.retention import LocalRetention, RetentionLimits, RetentionOutcome
+from broker.schema_policy import check_producer_schema
 from broker.storage import DiskMonitor
 from broker.tasks import BackgroundWrites, spawn
 from broker.topic import Topic
@@ -1024,6 +1024,11 @@ class Broker:
     ) -> Producer:
         """Register a producer on a topic, creating the topic if needed (§3.3).
 
+        The topic's schema settings apply first (:mod:`broker.schema_policy`, §3.7): a producer
+        with a schema records the topic's subject (if it has none yet) and the topic in the
+        subject's ``topics_using`` (§4.2); one without a schema is refused on a topic with a
+        subject unless raw messages are allowed.
+
         Args:
             topic_path: ``/{namespace}/{topic}``.
             producer_name: the producer's name.
@@ -1034,7 +1039,9 @@ class Broker:
 
         Raises:
             InvalidNameError: a name is malformed.
-            SchemaNotFoundError, InvalidSchemaError: the schema is unknown or not Avro.
+            SchemaNotFoundError, InvalidSchemaError: the schema is unknown, or its stored text
+                does not parse.
+            SchemaRequiredError: no schema, on a topic with a subject that refuses raw messages.
             NotServedHereError: another broker owns the topic.
             MetadataStoreError: etcd unreachable. The producer key may still be written by
                 etcd later; reconciliation then marks it closed, and it expires.
@@ -1044,10 +1051,9 @@ class Broker:
         schema = parsed = None
         if schema_id:
             schema = await self.registry.get_by_id(schema_id, version=schema_version or None)
-            if schema.schema_type != "Avro":
-                raise InvalidSchemaError(schema.subject, f"unsupported schema type {schema.schema_type}")
-            parsed = parse_avro(schema.subject, schema.raw_schema)
+            parsed = await self.registry.parse(schema)
         topic = await self.topic_for(name, create=True, delivery=delivery)
+        await check_producer_schema(self, name, schema)
         producer = Producer(
             id=_new_id(self.producers.keys()),
             name=producer_name,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from danube_pipeline.batches import BatchHeader
 from danube_pipeline.errors import MalformedRequestError
 from danube_pipeline.metadata import values
+from danube_pipeline.schema_formats import ParsedSchema
 from danube_pipeline.schema_registry import RegisteredSchema
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ class Producer:
         access_mode: 0 = shared.
         topic: the topic it publishes to.
         schema: the registered writer schema, if the producer declared one.
-        parsed_schema: fastavro's parsed form of ``schema``.
+        parsed_schema: the parsed ``schema``, which validates each payload
+            (:class:`~danube_pipeline.schema_formats.ParsedSchema`).
         sent_messages: messages accepted from it.
         closed: set once it is closed (by the client, or its topic unloaded).
     """
@@ -34,7 +36,7 @@ class Producer:
     access_mode: int
     topic: Topic
     schema: RegisteredSchema | None = None
-    parsed_schema: Any = None
+    parsed_schema: ParsedSchema | None = None
     sent_messages: int = field(default=0)
     closed: bool = field(default=False)
 

@@ -172,7 +172,7 @@ class BrokerServer:
             self.broker_id,
             store=store,
             cache=cache,
-            registry=SchemaRegistry(store),
+            registry=SchemaRegistry(store, cache=cache),
             on_topics_changed=lambda: membership.topics_changed() if membership else None,
             on_storage_full=self._storage_changed,
         )

@@ -39,6 +39,7 @@ from broker.core import Broker
 from broker.idempotency import RecentRequests
 from broker.partitions import create_partitioned_topic, refuse_partitioned, topic_partitions
 from broker.producer import Producer
+from broker.schema_policy import set_topic_schema_policy
 from broker.status import rpc
 from broker.tasks import spawn
 from broker.topic import Topic
@@ -537,6 +538,25 @@ class AdminServicer(pb_grpc.AdminServicer):
         skipped = await self._broker.abandon_unavailable_range(name, request.start_offset)
         return pb.AbandonUnavailableRangeResponse(skipped=skipped)
 
+    @rpc
+    async def SetTopicSchemaPolicy(
+        self, request: pb.SetTopicSchemaPolicyRequest, context: Any
+    ) -> pb.SetTopicSchemaPolicyResponse:
+        written = await set_topic_schema_policy(
+            self._broker, TopicName.parse(request.topic), allow_raw=request.allow_raw
+        )
+        return pb.SetTopicSchemaPolicyResponse(
+            policies=[
+                pb.TopicSchemaPolicy(topic=path, subject=policy.subject, allow_raw=policy.allow_raw)
+                for path, policy in written
+            ]
+        )
+
+
+_SCHEMA_TYPES = {pb.AVRO: "Avro", pb.JSON_SCHEMA: "JsonSchema", pb.PROTOBUF: "Protobuf"}
+"""``SchemaType`` numbers and the registry's type names (``docs/etcd-layout.md`` §4.3 ``schema_def``)."""
+_SCHEMA_TYPE_NUMBERS = {name: number for number, name in _SCHEMA_TYPES.items()}
+
 
 class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):
     """``danube.v1.SchemaRegistry`` over :class:`danube_pipeline.schema_registry.SchemaRegistry`."""
@@ -546,10 +566,15 @@ class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):
 
     @rpc
     async def RegisterSchema(self, request: pb.RegisterSchemaRequest, context: Any) -> pb.RegisterSchemaResponse:
-        if request.schema_type != pb.AVRO:
+        schema_type = _SCHEMA_TYPES.get(request.schema_type)
+        if schema_type is None:
             raise MalformedRequestError(f"unsupported schema type {request.schema_type}")
-        registered = await self._registry.register_avro(
-            request.subject, request.raw_schema, created_by=request.created_by or "danube-client"
+        registered = await self._registry.register(
+            request.subject,
+            schema_type,
+            request.raw_schema,
+            created_by=request.created_by or "danube-client",
+            compatibility_mode=request.compatibility_mode or None,
         )
         return pb.RegisterSchemaResponse(
             schema_id=registered.schema_id, version=registered.version, fingerprint=registered.fingerprint
@@ -562,10 +587,17 @@ class SchemaRegistryServicer(pb_grpc.SchemaRegistryServicer):
             subject=registered.subject,
             schema_id=registered.schema_id,
             version=registered.version,
-            schema_type=pb.AVRO,
+            schema_type=_SCHEMA_TYPE_NUMBERS.get(registered.schema_type, pb.AVRO),
             raw_schema=registered.raw_schema,
             fingerprint=registered.fingerprint,
         )
+
+    @rpc
+    async def SetCompatibilityMode(
+        self, request: pb.SetCompatibilityModeRequest, context: Any
+    ) -> pb.SetCompatibilityModeResponse:
+        mode = await self._registry.set_compatibility_mode(request.subject, request.compatibility_mode)
+        return pb.SetCompatibilityModeResponse(compatibility_mode=mode)
 
 
 __all__ = [

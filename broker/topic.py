@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import io
 import logging
 import time
 from collections.abc import Awaitable, Callable
-
-import fastavro
 
 from danube_pipeline.batches import BatchHeader, batch_payloads, validate_batch
 from danube_pipeline.errors import SchemaMismatchError, SubscriptionNotFoundError
@@ -138,27 +135,23 @@ class Topic:
             MalformedRequestError: the batch is truncated, oversized, fails its CRC, breaks
                 the record framing, or names another producer or schema.
             MessageTooLargeError: a payload exceeds the namespace's ``max_message_size``.
-            SchemaMismatchError: a payload does not decode with the producer's Avro schema
-                (or leaves bytes over).
+            SchemaMismatchError: a payload is not a value of the producer's schema
+                (:meth:`~danube_pipeline.schema_formats.ParsedSchema.validate`: Avro that does
+                not decode or leaves bytes over, JSON that is not UTF-8 JSON or fails the JSON
+                Schema, Protobuf that does not parse or has unknown fields).
         """
         header = validate_batch(
             batch, max_message_size_bytes=self.max_message_size_bytes(), max_batch_bytes=self.max_batch_bytes
         )
         producer.check_batch_identity(header)
-        if producer.schema is not None:
-            schema = producer.schema
+        schema, parsed = producer.schema, producer.parsed_schema
+        if schema is not None and parsed is not None:
+            validate = parsed.validate  # Avro: fastavro.schemaless_reader, and no byte left
             for i, payload in enumerate(batch_payloads(batch, header)):
-                buf = io.BytesIO(payload)
                 try:
-                    fastavro.schemaless_reader(buf, producer.parsed_schema, None)
-                except Exception as exc:  # noqa: BLE001 - fastavro raises many types
-                    raise SchemaMismatchError(
-                        schema.subject, schema.schema_id, f"message {i}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                if buf.tell() != len(payload):
-                    raise SchemaMismatchError(
-                        schema.subject, schema.schema_id, f"message {i}: {len(payload) - buf.tell()} bytes left after decoding"
-                    )
+                    validate(payload)
+                except ValueError as exc:
+                    raise SchemaMismatchError(schema.subject, schema.schema_id, f"message {i}: {exc}") from exc
         return header
 
     def publish(self, producer: Producer, batch: bytes) -> asyncio.Future[tuple[int, int]]:

@@ -20,7 +20,9 @@ Deleting a topic removes, in this order:
    ``/danube-data/storage/topics/{ns}/{topic}/`` (descriptors, ``objects/cur``, sealed state,
    reservation, unavailable ranges: §5), then, in one transaction, the root (§3.1), the
    namespace registration (§2.2), the assignment (§1.4) and any unassigned entry (§1.5);
-   a last pass deletes keys written under the two prefixes meanwhile.
+   a last pass deletes keys written under the two prefixes meanwhile;
+5. the topic from its schema subject's ``topics_using`` (§4.2; the subject named by its §3.7
+   key), best effort: a failure is logged, the topic is deleted all the same.
 
 The topic root goes last, so a deletion that fails half-way (etcd or object storage down) leaves
 a topic that still exists: deleting it again finishes the work. Once the root is gone the name
@@ -65,6 +67,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.core import Broker
 from broker.partitions import refuse_partitioned, topic_partitions
+from broker.schema_policy import topic_schema
 from broker.topic import Topic
 
 __all__ = ["delete_topic", "reset_cursor", "resolve_position"]
@@ -179,7 +182,13 @@ async def _delete_served(broker: Broker, topic: Topic, *, force: bool) -> None:
         log.info("topic %s: deleting (%d producers and %d consumers closed)", path, producers, consumers)
         await _delete_files(broker, name)
         objects = await _delete_objects(broker, name)
+        settings = topic_schema(broker, name)
         removed = await _delete_keys(broker, name)
+        if settings is not None and settings.subject:
+            try:
+                await broker.registry.remove_topic(settings.subject, path)
+            except DanubeError as exc:
+                log.warning("topic %s: not taken out of subject %s's topics_using: %s", path, settings.subject, exc)
     log.info("topic %s deleted: WAL, %d objects and %d etcd keys", path, objects, removed)
 
 

@@ -79,6 +79,12 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     is deleted partition by partition (``deleted`` lists the partitions). No confirmation is
     asked. Refused (exit 1) while producers or consumers are connected, unless ``--force``
     (they are closed). The Iceberg table is kept.
+``topics set-schema-policy /NS/TOPIC (--allow-raw | --no-allow-raw)``
+    ``{"topic": str, "policies": [{"topic": str, "subject": str, "allow_raw": bool}]}``: whether
+    producers without a schema may publish to the topic once it has a schema subject
+    (``Admin.SetTopicSchemaPolicy`` on any broker, §3.7); a partitioned topic's partitions are
+    each written (``policies`` lists them). ``subject`` is empty until a producer with a schema
+    was created on the topic.
 ``subscriptions list /NS/TOPIC``
     ``{"topic": str, "owner_answered": bool, "subscriptions": [{"name": str, "type": str |
     null, "active_consumer_id": int | null, "consumer_name": str | null, "stored_cursor": int |
@@ -950,6 +956,39 @@ def topics_delete(cfg: Config, topic: TopicName, force: bool) -> None:
         lambda d: f"deleted {d['topic']}"
         if d["deleted"] == [d["topic"]]
         else f"deleted partitioned topic {d['topic']}" + "".join(f"\ndeleted {p}" for p in d["deleted"]),
+    )
+
+
+async def _topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> Json:
+    async with _client(cfg) as client:
+        policies = await client.admin.set_topic_schema_policy(topic.path, allow_raw=allow_raw)
+    return {
+        "topic": topic.path,
+        "policies": [{"topic": p.topic, "subject": p.subject, "allow_raw": p.allow_raw} for p in policies],
+    }
+
+
+@topics.command("set-schema-policy")
+@click.argument("topic", callback=_parse_topic)
+@click.option(
+    "--allow-raw/--no-allow-raw",
+    required=True,
+    help="Accept (or refuse) producers without a schema on a topic that has a schema subject.",
+)
+@click.pass_obj
+def topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> None:
+    """Set whether producers without a schema may publish to TOPIC once it has a schema
+    subject (§3.7). Their messages carry schema id 0 and are kept raw, never decoded with the
+    topic's schema. A partitioned topic is set on every partition."""
+    doc = _run(_topics_set_schema_policy(cfg, topic, allow_raw))
+    _emit(
+        cfg,
+        doc,
+        lambda d: "\n".join(
+            f"{p['topic']}: raw messages {'allowed' if p['allow_raw'] else 'refused'}"
+            + (f" (schema subject {p['subject']})" if p["subject"] else " (no schema subject yet)")
+            for p in d["policies"]
+        ),
     )
 
 

@@ -5,7 +5,8 @@ Spark's Iceberg ``JdbcCatalog`` reads and commits to the same SQL catalog databa
 pyiceberg's ``SqlCatalog``; ``docs/architecture.md`` explains the SQLite settings both
 sides need. pyiceberg cannot compact; :func:`compact_table` runs Iceberg's
 ``rewrite_data_files`` procedure. :func:`delete_rows_below`, :func:`expire_snapshots` and
-:func:`remove_orphan_files` are the Spark side of :mod:`danube_pipeline.retention`.
+:func:`remove_orphan_files` are the Spark side of :mod:`danube_pipeline.retention`;
+:func:`load_java_table` and :func:`row_checksum` serve :mod:`danube_pipeline.rewrite`.
 
 None of these touch table properties, so the committed end offset that
 :func:`danube_pipeline.iceberg.append_records` keeps in the property
@@ -34,19 +35,25 @@ from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
     "CompactionResult",
+    "RowChecksum",
     "SparkSetupError",
     "build_spark_session",
+    "checksum_of",
     "compact_table",
     "delete_rows_below",
     "expire_snapshots",
     "iceberg_spark_runtime_jar",
     "jdbc_uri",
+    "load_java_table",
     "remove_orphan_files",
+    "row_checksum",
+    "row_hash",
     "spark_conf",
+    "spark_table_name",
     "sqlite_jdbc_jar",
 ]
 
@@ -440,3 +447,110 @@ def remove_orphan_files(
         f"older_than => {_timestamp_literal(older_than_ms)})"
     ).collect()
     return [str(r["orphan_file_location"]) for r in rows]
+
+
+def spark_table_name(topic: TopicName, catalog_name: str | None = None) -> str:
+    """The topic table's multi-part name for Spark: ``danube.default.flights``, each of the
+    three parts in back quotes.
+
+    Args:
+        topic: the topic whose table it is.
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+
+    Returns:
+        The name, usable in SQL, in ``spark.table`` and in ``DataFrameReader.load``.
+    """
+    return _table_ref(topic, catalog_name)[1]
+
+
+def load_java_table(spark: SparkSession, name: str) -> Any:
+    """The Iceberg Java ``Table`` behind a Spark catalog table (``Spark3Util.loadIcebergTable``),
+    for the Iceberg API calls Spark SQL has no statement for (``newRewrite``, ``planFiles``).
+
+    Each call loads the table's current metadata from the catalog (the session's catalog
+    cache is off: :func:`spark_conf`).
+
+    Args:
+        spark: a session from :func:`build_spark_session`.
+        name: ``catalog.ns.table`` (parts may be back-quoted), e.g. :func:`spark_table_name`.
+
+    Returns:
+        A Py4J proxy of ``org.apache.iceberg.Table``.
+
+    Raises:
+        Py4JJavaError: the table does not exist (``NoSuchTableException``) or is not Iceberg.
+    """
+    jvm: Any = getattr(spark, "_jvm")  # noqa: B009 - Py4J's view of the JVM, untyped
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChecksum:
+    """An order-free fingerprint of a set of rows (:func:`row_checksum`).
+
+    Attributes:
+        rows: the number of rows.
+        checksum: the exact sum (no overflow: summed as ``DECIMAL(38,0)``) of each row's
+            64-bit ``xxhash64``; 0 for no rows.
+    """
+
+    rows: int
+    checksum: int
+
+
+def row_hash(df: DataFrame, columns: tuple[str, ...] | list[str]) -> Column:
+    """A 64-bit hash of each row's ``columns`` (a Spark column expression over ``df``).
+
+    ``xxhash64(isnull(c1), c1, isnull(c2), c2, …)`` (Spark's xxHash64, seed 42): the null flags
+    keep ``(null, 1)`` and ``(1, null)`` apart (``xxhash64`` skips nulls); maps, arrays and
+    structs are hashed as their ``to_json`` text, since Spark does not hash maps. No columns
+    hash to 0.
+
+    Args:
+        df: the DataFrame whose columns are hashed.
+        columns: the column names.
+
+    Returns:
+        A ``LongType`` column.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    kinds = {f.name: f.dataType for f in df.schema.fields}
+    args = []
+    for name in columns:
+        column = F.col(f"`{name}`")
+        value = F.to_json(column) if isinstance(kinds.get(name), T.MapType | T.ArrayType | T.StructType) else column
+        args += [F.isnull(column), value]
+    return F.xxhash64(*args) if args else F.lit(0).cast("long")
+
+
+def checksum_of(row_hashes: Column) -> Column:
+    """The order-free aggregate of :func:`row_hash` values: their exact sum, as
+    ``DECIMAL(38,0)`` (no overflow below 10**19 rows), 0 for no rows."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.sum(row_hashes.cast("decimal(38,0)")), F.lit(0).cast("decimal(38,0)"))
+
+
+def row_checksum(df: DataFrame, columns: tuple[str, ...] | list[str]) -> RowChecksum:
+    """Row count and an order-free checksum of ``columns``, computed in Spark (one job).
+
+    Each row hashes with :func:`row_hash`; the hashes are summed exactly
+    (:func:`checksum_of`). Equal multisets of rows give equal results whatever their order or
+    file layout.
+
+    Args:
+        df: the rows.
+        columns: the columns to fingerprint, by name; an empty list counts rows only.
+
+    Returns:
+        A :class:`RowChecksum`.
+
+    Raises:
+        pyspark.errors.AnalysisException: a column does not exist.
+    """
+    from pyspark.sql import functions as F
+
+    row = df.agg(F.count(F.lit(1)).alias("rows"), checksum_of(row_hash(df, columns)).alias("checksum")).collect()[0]
+    return RowChecksum(int(row["rows"]), int(row["checksum"]))

@@ -5,7 +5,9 @@
 * :func:`commit_objects_to_table`: segment objects → one Iceberg snapshot per object, exactly
   once: each snapshot's summary records the last offset it holds, and a commit succeeds only if
   the table's current snapshot is still the one the writer read (the catalog's atomic swap of
-  the metadata pointer; Iceberg spec, "Optimistic Concurrency").
+  the metadata pointer; Iceberg spec, "Optimistic Concurrency"). The table evolves in place
+  with the topic's schema versions, and records that cannot be rows go to its dead-letter
+  table (:mod:`danube_pipeline.iceberg.commit`).
 * :func:`descriptor_gaps`, :func:`descriptor_record_count`, :func:`object_mismatches`: what
   the asset checks compare (descriptors against each other, the object store and the table).
 
@@ -14,18 +16,27 @@ They meet the broker only through its gRPC admin API and never read its disk.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import importlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyiceberg.catalog import Catalog
 
 from danube_pipeline import iceberg
-from danube_pipeline.errors import CorruptRecordError, OffsetRangeError, TopicNotFoundError
+from danube_pipeline.errors import (
+    CorruptRecordError,
+    InvalidSchemaError,
+    OffsetRangeError,
+    SchemaNotFoundError,
+    TopicNotFoundError,
+)
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import blocking_range, passable, read_descriptors, read_unavailable_ranges
 from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor, UnavailableRange
@@ -377,6 +388,9 @@ class TableReport:
         data_files: live data files afterwards.
         snapshots: ids of the snapshots this call created, in order.
         schema_ids: registry schema ids of the records appended.
+        dead_letter_table: ``ns.topic__dlq`` when this call dead-lettered records, else ``None``.
+        dead_letter_records: records this call added to the dead-letter table.
+        schema_changes: the in-place changes this call made to the table's schema, as text.
     """
 
     table: str
@@ -390,6 +404,9 @@ class TableReport:
     data_files: int = 0
     snapshots: list[int] = field(default_factory=list)
     schema_ids: list[int] = field(default_factory=list)
+    dead_letter_table: str | None = None
+    dead_letter_records: int = 0
+    schema_changes: list[str] = field(default_factory=list)
 
 
 def _schema_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
@@ -402,9 +419,10 @@ def _schema_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
 async def _schemas_for(
     records: Sequence[Record], registry: SchemaLookup
 ) -> tuple[dict[str, Any] | None, dict[tuple[int, int], dict[str, Any]]]:
-    """The table's Avro schema (the latest version widened with fields older writers still
-    carry, :func:`~danube_pipeline.iceberg.widen_avro_schema`) and each
-    ``(schema_id, version)``'s writer schema."""
+    """Avro only: the latest version widened with fields older writers still carry
+    (:func:`~danube_pipeline.iceberg.widen_avro_schema`) and each ``(schema_id, version)``'s
+    writer schema, for :func:`~danube_pipeline.iceberg.append_records`. Tiering itself resolves
+    writers of every format with :func:`_writers_for` instead."""
     pairs = sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0})
     if not pairs:
         return None, {}
@@ -419,6 +437,78 @@ async def _schemas_for(
     return table_schema, writers
 
 
+SchemaParser = Callable[..., Any]
+"""``parse(schema_type, raw_schema, *, subject) -> parsed`` with the attributes
+:func:`~danube_pipeline.iceberg.writer_for_parsed` reads (``schema_type``, ``avro``,
+``json_schema``, ``message_descriptor``): ``danube_pipeline.schema_formats.parse_schema``."""
+
+
+def default_schema_parser() -> SchemaParser:
+    """The registry's ``danube_pipeline.schema_formats.parse_schema``; where that module is
+    missing, a parser of Avro and JSON Schema texts (``json.loads``) that refuses Protobuf."""
+    try:
+        module = importlib.import_module("danube_pipeline.schema_formats")
+    except ImportError:
+        return _json_parser
+    parser: SchemaParser = module.parse_schema
+    return parser
+
+
+def _json_parser(schema_type: str, raw_schema: str, *, subject: str) -> Any:
+    if schema_type not in (iceberg.writer.AVRO, iceberg.writer.JSON_SCHEMA):
+        raise InvalidSchemaError(subject, f"no parser for {schema_type} schemas here")
+    loaded = json.loads(raw_schema) if raw_schema.strip()[:1] in ("{", "[", '"') else raw_schema
+    return SimpleNamespace(schema_type=schema_type, avro=loaded, json_schema=loaded)
+
+
+_PARSE_ERRORS = (InvalidSchemaError, ValueError, TypeError, KeyError, AttributeError)
+"""What a schema that cannot be parsed or mapped raises: its records are dead-lettered."""
+
+
+async def _writer_for(
+    key: tuple[int, int], registry: SchemaLookup, parse: SchemaParser
+) -> iceberg.RegisteredWriter:
+    """What the registry has for ``(schema_id, version)``, parsed (version 0: the latest)."""
+    schema_id, version = key
+    try:
+        registered = await registry.get_by_id(schema_id, version=version or None)
+    except SchemaNotFoundError as exc:
+        return iceberg.RegisteredWriter(
+            schema_id, version,
+            error=f"{iceberg.DeadLetterReason.UNKNOWN_SCHEMA}: schema id {schema_id} version {version} "
+            f"is not in the registry ({exc})",
+        )
+    schema_type = getattr(registered, "schema_type", iceberg.writer.AVRO)
+    subject = getattr(registered, "subject", None)
+    try:
+        parsed = await asyncio.to_thread(parse, schema_type, registered.raw_schema, subject=subject or "?")
+        writer = iceberg.writer_for_parsed(parsed)
+    except _PARSE_ERRORS as exc:
+        return iceberg.RegisteredWriter(
+            schema_id, version, subject, schema_type,
+            error=f"{iceberg.DeadLetterReason.UNREADABLE_SCHEMA}: schema id {schema_id} version {version} "
+            f"({schema_type}): {exc}",
+        )
+    return iceberg.RegisteredWriter(schema_id, version, subject, schema_type, writer)
+
+
+async def _writers_for(
+    records: Sequence[Record],
+    registry: SchemaLookup,
+    parse: SchemaParser,
+    cache: dict[tuple[int, int], iceberg.RegisteredWriter],
+) -> dict[tuple[int, int], iceberg.RegisteredWriter]:
+    """The :class:`~danube_pipeline.iceberg.RegisteredWriter` of each ``(schema_id,
+    schema_version)`` of ``records`` that has a schema, asking the registry once per pair
+    (``cache``). An id the registry lacks is not an error: its records are dead-lettered."""
+    out: dict[tuple[int, int], iceberg.RegisteredWriter] = {}
+    for key in sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0}):
+        if key not in cache:
+            cache[key] = await _writer_for(key, registry, parse)
+        out[key] = cache[key]
+    return out
+
+
 async def commit_objects_to_table(
     topic: TopicName,
     *,
@@ -426,17 +516,25 @@ async def commit_objects_to_table(
     objects: ObjectStore,
     catalog: Catalog,
     registry: SchemaLookup,
+    parse_schema: SchemaParser | None = None,
 ) -> TableReport:
     """Append every completed segment object not yet in the topic's table, one snapshot each.
 
     Objects whose end offset is at or below the table's committed end offset are not even
     read. Each object is checked against its descriptor (size, MD5 etag, offsets), decoded,
-    and appended with :func:`danube_pipeline.iceberg.append_records`, which is told the first
+    and committed with :func:`danube_pipeline.iceberg.commit_object`, which is told the first
     completed descriptor's start offset: when retention deleted the descriptors right above
     the table's committed end offset before their objects reached the table (they had
-    expired), the table resumes at the first descriptor left instead of reporting a gap. The table is created
-    from the first object's schema (the registry's latest version of the schema id its records
-    carry; ``_payload`` when they carry none).
+    expired), the table resumes at the first descriptor left instead of reporting a gap.
+
+    Per object (:mod:`danube_pipeline.iceberg.commit`): the table is created from the first
+    writer schema of its records (``_payload`` when none has a schema), evolved in place for
+    newer versions (:mod:`danube_pipeline.iceberg.evolution`), and every record decoded with
+    the schema it was written with, in any of the registry's formats. A record that cannot be a
+    row (unknown schema id, corrupt payload, a value that does not fit, no schema on a table
+    with one, a version that needs ``schema_rewrite``) goes to the dead-letter table
+    ``{topic}__dlq`` (:mod:`danube_pipeline.iceberg.dead_letter`) and its offset is committed
+    all the same: bad data never stops tiering.
 
     A partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1,
     :func:`danube_pipeline.partitions.partition_of`) appends to the partitioned topic's table,
@@ -449,6 +547,8 @@ async def commit_objects_to_table(
         objects: the object store holding the segment objects.
         catalog: the shared Iceberg catalog.
         registry: the schema registry (``SchemaRegistry``).
+        parse_schema: parses a registered schema's text (:data:`SchemaParser`); defaults to
+            :func:`default_schema_parser`.
 
     Returns:
         A :class:`TableReport`.
@@ -456,9 +556,10 @@ async def commit_objects_to_table(
     Raises:
         OffsetRangeError: the descriptors or the table leave a gap.
         CorruptRecordError: an object does not match its descriptor or fails decoding.
-        SchemaNotFoundError: a record names a schema the registry does not know.
         MetadataStoreError: etcd failed.
+        InvalidNameError: a table named like the dead-letter table exists and is not one.
     """
+    parse = parse_schema or default_schema_parser()
     part = await partition_of(store, topic)
     table_topic = part.parent if part is not None else topic
     partition = part.index if part is not None else None
@@ -469,7 +570,7 @@ async def commit_objects_to_table(
     ranges = await read_unavailable_ranges(store, topic)
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
     committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
-    payload_only = table is not None and iceberg.PAYLOAD_COLUMN in {f.name for f in table.schema().fields}
+    cache: dict[tuple[int, int], iceberg.RegisteredWriter] = {}
 
     for d in completed:
         if committed is not None and d.end_offset <= committed:
@@ -486,28 +587,36 @@ async def commit_objects_to_table(
         records = decoded.records
         if not records or records[0].offset != d.start_offset or records[-1].offset != d.end_offset:
             raise OffsetRangeError(d.start_offset, records[0].offset if records else -1, where)
-        avro, writers = (None, {}) if payload_only else await _schemas_for(records, registry)
-        if table is None:
-            table = iceberg.ensure_table(catalog, table_topic, avro, partitioned=part is not None)
-            payload_only = avro is None
-        elif avro is not None:
-            table = iceberg.ensure_table(catalog, table_topic, avro, partitioned=part is not None)
-        result = iceberg.append_records(
+        payload_table = table is not None and iceberg.PAYLOAD_COLUMN in {f.name for f in table.schema().fields}
+        writers = {} if payload_table else await _writers_for(records, registry, parse, cache)
+        recorded = None
+        ids = iceberg.recorded_schema(table) if table is not None and not payload_table else None
+        if ids is not None and ids not in writers:
+            if ids not in cache:
+                cache[ids] = await _writer_for(ids, registry, parse)
+            recorded = cache[ids]
+        result = iceberg.commit_object(
+            catalog,
+            table_topic,
             table,
             records,
-            avro,
+            writers,
             d.object_id,
             topic=topic.path,
-            writer_schemas=writers,
+            recorded=recorded,
             first_offset=_resume_offset(completed, d, committed, ranges),
             partition=partition,
         )
-        committed = result.committed_end_offset
-        if result.rows_appended:
+        table = result.table
+        committed = result.append.committed_end_offset
+        report.schema_changes += [str(c) for c in result.schema_changes]
+        if result.dead_letters_appended:
+            report.dead_letter_records += result.dead_letters_appended
+            report.dead_letter_table = ".".join(iceberg.dead_letter_identifier(table_topic))
+        if result.append.snapshot_id is not None:
             report.objects_appended += 1
-            report.rows_appended += result.rows_appended
-            if result.snapshot_id is not None:
-                report.snapshots.append(result.snapshot_id)
+            report.rows_appended += result.append.rows_appended
+            report.snapshots.append(result.append.snapshot_id)
         else:
             report.objects_skipped += 1
         for sid, _ in writers:

@@ -33,6 +33,7 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producers/\d+",  # §3.3
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+",  # §3.4
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+/cursor",  # §3.5
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/schema",  # §3.7
     r"/schemas/_global/next_schema_id",  # §4.1
     r"/schemas/[A-Za-z0-9_.-]+/metadata",  # §4.2
     r"/schemas/[A-Za-z0-9_.-]+/versions/\d+",  # §4.3
@@ -123,6 +124,9 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
     assert sub["consumer_name"] == "layout-consumer"
     assert sub["subscription_name"] == "layout-sub" and sub["subscription_type"] == 1
     assert kv["/topics/default/flights/subscriptions/layout-sub/cursor"] == N - 1
+    # §3.7 the topic's schema settings, written by its first producer with a schema
+    assert kv["/topics/default/flights/schema"] == {"subject": "flights", "allow_raw": False}
+    assert list(kv["/topics/default/flights/schema"]) == ["subject", "allow_raw"]
     # §5.4 the owner's reserved offset block, guarded by its assignment key's create revision
     reservation = kv["/danube-data/storage/topics/default/flights/reservation"]
     assert list(reservation) == ["broker_id", "owner_epoch", "first_offset", "end_offset", "last_written"]
@@ -138,6 +142,7 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
         "subject", "topics_using", "updated_at", "versions",
     ]
     assert meta["id"] == 1 and meta["latest_version"] == 1 and meta["subject"] == "flights"
+    assert meta["compatibility_mode"] == "Backward" and meta["topics_using"] == ["/default/flights"]
     version = kv["/schemas/flights/versions/1"]
     assert list(version) == ["created_at", "created_by", "version", "fingerprint", "is_deprecated", "schema_def", "tags"]
     assert version["fingerprint"].startswith("sha256:") and len(version["fingerprint"]) == 7 + 64

@@ -29,6 +29,7 @@ from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client.admin import AdminClient
 from danube_pipeline.client.consumer import Consumer, ConsumerClosedError
 from danube_pipeline.client.producer import Producer, ProducerClosedError
+from danube_pipeline.client.schemas import SchemaClient
 from danube_pipeline.client.types import (
     AvroSchema,
     BrokerAddress,
@@ -36,11 +37,16 @@ from danube_pipeline.client.types import (
     ClusterInfo,
     DeliveryMode,
     InitialPosition,
+    JsonSchema,
     Message,
     MessageId,
+    ProtobufSchema,
+    Schema,
+    SchemaInfo,
     SegmentInfo,
     SubscriptionType,
     TopicInfo,
+    TopicSchemaPolicy,
 )
 from danube_pipeline.names import TopicName
 
@@ -55,13 +61,19 @@ __all__ = [
     "DanubeClient",
     "DeliveryMode",
     "InitialPosition",
+    "JsonSchema",
     "Message",
     "MessageId",
     "Producer",
     "ProducerClosedError",
+    "ProtobufSchema",
+    "Schema",
+    "SchemaClient",
+    "SchemaInfo",
     "SegmentInfo",
     "SubscriptionType",
     "TopicInfo",
+    "TopicSchemaPolicy",
 ]
 
 
@@ -113,6 +125,7 @@ class DanubeClient:
             backoff_s=retry_backoff_ms / 1000,
         )
         self._admin = AdminClient(self._ctx)
+        self._schemas = SchemaClient(self._ctx)
         self._closed = False
 
     async def __aenter__(self) -> DanubeClient:
@@ -140,7 +153,7 @@ class DanubeClient:
         topic: str,
         *,
         producer_name: str,
-        schema: AvroSchema | None = None,
+        schema: Schema | None = None,
         linger_ms: int = 0,
         max_batch_messages: int = 1000,
         max_batch_bytes: int = 1 << 20,
@@ -154,8 +167,10 @@ class DanubeClient:
                 partition: a message with a ``key`` goes to the partition of the key's murmur2
                 hash (Kafka's default partitioner), one without goes round-robin.
             producer_name: ``[A-Za-z0-9_-]{1,128}``.
-            schema: an Avro schema registered on open; the broker checks every payload
-                against it.
+            schema: an :class:`AvroSchema`, :class:`JsonSchema` or :class:`ProtobufSchema`
+                registered on open; the broker checks every payload against it. Without one,
+                the producer is refused on a topic that has a schema subject, unless the topic
+                allows raw messages (``admin.set_topic_schema_policy``).
             linger_ms: how long a batch waits for more messages, in milliseconds; 0 (the
                 default) sends a batch as soon as an in-flight slot is free, so batches grow
                 only under load.
@@ -233,6 +248,11 @@ class DanubeClient:
     def admin(self) -> AdminClient:
         """Administrative calls (topics, sealed segments, cluster metadata)."""
         return self._admin
+
+    @property
+    def schemas(self) -> SchemaClient:
+        """Schema registry calls (register, get, set a subject's compatibility mode)."""
+        return self._schemas
 
     async def lookup_topic(self, topic: str) -> BrokerAddress:
         """The broker that serves ``topic`` (cached; refreshed on demand).

@@ -18,6 +18,7 @@ from danube_pipeline.client.types import (
     SegmentInfo,
     TopicDescription,
     TopicInfo,
+    TopicSchemaPolicy,
     _segment_info_from_pb,
     _topic_description_from_pb,
     _topic_info_from_pb,
@@ -385,6 +386,35 @@ class AdminClient:
             return int(response.skipped)
 
         return await self._ctx.call_owner(path, call)
+
+    async def set_topic_schema_policy(self, topic: str, *, allow_raw: bool) -> list[TopicSchemaPolicy]:
+        """Set whether producers without a schema may publish to ``topic`` once it has a schema
+        subject (``Admin.SetTopicSchemaPolicy``, ``docs/etcd-layout.md`` §3.7). Their messages
+        carry schema id 0 and stay raw. Sent to any broker; on a partitioned topic, set on every
+        partition.
+
+        Args:
+            topic: ``"/{namespace}/{topic}"``.
+            allow_raw: true to accept producers without a schema, false to refuse them
+                (``SchemaRequiredError``) once the topic has a subject.
+
+        Returns:
+            The settings now stored, one per topic written.
+
+        Raises:
+            InvalidNameError: the name is malformed.
+            TopicNotFoundError: the topic does not exist.
+            BrokerUnavailableError: no broker answered.
+        """
+        path = TopicName.parse(topic).path
+
+        async def call(stubs: Stubs) -> list[TopicSchemaPolicy]:
+            response = await stubs.admin.SetTopicSchemaPolicy(
+                pb.SetTopicSchemaPolicyRequest(topic=path, allow_raw=allow_raw), timeout=self._ctx.request_timeout_s
+            )
+            return [TopicSchemaPolicy(p.topic, p.subject, p.allow_raw) for p in response.policies]
+
+        return await self._ctx.call_any(call)
 
     async def drain_broker(self, address: str) -> list[str]:
         """Drain the broker at ``address``: it is marked ``draining``, releases every topic it

@@ -57,7 +57,7 @@ from danube_pipeline.client._context import Context
 from danube_pipeline.client._partitioner import Partitioner
 from danube_pipeline.client._status import from_rpc_error, rpc_errors, unavailable
 from danube_pipeline.client._tasks import cancel_and_wait
-from danube_pipeline.client.types import AvroSchema, MessageId
+from danube_pipeline.client.types import _SCHEMA_TYPE_TO_PB, MessageId, Schema
 from danube_pipeline.errors import (
     BrokerUnavailableError,
     DanubeError,
@@ -81,9 +81,9 @@ class Producer:
     """Publishes messages to one topic. Use as an async context manager.
 
     Create with :meth:`DanubeClient.producer <danube_pipeline.client.DanubeClient.producer>`.
-    Entering the context looks the topic up, registers the Avro schema if one was given
-    (``SchemaRegistry.RegisterSchema``) and calls ``CreateProducer`` (which creates the topic
-    if needed); leaving it flushes and calls ``CloseProducer``.
+    Entering the context looks the topic up, registers the schema if one was given (Avro, JSON
+    Schema or Protobuf; ``SchemaRegistry.RegisterSchema``) and calls ``CreateProducer`` (which
+    creates the topic if needed); leaving it flushes and calls ``CloseProducer``.
 
     Attributes:
         topic: ``"/{namespace}/{topic}"``.
@@ -106,7 +106,7 @@ class Producer:
         topic: str,
         *,
         producer_name: str,
-        schema: AvroSchema | None = None,
+        schema: Schema | None = None,
         linger_ms: int = 0,
         max_batch_messages: int = 1000,
         max_batch_bytes: int = 1 << 20,
@@ -180,7 +180,10 @@ class Producer:
             This producer.
 
         Raises:
-            InvalidSchemaError: the Avro schema does not parse (from the broker).
+            InvalidSchemaError: the schema does not parse (from the broker).
+            IncompatibleSchemaError: the schema breaks its subject's compatibility mode.
+            SchemaRequiredError: the producer has no schema and the topic has one (and does
+                not allow raw messages).
             TopicNotFoundError: the topic could not be created or resolved.
             BrokerUnavailableError: no broker answered within the retry budget.
             DanubeError: another refusal from the broker.
@@ -370,7 +373,7 @@ class Producer:
                 registered = await stubs.schema.RegisterSchema(
                     pb.RegisterSchemaRequest(
                         subject=self._schema.subject,
-                        schema_type=pb.AVRO,
+                        schema_type=_SCHEMA_TYPE_TO_PB[self._schema.schema_type],
                         raw_schema=self._schema.raw_schema,
                         created_by=self.producer_name,
                     ),

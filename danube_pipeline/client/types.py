@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from danube_pipeline.batches import iter_batch
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
@@ -18,6 +18,11 @@ from danube_pipeline.proto import danube_pb2 as pb
 
 __all__ = [
     "AvroSchema",
+    "JsonSchema",
+    "ProtobufSchema",
+    "Schema",
+    "SchemaInfo",
+    "TopicSchemaPolicy",
     "BrokerAddress",
     "BrokerInfo",
     "ClusterInfo",
@@ -61,9 +66,100 @@ class AvroSchema:
 
     subject: str
     raw_schema: str
+    schema_type: ClassVar[str] = "Avro"
 
     def __post_init__(self) -> None:
         validate_subject(self.subject)
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """A JSON Schema a producer registers before it publishes (``docs/etcd-layout.md`` §4).
+
+    Each payload must then be UTF-8 JSON that validates against it (checked by the broker).
+
+    Attributes:
+        subject: the schema-registry subject (:func:`danube_pipeline.names.validate_subject`).
+        raw_schema: the JSON Schema as JSON text: an object, draft 2020-12 unless its
+            ``$schema`` names draft 7; only local ``$ref``.
+
+    Raises:
+        InvalidNameError: ``subject`` breaks the subject grammar (checked on creation).
+    """
+
+    subject: str
+    raw_schema: str
+    schema_type: ClassVar[str] = "JsonSchema"
+
+    def __post_init__(self) -> None:
+        validate_subject(self.subject)
+
+
+@dataclass(frozen=True)
+class ProtobufSchema:
+    """A Protobuf schema a producer registers before it publishes (``docs/etcd-layout.md`` §4).
+
+    Each payload must then be the serialized record message, without unknown fields (checked
+    by the broker).
+
+    Attributes:
+        subject: the schema-registry subject (:func:`danube_pipeline.names.validate_subject`).
+        raw_schema: ``.proto`` source text with ``syntax = "proto3";``; its first top-level
+            message is the record type; it may import Google's well-known types only.
+
+    Raises:
+        InvalidNameError: ``subject`` breaks the subject grammar (checked on creation).
+    """
+
+    subject: str
+    raw_schema: str
+    schema_type: ClassVar[str] = "Protobuf"
+
+    def __post_init__(self) -> None:
+        validate_subject(self.subject)
+
+
+Schema = AvroSchema | JsonSchema | ProtobufSchema
+"""A schema of any of the three types, as producers and ``client.schemas.register`` take it."""
+
+_SCHEMA_TYPE_TO_PB = {"Avro": pb.AVRO, "JsonSchema": pb.JSON_SCHEMA, "Protobuf": pb.PROTOBUF}
+_SCHEMA_TYPE_FROM_PB = {number: name for name, number in _SCHEMA_TYPE_TO_PB.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaInfo:
+    """One registered schema version (``docs/etcd-layout.md`` §4.3).
+
+    Attributes:
+        subject: the subject.
+        schema_id: the subject's global id (every version shares it).
+        version: 1, 2, 3... within the subject.
+        schema_type: ``"Avro"``, ``"JsonSchema"`` or ``"Protobuf"``.
+        raw_schema: the schema text as registered (empty in a registration's answer).
+        fingerprint: ``"sha256:<hex>"``.
+    """
+
+    subject: str
+    schema_id: int
+    version: int
+    schema_type: str
+    raw_schema: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSchemaPolicy:
+    """A topic's schema settings (``docs/etcd-layout.md`` §3.7).
+
+    Attributes:
+        topic: ``"/{namespace}/{topic}"`` (a partition's, for a partitioned topic).
+        subject: the topic's schema subject; ``""`` until a producer with a schema came.
+        allow_raw: whether producers without a schema may publish to it.
+    """
+
+    topic: str
+    subject: str
+    allow_raw: bool
 
 
 class MessageId(int):

@@ -3,18 +3,25 @@
 Stages, each timed:
 
 1. start etcd and one broker (real processes, state under ``DANUBE_HOME``);
-2. publish the flights to ``/default/flights`` as Avro messages (schema registered under
-   ``/schemas/``, ``docs/etcd-layout.md`` §4), acks awaited;
-3. consume them back through a subscription and check count and content;
-4. seal the active WAL segment, then run the Dagster assets ``segment_objects`` and
+2. publish the flights before December to ``/default/flights`` as Avro messages of schema
+   version 1 (registered under ``/schemas/``, ``docs/etcd-layout.md`` §4), acks awaited;
+3. seal the active WAL segment, then run the Dagster assets ``segment_objects`` and
    ``iceberg_table`` with their asset checks (``dg launch``) on an instance configured by
    ``dagster_home/dagster.yaml`` whose storage is ``<home>/dagster``, so the runs show in the UI
    (``danube-pipeline dev --home <home>``);
-5. compact the Iceberg table with Spark (the ``compacted_table`` asset);
-6. apply local WAL retention so the broker's disk keeps only the newest segment, then consume
-   every flight again from the earliest offset through the broker, now served from object
-   storage, and check each payload against the source;
-7. answer a question with Spark SQL on the table: mean departure delay per carrier.
+4. declare the rewrite of ``flight`` from int to string on the table and run the
+   ``schema_rewrite`` asset (Spark): the older data files are rewritten, verified;
+5. register schema version 2 (``flight`` a string, ``route`` added) and publish December's
+   flights with it, then a few malformed messages through a raw producer (the topic's schema
+   policy allows raw messages);
+6. consume everything back through a subscription and check count and content;
+7. seal, tier again: the table evolves in place (``route``), the malformed messages land in
+   the dead-letter table ``flights__dlq``; ``schema_rewrite`` once more (a no-op);
+8. compact the Iceberg table with Spark (the ``compacted_table`` asset);
+9. apply local WAL retention so the broker's disk keeps only the newest segment, then consume
+   every message again from the earliest offset through the broker, now served from object
+   storage, and check each payload against what was sent;
+10. answer a question with Spark SQL on the table: mean departure delay per carrier.
 
 It prints a summary and returns it; any failed check raises :class:`DemoError`.
 """
@@ -22,11 +29,13 @@ It prints a summary and returns it; any failed check raises :class:`DemoError`.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import itertools
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +43,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from danube_pipeline import settings
-from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
+from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, Producer, SubscriptionType
 from danube_pipeline.dev import flights
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 from danube_pipeline.errors import DanubeError
@@ -60,6 +69,10 @@ class DemoSummary:
     """What the demo measured. Times in seconds, sizes in bytes."""
 
     messages_published: int = 0
+    publish_started_day: dt.date | None = None
+    flights_v1: int = 0
+    flights_v2: int = 0
+    malformed: int = 0
     payload_bytes: int = 0
     messages_consumed: int = 0
     wal_syncs: int = 0
@@ -69,6 +82,9 @@ class DemoSummary:
     descriptors: int = 0
     snapshots: int = 0
     table_rows: int = 0
+    schema_versions: int = 0
+    dead_letter_rows: int = 0
+    rewritten_data_files: int = 0
     data_files_before_compaction: int = 0
     data_files_after_compaction: int = 0
     wal_bytes_after_retention: int = 0
@@ -84,7 +100,8 @@ class DemoSummary:
             "",
             "Danube Pipeline demo summary",
             "----------------------------",
-            f"messages published      {self.messages_published:>12,}",
+            f"messages published      {self.messages_published:>12,}"
+            f"   ({self.flights_v1:,} flights v1, {self.flights_v2:,} flights v2, {self.malformed:,} malformed)",
             f"payload bytes           {self.payload_bytes:>12,}",
             f"messages consumed       {self.messages_consumed:>12,}",
             f"WAL fdatasyncs          {self.wal_syncs:>12,}"
@@ -94,6 +111,9 @@ class DemoSummary:
             f"object descriptors      {self.descriptors:>12,}",
             f"Iceberg snapshots       {self.snapshots:>12,}",
             f"Iceberg rows            {self.table_rows:>12,}",
+            f"schema versions   {self.schema_versions}",
+            f"dead-letter rows   {self.dead_letter_rows:,}",
+            f"rewritten data files   {self.rewritten_data_files:,}",
             f"data files before/after {self.data_files_before_compaction:>5} -> {self.data_files_after_compaction}"
             "   (Spark rewrite_data_files)",
             f"local WAL bytes after retention   {self.wal_bytes_after_retention:,}",
@@ -109,7 +129,7 @@ class DemoSummary:
         lines.append("")
         lines.append("stage times:")
         for stage, seconds in self.stage_seconds.items():
-            lines.append(f"  {stage:<28} {seconds:8.2f} s")
+            lines.append(f"  {stage:<42} {seconds:8.2f} s")
         return "\n".join(lines)
 
 
@@ -121,31 +141,97 @@ def _stage(summary: DemoSummary, name: str) -> Iterator[None]:
     summary.stage_seconds[name] = time.perf_counter() - start
 
 
-async def _publish(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
-    total = flights.FLIGHT_COUNT if limit is None else min(limit, flights.FLIGHT_COUNT)
+MALFORMED_PAYLOADS = (b"\xff\xfenot avro", b"{\"flight\": 1545}", b"\x02", b"\x80\x80\x80", b"garbage", b"\x00" * 3, b"\xc8\x01")
+"""Raw (schema-less) messages a producer sends once the topic allows raw messages: tiering
+keeps each of them, undecoded, in the dead-letter table."""
+
+
+def _v2_start(limit: int | None) -> int:
+    """Index of the first flight published with schema version 2: the first of December, or
+    (a slice without December) the last tenth of the slice."""
+    total = 0
+    first_december = None
+    for i, flight in enumerate(flights.iter_flights(limit)):
+        total = i + 1
+        if first_december is None and flight["month"] == 12:
+            first_december = i
+    return first_december if first_december is not None else total - max(1, total // 10)
+
+
+async def _publish_v1(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
+    """Publish the flights before December with schema version 1."""
+    stop = _v2_start(limit)
+    summary.publish_started_day = dt.datetime.now(dt.timezone.utc).date()
     payloads: list[bytes] = []
     async with DanubeClient([broker_addr]) as client:
         schema = AvroSchema(subject=flights.FLIGHTS_SUBJECT, raw_schema=flights.FLIGHT_AVRO_SCHEMA_JSON)
         async with client.producer(flights.FLIGHTS_TOPIC, producer_name="flights-loader", schema=schema) as producer:
-            futures = []
-            with tqdm(total=total, unit="msg", disable=not progress, desc="publish") as bar:
-                for flight in flights.iter_flights(limit):
-                    payload = flights.encode_flight(flight)
-                    payloads.append(payload)
-                    futures.append(producer.send_nowait(payload, attributes={"origin": flight["origin"]}))
-                    if len(futures) >= 5000:
-                        await asyncio.gather(*futures)
-                        bar.update(len(futures))
-                        futures.clear()
-                if futures:
-                    await asyncio.gather(*futures)
-                    bar.update(len(futures))
-            offsets = [f.result() for f in futures]  # last chunk, for a cheap order check
-            if offsets and offsets[-1] != len(payloads) - 1:
-                raise DemoError("publish", f"last offset {offsets[-1]}, expected {len(payloads) - 1}")
-    summary.messages_published = len(payloads)
-    summary.payload_bytes = sum(len(p) for p in payloads)
+            await _send_all(
+                producer, ((flights.encode_flight(f), f["origin"]) for f in itertools.islice(flights.iter_flights(limit), stop)),
+                payloads, stop, progress, "publish v1", offset=0,
+            )
+    summary.flights_v1 = len(payloads)
+    _count_published(summary, payloads)
     return payloads
+
+
+async def _publish_v2_and_malformed(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
+    """Register version 2 of the flights schema (the subject's mode set to NONE first: an
+    int→string change is not backward compatible, the ``schema_rewrite`` asset migrates the old
+    rows), publish December's flights with it, then a few malformed messages through a raw
+    producer (the topic's schema policy allows raw messages)."""
+    start = _v2_start(limit)
+    offset = summary.messages_published
+    payloads: list[bytes] = []
+    async with DanubeClient([broker_addr]) as client:
+        await client.schemas.set_compatibility_mode(flights.FLIGHTS_SUBJECT, "NONE")
+        schema = AvroSchema(subject=flights.FLIGHTS_SUBJECT, raw_schema=flights.FLIGHT_AVRO_SCHEMA_V2_JSON)
+        async with client.producer(flights.FLIGHTS_TOPIC, producer_name="flights-loader-v2", schema=schema) as producer:
+            if producer.schema_version != 2:
+                raise DemoError("publish v2", f"schema version {producer.schema_version}, expected 2")
+            count = sum(1 for _ in flights.iter_flights(limit)) - start
+            await _send_all(
+                producer,
+                ((flights.encode_flight_v2(f), f["origin"]) for f in itertools.islice(flights.iter_flights(limit), start, None)),
+                payloads, count, progress, "publish v2", offset=offset,
+            )
+        summary.flights_v2 = len(payloads)
+        await client.admin.set_topic_schema_policy(flights.FLIGHTS_TOPIC, allow_raw=True)
+        async with client.producer(flights.FLIGHTS_TOPIC, producer_name="raw-sender") as raw:
+            for payload in MALFORMED_PAYLOADS:
+                got = await raw.send(payload)
+                if got != offset + len(payloads):
+                    raise DemoError("publish malformed", f"offset {got}, expected {offset + len(payloads)}")
+                payloads.append(payload)
+        summary.malformed = len(MALFORMED_PAYLOADS)
+    _count_published(summary, payloads)
+    return payloads
+
+
+async def _send_all(
+    producer: Producer, encoded: Iterable[tuple[bytes, str]], payloads: list[bytes], total: int, progress: bool, desc: str,
+    *, offset: int,
+) -> None:
+    futures = []
+    with tqdm(total=total, unit="msg", disable=not progress, desc=desc) as bar:
+        for payload, origin in encoded:
+            payloads.append(payload)
+            futures.append(producer.send_nowait(payload, attributes={"origin": origin}))
+            if len(futures) >= 5000:
+                await asyncio.gather(*futures)
+                bar.update(len(futures))
+                futures.clear()
+        if futures:
+            await asyncio.gather(*futures)
+            bar.update(len(futures))
+    offsets = [f.result() for f in futures]  # last chunk, for a cheap order check
+    if offsets and offsets[-1] != offset + len(payloads) - 1:
+        raise DemoError(desc, f"last offset {offsets[-1]}, expected {offset + len(payloads) - 1}")
+
+
+def _count_published(summary: DemoSummary, payloads: list[bytes]) -> None:
+    summary.messages_published += len(payloads)
+    summary.payload_bytes += sum(len(p) for p in payloads)
 
 
 async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
@@ -165,8 +251,10 @@ async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: D
                         raise DemoError("consume", f"offset {message.offset}, expected {seen}")
                     if message.payload != payloads[seen]:
                         raise DemoError("consume", f"payload of offset {seen} differs from what was sent")
-                    if flights.decode_flight(message.payload)["origin"] != message.attributes.get("origin"):
-                        raise DemoError("consume", f"attribute origin of offset {seen} does not match the payload")
+                    if seen < summary.flights_v1 + summary.flights_v2:
+                        decode = flights.decode_flight if seen < summary.flights_v1 else flights.decode_flight_v2
+                        if decode(message.payload)["origin"] != message.attributes.get("origin"):
+                            raise DemoError("consume", f"attribute origin of offset {seen} does not match the payload")
                     await consumer.ack(message)
                     seen += 1
                     if seen % 5000 == 0:
@@ -242,9 +330,10 @@ async def _count_descriptors(etcd_endpoints: list[str], summary: DemoSummary) ->
     summary.object_bytes = sum(d.size for d in descriptors)
 
 
-def _dagster_launch(select: str) -> None:
-    """Run ``dg launch --assets <select>`` for the flights partition on the demo's instance
-    (``DAGSTER_HOME`` and the storage directory come from this process's environment)."""
+def _dagster_launch(select: str, *, partition: str | None = None) -> None:
+    """Run ``dg launch --assets <select>`` for the flights partition (or ``partition``) on the
+    demo's instance (``DAGSTER_HOME`` and the storage directory come from this process's
+    environment)."""
     from dagster import DagsterInstance
 
     from danube_pipeline.dev.cli import dg_binary
@@ -252,7 +341,7 @@ def _dagster_launch(select: str) -> None:
     with DagsterInstance.get() as instance:
         if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
             instance.add_dynamic_partitions("topics", [TOPIC.partition_key])
-    cmd = [dg_binary(), "launch", "-m", "assets.definitions", "--assets", select, "--partition", TOPIC.partition_key]
+    cmd = [dg_binary(), "launch", "-m", "assets.definitions", "--assets", select, "--partition", partition or TOPIC.partition_key]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
@@ -294,8 +383,12 @@ def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
     try:
         table = f"{env['DANUBE_CATALOG_NAME']}.{TOPIC.namespace}.{TOPIC.topic}"
         count = spark.sql(f"SELECT count(*) AS n, count(DISTINCT _offset) AS d, min(_offset) AS lo, max(_offset) AS hi FROM {table}").collect()[0]
-        if (count.n, count.d, count.lo, count.hi) != (summary.messages_published, summary.messages_published, 0, summary.messages_published - 1):
-            raise DemoError("spark", f"table holds {count.n} rows ({count.d} distinct offsets {count.lo}..{count.hi}), expected {summary.messages_published}")
+        expected = summary.flights_v1 + summary.flights_v2  # the malformed messages are in the dead-letter table
+        if (count.n, count.d, count.lo, count.hi) != (expected, expected, 0, expected - 1):
+            raise DemoError("spark", f"table holds {count.n} rows ({count.d} distinct offsets {count.lo}..{count.hi}), expected {expected}")
+        types = {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
+        if types.get("flight") != "string" or "route" not in types:
+            raise DemoError("spark", f"flight is {types.get('flight')}, route {'present' if 'route' in types else 'missing'}")
         rows = spark.sql(
             f"SELECT carrier, avg(dep_delay) AS mean_delay, count(*) AS n FROM {table} "
             "WHERE dep_delay IS NOT NULL GROUP BY carrier ORDER BY mean_delay DESC"
@@ -323,22 +416,34 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def _run_stages(
     summary: DemoSummary, broker_addr: str, etcd_endpoints: list[str], env: dict[str, str], *, limit: int | None, progress: bool
 ) -> None:
-    with _stage(summary, "publish"):
-        payloads = asyncio.run(_publish(broker_addr, limit, summary, progress))
+    with _stage(summary, "publish v1"):
+        payloads = asyncio.run(_publish_v1(broker_addr, limit, summary, progress))
+    with _stage(summary, "seal active segment (v1)"):
+        asyncio.run(_seal_and_count(broker_addr, summary))
+    with _stage(summary, "dagster: objects + iceberg (v1)"):
+        _dagster_launch("segment_objects,iceberg_table")
+    _check_assets(summary)
+    with _stage(summary, "schema rewrite: flight int -> string"):
+        day = _declare_and_rewrite(env, summary)
+    with _stage(summary, "publish v2 + malformed"):
+        payloads += asyncio.run(_publish_v2_and_malformed(broker_addr, limit, summary, progress))
     with _stage(summary, "consume + check"):
         asyncio.run(_consume_and_check(broker_addr, payloads, summary, progress))
-    with _stage(summary, "seal active segment"):
+    with _stage(summary, "seal active segment (v2)"):
         asyncio.run(_seal_and_count(broker_addr, summary))
-    with _stage(summary, "dagster: objects + iceberg"):
+    with _stage(summary, "dagster: objects + iceberg (v2)"):
         _dagster_launch("segment_objects,iceberg_table")
-    summary.asset_checks = _asset_check_results()
-    failed = [f"{asset}.{check}" for asset, check, ok in summary.asset_checks if not ok]
-    if not summary.asset_checks or failed:
-        raise DemoError("asset checks", f"{len(summary.asset_checks)} checks ran, failed: {failed}")
+    _check_assets(summary)
     asyncio.run(_count_descriptors(etcd_endpoints, summary))
     summary.snapshots, summary.data_files_before_compaction, summary.table_rows = _table_stats(env)
-    if summary.table_rows != summary.messages_published:
-        raise DemoError("iceberg", f"table has {summary.table_rows} rows, expected {summary.messages_published}")
+    flights_published = summary.flights_v1 + summary.flights_v2
+    if summary.table_rows != flights_published:
+        raise DemoError("iceberg", f"table has {summary.table_rows} rows, expected {flights_published}")
+    summary.schema_versions, summary.dead_letter_rows = _schema_and_dead_letters(env)
+    if summary.dead_letter_rows != summary.malformed:
+        raise DemoError("dead letters", f"{summary.dead_letter_rows} dead-letter rows, expected {summary.malformed}")
+    with _stage(summary, "dagster: schema_rewrite (re-run: a no-op)"):
+        _dagster_launch("schema_rewrite", partition=_rewrite_partition(day))
     with _stage(summary, "dagster: spark compaction"):
         _dagster_launch("compacted_table")
     summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
@@ -347,6 +452,74 @@ def _run_stages(
     del payloads
     with _stage(summary, "spark sql question"):
         _spark_question(env, summary)
+
+
+def _check_assets(summary: DemoSummary) -> None:
+    summary.asset_checks = _asset_check_results()
+    failed = [f"{asset}.{check}" for asset, check, ok in summary.asset_checks if not ok]
+    if not summary.asset_checks or failed:
+        raise DemoError("asset checks", f"{len(summary.asset_checks)} checks ran, failed: {failed}")
+
+
+def _rewrite_partition(day: dt.date) -> str:
+    """The ``schema_rewrite`` partition key of the flights topic and ``day`` (UTC)."""
+    from dagster import MultiPartitionKey
+
+    return str(MultiPartitionKey({"topic": TOPIC.partition_key, "day": day.isoformat()}))
+
+
+def _declare_and_rewrite(env: dict[str, str], summary: DemoSummary) -> dt.date:
+    """Declare the rewrite of ``flight`` from int to string on the table (table property
+    ``danube.rewrite``, :mod:`danube_pipeline.rewrite`) and run the ``schema_rewrite`` asset for
+    the day the flights were published: it stages the new column, rewrites the older data files
+    into it (verified) and finalizes. Version 2 records then land in the new column.
+
+    Returns:
+        The UTC day of the run's partition.
+    """
+    from danube_pipeline.iceberg import load_catalog
+    from danube_pipeline.rewrite import set_rewrite_spec
+
+    catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
+    table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
+    set_rewrite_spec(table, {"version": 2, "columns": {"flight": {"type": "string", "expr": "CAST(flight AS STRING)"}}})
+    # Every day the v1 rows were published on (one, unless the publish crossed midnight UTC).
+    first = summary.publish_started_day or dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.timezone.utc).date()
+    day = first
+    while day <= today:
+        _dagster_launch("schema_rewrite", partition=_rewrite_partition(day))
+        summary.rewritten_data_files += int(str(_newest_run_metadata("schema_rewrite").get("data_files_before", 0)))
+        day += dt.timedelta(days=1)
+    return first
+
+
+def _newest_run_metadata(asset: str) -> dict[str, object]:
+    """The materialization metadata of ``asset`` in the newest run, as plain values."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs(limit=1)
+        for entry in instance.all_logs(runs[0].run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION) if runs else []:
+            event = entry.get_dagster_event()
+            materialization = event.step_materialization_data.materialization if event is not None else None
+            if materialization is not None and materialization.asset_key.to_user_string() == asset:
+                return {key: getattr(value, "value", value) for key, value in materialization.metadata.items()}
+    return {}
+
+
+def _schema_and_dead_letters(env: dict[str, str]) -> tuple[int, int]:
+    """The flights subject's latest version and the rows of the dead-letter table."""
+    from danube_pipeline import iceberg
+
+    catalog = iceberg.load_catalog(
+        name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"]
+    )
+    table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
+    version = int(table.properties.get("danube.schema-version", "0"))
+    dlq = iceberg.load_dead_letter_table(catalog, TOPIC)
+    rows = (iceberg.snapshot_row_count(dlq) or 0) if dlq is not None else 0
+    return version, rows
 
 
 def run_demo(

@@ -61,6 +61,21 @@ FLIGHT_AVRO_SCHEMA: dict[str, Any] = {
 FLIGHT_AVRO_SCHEMA_JSON = json.dumps(FLIGHT_AVRO_SCHEMA, indent=2)
 _PARSED = fastavro.parse_schema(FLIGHT_AVRO_SCHEMA)
 
+FLIGHT_AVRO_SCHEMA_V2: dict[str, Any] = {
+    **FLIGHT_AVRO_SCHEMA,
+    "doc": "Version 2: flight is a string (e.g. \"1545\"), and route is origin-dest.",
+    "fields": [
+        *({"name": "flight", "type": "string"} if f["name"] == "flight" else f for f in FLIGHT_AVRO_SCHEMA["fields"]),
+        {"name": "route", "type": ["null", "string"], "default": None},
+    ],
+}
+"""Version 2 of the flights schema: ``flight`` becomes a string (a change Iceberg cannot make
+in place: the ``schema_rewrite`` asset rewrites the older data files) and the optional
+``route`` (``"JFK-LAX"``) is added (evolved in place)."""
+
+FLIGHT_AVRO_SCHEMA_V2_JSON = json.dumps(FLIGHT_AVRO_SCHEMA_V2, indent=2)
+_PARSED_V2 = fastavro.parse_schema(FLIGHT_AVRO_SCHEMA_V2)
+
 
 def flights_csv_zip() -> Path:
     """Path of the bundled ``flights.csv.zip``.
@@ -114,6 +129,23 @@ def encode_flight(flight: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, _PARSED, flight)
     return buf.getvalue()
+
+
+def encode_flight_v2(flight: dict[str, Any]) -> bytes:
+    """Schemaless Avro encoding of one flight with :data:`FLIGHT_AVRO_SCHEMA_V2`."""
+    buf = io.BytesIO()
+    record = {**flight, "flight": str(flight["flight"]), "route": f"{flight['origin']}-{flight['dest']}"}
+    fastavro.schemaless_writer(buf, _PARSED_V2, record)
+    return buf.getvalue()
+
+
+def decode_flight_v2(payload: bytes) -> dict[str, Any]:
+    """Inverse of :func:`encode_flight_v2`.
+
+    Raises:
+        EOFError, ValueError: if ``payload`` is not a version 2 flight record.
+    """
+    return fastavro.schemaless_reader(io.BytesIO(payload), _PARSED_V2, _PARSED_V2)  # type: ignore[return-value]
 
 
 def decode_flight(payload: bytes) -> dict[str, Any]:

@@ -655,11 +655,17 @@ raw_schemas = st.one_of(
     any_text,
     _json.map(json.dumps),
     st.sampled_from(['"bytes"', '"string"', '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}',
-                     '{"type": "array", "items": "R"}', '{"type": "enum", "name": "E", "symbols": ["A", "A"]}']),
+                     '{"type": "array", "items": "R"}', '{"type": "enum", "name": "E", "symbols": ["A", "A"]}',
+                     '{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false}',
+                     '{"$ref": "http://example.com/remote.json"}', '{"type": "nope"}',
+                     'syntax = "proto3"; message R { int64 a = 1; map<string, R> m = 2; }',
+                     'syntax = "proto2"; message R { required int64 a = 1; }', 'syntax = "proto3"; import "x.proto";',
+                     'syntax = "proto3"; ' + "message M { " * 70 + "}" * 70]),
     st.builds(lambda n: "[" * n + "]" * n, st.integers(1, 50_000)),
     st.builds(lambda n: '{"type": ' * n + '"int"' + "}" * n, st.integers(1, 5_000)),
 )
-"""Avro schema texts: valid, JSON of any shape, nested deep enough to stress the parser."""
+"""Schema texts of the three types (Avro, JSON Schema, ``.proto``): valid, JSON of any shape, nested
+deep enough to stress the parsers; any text is sent with any ``schema_type``."""
 
 
 def _string_field(name: str, known: Known) -> st.SearchStrategy[str]:

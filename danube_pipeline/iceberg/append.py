@@ -21,6 +21,11 @@ for partition ``i`` writes ``_partition = i`` in every row, sets the property
 summary. Exactly-once then holds per partition, as above; two partitions appending at once
 conflict only on the commit, and the loser retries with its own partition's property.
 
+**Dead letters** (:mod:`.dead_letter`). Records tiering cannot turn into rows go to the table
+``{topic}__dlq`` first; the append of the rest (:func:`append_rows`) then commits the whole
+range all the same, with ``danube.dead-letter-records`` in its summary. So every offset of the
+range is committed exactly once: as a row of the table or as a row of its dead-letter table.
+
 A commit succeeds only if the table's ``main`` branch still points at the snapshot the writer
 read (the append's ``AssertRefSnapshotId`` requirement, checked by the catalog; Iceberg spec,
 "Optimistic Concurrency"), and the property is read from that same metadata. A commit that
@@ -33,10 +38,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import ancestors_of
@@ -47,6 +54,7 @@ from danube_pipeline.records import Record
 
 __all__ = [
     "COMMITTED_END_OFFSET_PROPERTY",
+    "SUMMARY_DEAD_LETTER_RECORDS",
     "SUMMARY_END_OFFSET",
     "SUMMARY_OBJECT_ID",
     "SUMMARY_PARTITION",
@@ -54,8 +62,10 @@ __all__ = [
     "SUMMARY_TOPIC",
     "AppendResult",
     "append_records",
+    "append_rows",
     "committed_end_offset",
     "committed_end_offset_property",
+    "pending_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +76,9 @@ SUMMARY_END_OFFSET = "danube.end-offset"
 SUMMARY_OBJECT_ID = "danube.object-id"
 SUMMARY_PARTITION = "danube.partition"
 """Summary field of an append for partition ``i`` of a partitioned topic: ``i`` (decimal)."""
+SUMMARY_DEAD_LETTER_RECORDS = "danube.dead-letter-records"
+"""Summary field: records of the appended range that went to the dead-letter table instead
+(:func:`append_rows`; in the dead-letter table's own snapshots, the rows that snapshot adds)."""
 
 COMMITTED_END_OFFSET_PROPERTY = "danube.committed-end-offset"
 """Table property: the last offset appended to the table (decimal string, inclusive).
@@ -139,6 +152,8 @@ class AppendResult:
         committed_end_offset: the table's committed end offset afterwards (``None`` if empty).
         skipped: records dropped because they were already committed.
         attempts: commit attempts made (1 unless the catalog's compare-and-swap failed).
+        dead_lettered: records of the appended range that went to the dead-letter table
+            (committed without a row, :func:`append_rows`).
     """
 
     snapshot_id: int | None
@@ -146,6 +161,7 @@ class AppendResult:
     committed_end_offset: int | None
     skipped: int
     attempts: int
+    dead_lettered: int = 0
 
 
 def _without_commit_retries(table: Table) -> Table:
@@ -176,6 +192,134 @@ def _check_contiguous(records: Sequence[Record], where: str) -> None:
     for i, r in enumerate(records):
         if r.offset != first + i:
             raise OffsetRangeError(first + i, r.offset, where)
+
+
+def pending_records(
+    table: Table,
+    records: Sequence[Record],
+    *,
+    where: str,
+    first_offset: int | None = None,
+    partition: int | None = None,
+) -> tuple[int | None, Sequence[Record]]:
+    """The records of ``records`` not yet committed to ``table``, checked for gaps.
+
+    Args:
+        table: the topic's table, as loaded.
+        records: contiguous records in offset order.
+        where: names the records in errors (``/ns/topic data-{start}-{end}.dnb1``).
+        first_offset: as in :func:`append_records`.
+        partition: as in :func:`append_records`.
+
+    Returns:
+        ``(committed end offset, records above it)``.
+
+    Raises:
+        OffsetRangeError: ``records`` are not contiguous, or the first record not yet committed
+            is not where it must be (:func:`append_records`).
+    """
+    _check_contiguous(records, where)
+    committed = committed_end_offset(table, partition=partition)
+    if committed is None:
+        if records and first_offset is not None and records[0].offset != first_offset:
+            raise OffsetRangeError(first_offset, records[0].offset, where)
+        return None, records
+    skip = 0 if not records else max(0, min(len(records), committed + 1 - records[0].offset))
+    pending = records[skip:]
+    expected = committed + 1 if first_offset is None else max(committed + 1, first_offset)
+    if pending and pending[0].offset != expected:
+        raise OffsetRangeError(expected, pending[0].offset, where)
+    return committed, pending
+
+
+RowBuilder = Callable[[Sequence[Record]], pa.Table]
+"""The pending records (a suffix of the records given) to the rows to append for them."""
+
+
+def append_rows(
+    table: Table,
+    records: Sequence[Record],
+    build_rows: RowBuilder,
+    object_id: str,
+    *,
+    topic: str | None = None,
+    dead_lettered: AbstractSet[int] = frozenset(),
+    first_offset: int | None = None,
+    partition: int | None = None,
+    max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
+    retry_backoff_s: float = 0.05,
+) -> AppendResult:
+    """Append the rows of ``records`` exactly once, accounting for those dead-lettered.
+
+    As :func:`append_records`, with the rows built by ``build_rows`` from the records not yet
+    committed. Records whose offsets are in ``dead_lettered`` have no row (they went to the
+    dead-letter table, :mod:`.dead_letter`) but are committed all the same: the committed end
+    offset moves over them, and the snapshot summary's ``danube.dead-letter-records`` counts
+    them. An object whose records all went to the dead-letter table still gets its snapshot
+    (with no data file), so its offsets are committed in the same way.
+
+    Args:
+        table: the topic's table.
+        records: contiguous records in offset order, dead-lettered ones included.
+        build_rows: the pending records to their rows (none for the dead-lettered ones).
+        object_id: the segment object the records come from, recorded in the summary.
+        topic: ``/ns/topic`` for the summary; defaults to the table identifier's last two parts.
+        dead_lettered: offsets of records that went to the dead-letter table.
+        first_offset: as in :func:`append_records`.
+        partition: as in :func:`append_records`.
+        max_attempts: commit attempts on ``CommitFailedException`` (refresh, recompute, retry).
+        retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
+
+    Returns:
+        An :class:`AppendResult`.
+
+    Raises:
+        OffsetRangeError: as :func:`append_records`.
+        CommitFailedException: the commit still failed after ``max_attempts`` attempts.
+        Whatever ``build_rows`` raises.
+    """
+    if topic is None:
+        ident = table.name()
+        topic = "/" + "/".join(ident[-2:])
+    where = f"{topic} {object_id}"
+    for attempt in range(1, max_attempts + 1):
+        committed, pending = pending_records(
+            table, records, where=where, first_offset=first_offset, partition=partition
+        )
+        skipped = len(records) - len(pending)
+        if not pending:
+            return AppendResult(None, 0, committed, skipped, attempt)
+        df = build_rows(pending)
+        start, end = pending[0].offset, pending[-1].offset
+        letters = sum(1 for o in dead_lettered if start <= o <= end)
+        properties = {
+            SUMMARY_TOPIC: topic,
+            SUMMARY_START_OFFSET: str(start),
+            SUMMARY_END_OFFSET: str(end),
+            SUMMARY_OBJECT_ID: object_id,
+            SUMMARY_DEAD_LETTER_RECORDS: str(letters),
+        }
+        if partition is not None:
+            properties[SUMMARY_PARTITION] = str(partition)
+        handle = _without_commit_retries(table)
+        try:
+            # One commit: the snapshot and the property, on top of the snapshot read above.
+            with handle.transaction() as transaction:
+                transaction.set_properties({committed_end_offset_property(partition): str(end)})
+                transaction.append(df, snapshot_properties=properties)
+        except CommitFailedException:
+            if attempt == max_attempts:
+                raise
+            log.warning("%s: commit of offsets %d-%d conflicted (attempt %d), retrying", where, start, end, attempt)
+            time.sleep(retry_backoff_s * attempt)
+            table.refresh()
+            continue
+        snapshot = handle.current_snapshot()
+        table.refresh()
+        return AppendResult(
+            snapshot.snapshot_id if snapshot else None, df.num_rows, end, skipped, attempt, dead_lettered=letters
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def append_records(
@@ -223,55 +367,24 @@ def append_records(
         OffsetRangeError: ``records`` are not contiguous, or the first record not yet committed
             is not where it must be (``committed_end_offset + 1``, or ``first_offset`` as
             above): a gap.
-        SchemaMismatchError: a payload does not decode with its schema.
+        SchemaMismatchError: a payload does not decode with its schema (tiering sends such
+            records to the dead-letter table instead: :func:`append_rows`).
         CommitFailedException: the commit still failed after ``max_attempts`` attempts.
     """
-    if topic is None:
-        ident = table.name()
-        topic = "/" + "/".join(ident[-2:])
-    where = f"{topic} {object_id}"
-    _check_contiguous(records, where)
-    for attempt in range(1, max_attempts + 1):
-        committed = committed_end_offset(table, partition=partition)
-        if committed is None:
-            pending: Sequence[Record] = records
-            if pending and first_offset is not None and pending[0].offset != first_offset:
-                raise OffsetRangeError(first_offset, pending[0].offset, where)
-        else:
-            skip = 0 if not records else max(0, min(len(records), committed + 1 - records[0].offset))
-            pending = records[skip:]
-            expected = committed + 1 if first_offset is None else max(committed + 1, first_offset)
-            if pending and pending[0].offset != expected:
-                raise OffsetRangeError(expected, pending[0].offset, where)
-        skipped = len(records) - len(pending)
-        if not pending:
-            return AppendResult(None, 0, committed, skipped, attempt)
-        df = arrow_table_for_records(
+
+    def build(pending: Sequence[Record]) -> pa.Table:
+        return arrow_table_for_records(
             pending, avro_schema, writer_schemas=writer_schemas, iceberg_schema=table.schema(), partition=partition
         )
-        start, end = pending[0].offset, pending[-1].offset
-        properties = {
-            SUMMARY_TOPIC: topic,
-            SUMMARY_START_OFFSET: str(start),
-            SUMMARY_END_OFFSET: str(end),
-            SUMMARY_OBJECT_ID: object_id,
-        }
-        if partition is not None:
-            properties[SUMMARY_PARTITION] = str(partition)
-        handle = _without_commit_retries(table)
-        try:
-            # One commit: the snapshot and the property, on top of the snapshot read above.
-            with handle.transaction() as transaction:
-                transaction.set_properties({committed_end_offset_property(partition): str(end)})
-                transaction.append(df, snapshot_properties=properties)
-        except CommitFailedException:
-            if attempt == max_attempts:
-                raise
-            log.warning("%s: commit of offsets %d-%d conflicted (attempt %d), retrying", where, start, end, attempt)
-            time.sleep(retry_backoff_s * attempt)
-            table.refresh()
-            continue
-        snapshot = handle.current_snapshot()
-        table.refresh()
-        return AppendResult(snapshot.snapshot_id if snapshot else None, len(pending), end, skipped, attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    return append_rows(
+        table,
+        records,
+        build,
+        object_id,
+        topic=topic,
+        first_offset=first_offset,
+        partition=partition,
+        max_attempts=max_attempts,
+        retry_backoff_s=retry_backoff_s,
+    )

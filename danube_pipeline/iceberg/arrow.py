@@ -1,4 +1,9 @@
-"""Records to Arrow: the table :func:`~danube_pipeline.iceberg.append.append_records` appends."""
+"""Records to Arrow: the rows :func:`~danube_pipeline.iceberg.append.append_records` appends.
+
+:func:`arrow_table_for_records` decodes Avro payloads and fails on the first that does not
+decode; :func:`~danube_pipeline.iceberg.rows.table_rows` (what tiering uses) decodes payloads of
+any format and sets aside the records that cannot be rows.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from danube_pipeline.iceberg.schema import (
 )
 from danube_pipeline.records import Record
 
-__all__ = ["arrow_table_for_records"]
+__all__ = ["arrow_table_for_records", "assemble", "metadata_data"]
 
 
 _U64_SIGN = 1 << 63
@@ -62,7 +67,8 @@ def arrow_table_for_records(
     Each payload is decoded once with ``fastavro.schemaless_reader``, using the schema the
     record was written with when ``writer_schemas`` has its ``(schema_id, schema_version)``
     and ``avro_schema`` otherwise. Columns are filled by field name from the table schema
-    (``avro_schema``), so a field the writer schema lacks is null.
+    (``avro_schema``), so a field the writer schema lacks is null. A record without a schema
+    (schema id 0) is never decoded with ``avro_schema``: it is refused.
 
     Args:
         records: the records, in offset order.
@@ -80,7 +86,8 @@ def arrow_table_for_records(
         non-nullable).
 
     Raises:
-        SchemaMismatchError: a payload does not decode with its schema.
+        SchemaMismatchError: a payload does not decode with its schema, or a record without a
+            schema comes with an ``avro_schema``.
     """
     table_avro = as_avro_dict(avro_schema) if avro_schema is not None else None
     columns = payload_columns(table_avro) if table_avro is not None else None
@@ -88,17 +95,7 @@ def arrow_table_for_records(
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
 
     n = len(records)
-    data: dict[str, list[Any]] = {
-        "_offset": [r.offset for r in records],
-        "_publish_time": [r.publish_time_us for r in records],
-        "_producer_id": [_as_signed64(r.producer_id) for r in records],
-        "_producer_name": [r.producer_name for r in records],
-        "_schema_id": [r.schema_id for r in records],
-        "_schema_version": [r.schema_version for r in records],
-        "_attributes": [list(r.attributes.items()) for r in records],
-    }
-    if partition is not None:
-        data[PARTITION_COLUMN] = [partition] * n
+    data = metadata_data(records, partition)
     if columns is None:
         data[PAYLOAD_COLUMN] = [r.payload for r in records]
     else:
@@ -112,6 +109,10 @@ def arrow_table_for_records(
         convs = [c.convert for c in columns]
         writer_cache: dict[tuple[int, int], Any] = {}
         for i, r in enumerate(records):
+            if r.schema_id == 0:
+                raise SchemaMismatchError(
+                    str(table_avro.get("name", "?")), 0, f"offset {r.offset}: raw message (no schema)"
+                )
             key = (r.schema_id, r.schema_version)
             writer = writer_cache.get(key)
             if writer is None:
@@ -136,12 +137,35 @@ def arrow_table_for_records(
                 values[0][i] = None if decoded is None else convs[0](decoded)
         for name, col in zip(names, values, strict=True):
             data[name] = col
+    return assemble(arrow_schema, data, n)
 
+
+def metadata_data(records: Sequence[Record], partition: int | None) -> dict[str, list[Any]]:
+    """The metadata columns' values (``_offset``... ``_attributes``, and ``_partition``)."""
+    data: dict[str, list[Any]] = {
+        "_offset": [r.offset for r in records],
+        "_publish_time": [r.publish_time_us for r in records],
+        "_producer_id": [_as_signed64(r.producer_id) for r in records],
+        "_producer_name": [r.producer_name for r in records],
+        "_schema_id": [r.schema_id for r in records],
+        "_schema_version": [r.schema_version for r in records],
+        "_attributes": [list(r.attributes.items()) for r in records],
+    }
+    if partition is not None:
+        data[PARTITION_COLUMN] = [partition] * len(records)
+    return data
+
+
+def assemble(arrow_schema: pa.Schema, data: Mapping[str, Any], n: int) -> pa.Table:
+    """The table of ``arrow_schema`` from lists (or arrays) by column name; a column without
+    data is all null."""
     arrays = []
     for f in arrow_schema:
         values_for_field = data.get(f.name)
         if values_for_field is None:
             arrays.append(pa.nulls(n, type=f.type))
+        elif isinstance(values_for_field, pa.Array):
+            arrays.append(values_for_field)
         else:
             arrays.append(pa.array(values_for_field, type=f.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)

@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.manifest import ManifestContent
+from pyiceberg.schema import Schema
 from pyiceberg.table import DataScan, Table
 
 from danube_pipeline import settings
-from danube_pipeline.iceberg.schema import PARTITION_COLUMN, iceberg_schema_for_avro
+from danube_pipeline.iceberg.evolution import evolve_table
+from danube_pipeline.iceberg.schema import PARTITION_COLUMN, PAYLOAD_COLUMN, iceberg_schema_for_avro
 from danube_pipeline.names import TopicName
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "data_file_count",
     "duplicate_offsets",
     "ensure_table",
+    "ensure_table_for_schema",
     "load_catalog",
     "offset_stats",
     "read_offsets",
@@ -41,6 +46,9 @@ __all__ = [
     "table_identifier",
 ]
 
+SUMMARY_TOTAL_DATA_FILES = "total-data-files"
+"""The snapshot summary's count of live data files (Iceberg spec, "Optional Snapshot Summary
+Fields")."""
 SUMMARY_TOTAL_RECORDS = "total-records"
 """The snapshot summary's running row count (Iceberg spec, "Optional Snapshot Summary Fields")."""
 
@@ -117,8 +125,10 @@ def ensure_table(
 ) -> Table:
     """Load the topic's table, creating its namespace and the table when missing.
 
-    When the table exists and ``avro_schema`` has columns it lacks, they are added
-    (``update_schema().union_by_name``), so a newer schema version can be appended.
+    When the table exists, it is evolved in place to take ``avro_schema``
+    (:func:`~danube_pipeline.iceberg.evolution.evolve_table`: new columns added as optional,
+    columns the schema lacks made optional, ``int`` promoted to ``long``...). A ``_payload``
+    table (created without a schema) is left as it is.
 
     Args:
         catalog: the shared catalog (:func:`load_catalog`).
@@ -132,24 +142,45 @@ def ensure_table(
     Raises:
         InvalidSchemaError: the Avro schema cannot be mapped (see
             :func:`~danube_pipeline.iceberg.iceberg_schema_for_avro`).
+        SchemaEvolutionError: the table cannot take the schema in place (a rewrite is needed;
+            :func:`~danube_pipeline.iceberg.evolution.incompatible_changes`).
+    """
+    wanted = iceberg_schema_for_avro(avro_schema, partitioned=partitioned)
+    table = ensure_table_for_schema(catalog, topic, wanted)
+    if avro_schema is not None and PAYLOAD_COLUMN not in {f.name for f in table.schema().fields}:
+        evolve_table(table, wanted)
+    return table
+
+
+def ensure_table_for_schema(
+    catalog: Catalog,
+    topic: TopicName,
+    schema: Schema,
+    *,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Load the topic's table, or create it (and its namespace) with ``schema``.
+
+    Args:
+        catalog: the shared catalog.
+        topic: the topic whose table it is (for a partition, the partitioned topic).
+        schema: the new table's schema (the metadata columns and the payload columns, e.g.
+            ``WriterSchema.iceberg_schema()``); not applied to an existing table.
+        properties: extra properties of a new table.
+
+    Returns:
+        The table.
     """
     identifier = table_identifier(topic)
-    wanted = iceberg_schema_for_avro(avro_schema, partitioned=partitioned)
     try:
-        table = catalog.load_table(identifier)
+        return catalog.load_table(identifier)
     except NoSuchTableError:
         catalog.create_namespace_if_not_exists(topic.namespace)
         return catalog.create_table_if_not_exists(
             identifier,
-            schema=wanted,
-            properties={"danube.topic": topic.path, "format-version": "2"},
+            schema=schema,
+            properties={**(properties or {}), "danube.topic": topic.path, "format-version": "2"},
         )
-    have = {f.name for f in table.schema().fields}
-    if any(f.name not in have for f in wanted.fields):
-        with table.update_schema() as update:
-            update.union_by_name(wanted)
-        table.refresh()
-    return table
 
 
 def data_file_count(table: Table) -> int:
@@ -159,11 +190,19 @@ def data_file_count(table: Table) -> int:
         table: the table.
 
     Returns:
-        The file count; 0 for a table without a snapshot.
+        The file count; 0 for a table without a snapshot. Read from the current snapshot's
+        summary (``total-data-files``, Iceberg spec "Optional Snapshot Summary Fields") when it
+        has it, else from its manifests.
     """
-    if table.current_snapshot() is None:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
         return 0
-    return int(table.inspect.files().num_rows)
+    total = snapshot.summary[SUMMARY_TOTAL_DATA_FILES] if snapshot.summary is not None else None
+    if total is not None:
+        return int(total)
+    # pyiceberg's inspect.files() fails on a snapshot without any data file
+    return sum(len(manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+               for manifest in snapshot.manifests(table.io) if manifest.content == ManifestContent.DATA)
 
 
 def _offset_scan(table: Table, partition: int | None) -> DataScan:
@@ -262,8 +301,11 @@ def snapshot_row_count(table: Table) -> int | None:
     return int(value) if value is not None else None
 
 
-def duplicate_offsets(table: Table, *, partition: int | None = None) -> dict[int, int]:
-    """Offsets held by more than one row of the table's current snapshot.
+def duplicate_offsets(
+    table: Table, *, partition: int | None = None, dead_letters: Table | None = None
+) -> dict[int, int]:
+    """Offsets held by more than one row of the table's current snapshot (and of its
+    dead-letter table, when given: an offset is committed once, as a row of one of the two).
 
     Scans the ``_offset`` column only (8 bytes per row in memory).
 
@@ -271,12 +313,20 @@ def duplicate_offsets(table: Table, *, partition: int | None = None) -> dict[int
         table: a topic's table.
         partition: only the rows of this partition (in a partitioned topic's table each
             partition has its own offsets, so duplicates are looked for per partition).
+        dead_letters: the topic's dead-letter table
+            (:func:`~danube_pipeline.iceberg.dead_letter.load_dead_letter_table`), whose rows
+            count as well.
 
     Returns:
         ``{offset: rows holding it}`` for every offset held by two rows or more; empty when
         every offset is unique.
     """
     offsets = _offset_scan(table, partition).to_arrow().column("_offset")
+    if dead_letters is not None:
+        offsets = pa.chunked_array(
+            [*offsets.chunks, *_offset_scan(dead_letters, partition).to_arrow().column("_offset").chunks],
+            type=pa.int64(),
+        )
     counts = pc.value_counts(offsets)
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
     return {

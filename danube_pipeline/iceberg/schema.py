@@ -1,12 +1,15 @@
 """Avro schemas to Iceberg schemas: the columns of a topic's table.
 
-Each table has the message metadata columns (field ids 1-9)::
+Each table has the message metadata columns (field ids 1-9 here; the catalog renumbers a new
+table's ids, top-level columns first, Iceberg spec "Schemas and Data Types")::
 
     _offset long (required) | _publish_time timestamptz (µs) | _producer_id long (u64 bits)
     | _producer_name string | _schema_id long | _schema_version int | _attributes map<string,string>
 
 followed by one typed column per field of the topic's Avro record schema, or a single
-``_payload`` binary column when the topic has no schema.
+``_payload`` binary column when the topic has no schema. JSON Schema and Protobuf schemas map to
+columns in :mod:`.json_schema` and :mod:`.protobuf_schema`; all three share
+:class:`PayloadColumn` and :func:`schema_from_columns` here.
 
 The table of a partitioned topic (``docs/etcd-layout.md`` §3.1) has one more metadata column,
 ``_partition int`` (field id 10, before the payload columns): the index ``i`` of the partition
@@ -19,9 +22,10 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +39,12 @@ from pyiceberg.types import (
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
     MapType,
     NestedField,
     StringType,
+    StructType,
     TimestampType,
     TimestamptzType,
     TimeType,
@@ -50,8 +56,13 @@ __all__ = [
     "METADATA_COLUMNS",
     "PARTITION_COLUMN",
     "PAYLOAD_COLUMN",
+    "RESERVED_COLUMNS",
     "VALUE_COLUMN",
+    "PayloadColumn",
     "iceberg_schema_for_avro",
+    "payload_columns",
+    "renumber_nested",
+    "schema_from_columns",
     "widen_avro_schema",
 ]
 
@@ -69,6 +80,10 @@ PARTITION_COLUMN = "_partition"
 """In a partitioned topic's table: the partition index of the row (see the module docstring)."""
 VALUE_COLUMN = "value"
 """Column name used when the topic's Avro schema is not a record (e.g. a bare ``"string"``)."""
+REWRITE_VERSION_COLUMN = "_rewrite_version"
+"""Written by ``danube_pipeline.rewrite``: the rewrite version that wrote the row."""
+RESERVED_COLUMNS = frozenset((*METADATA_COLUMNS, PAYLOAD_COLUMN, PARTITION_COLUMN, REWRITE_VERSION_COLUMN))
+"""Column names a schema's field may not take: they are Danube's own."""
 
 
 Converter = Callable[[Any], Any]
@@ -100,7 +115,17 @@ def _to_str(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class PayloadColumn:
-    """One payload column: its Avro field name, Iceberg type and value converter."""
+    """One payload column of a topic's table, as one schema (version) defines it.
+
+    Attributes:
+        name: the column name (the schema's top-level field name).
+        iceberg_type: its Iceberg type; nested field ids in it are placeholders
+            (:func:`schema_from_columns` renumbers them).
+        required: ``True`` when every record of the schema has a value.
+        convert: turns a decoded value (never ``None``) into the value pyarrow takes for
+            ``iceberg_type``.
+        doc: the field's documentation, if the schema has one.
+    """
 
     name: str
     iceberg_type: IcebergType
@@ -219,7 +244,7 @@ def payload_columns(avro_schema: Mapping[str, Any]) -> list[PayloadColumn]:
         columns = []
         for f in avro_schema.get("fields", []):
             name = f["name"]
-            if name in METADATA_COLUMNS or name in (PAYLOAD_COLUMN, PARTITION_COLUMN):
+            if name in RESERVED_COLUMNS:
                 raise InvalidSchemaError(
                     str(avro_schema.get("name", "?")),
                     f"field {name!r} collides with a Danube metadata column",
@@ -262,6 +287,7 @@ def schema_from_columns(columns: Sequence[PayloadColumn] | None, *, partitioned:
     """
     fields = _metadata_fields()
     next_id = 10
+    nested_ids = itertools.count(10 + (1 if partitioned else 0) + (len(columns) if columns else 1))
     if partitioned:
         fields.append(
             NestedField(
@@ -274,9 +300,46 @@ def schema_from_columns(columns: Sequence[PayloadColumn] | None, *, partitioned:
         fields.append(NestedField(next_id, PAYLOAD_COLUMN, BinaryType(), required=False, doc="raw payload"))
     else:
         for c in columns:
-            fields.append(NestedField(next_id, c.name, c.iceberg_type, required=c.required, doc=c.doc))
+            fields.append(
+                NestedField(next_id, c.name, renumber_nested(c.iceberg_type, nested_ids), required=c.required, doc=c.doc)
+            )
             next_id += 1
     return Schema(*fields)
+
+
+def renumber_nested(iceberg_type: IcebergType, ids: Iterator[int]) -> IcebergType:
+    """``iceberg_type`` with fresh field ids taken from ``ids`` for every nested field (struct
+    fields, list elements, map keys and values); a primitive is returned as is.
+
+    Args:
+        iceberg_type: a column's type, whose nested ids may be placeholders.
+        ids: the ids to hand out, each used once.
+
+    Returns:
+        An equal type but for the ids.
+    """
+    if isinstance(iceberg_type, StructType):
+        return StructType(
+            *(
+                NestedField(
+                    next(ids), f.name, renumber_nested(f.field_type, ids), required=f.required, doc=f.doc
+                )
+                for f in iceberg_type.fields
+            )
+        )
+    if isinstance(iceberg_type, ListType):
+        return ListType(
+            next(ids), renumber_nested(iceberg_type.element_type, ids), element_required=iceberg_type.element_required
+        )
+    if isinstance(iceberg_type, MapType):
+        return MapType(
+            next(ids),
+            renumber_nested(iceberg_type.key_type, ids),
+            next(ids),
+            renumber_nested(iceberg_type.value_type, ids),
+            value_required=iceberg_type.value_required,
+        )
+    return iceberg_type
 
 
 def iceberg_schema_for_avro(avro_schema: Mapping[str, Any] | str | None, *, partitioned: bool = False) -> Schema:

@@ -115,6 +115,12 @@ def topic_local_retention(topic: TopicName) -> str:
     return f"{topic_root(topic)}/local_retention"
 
 
+def topic_schema(topic: TopicName) -> str:
+    """§3.7 ``/topics/{namespace}/{topic}/schema``; value :class:`TopicSchema`, the topic's
+    schema subject and whether producers without a schema may publish to it."""
+    return f"{topic_root(topic)}/schema"
+
+
 def topic_producers_prefix(topic: TopicName) -> str:
     """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
     return f"{topic_root(topic)}/producers/"

@@ -208,20 +208,38 @@ class SubscriptionMetadata(JsonRecord):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AvroSchemaDef(JsonRecord):
-    """The ``{"Avro": {...}}`` body of ``schema_def`` (§4.3)."""
+    """The body of ``schema_def`` (§4.3): ``{"Avro": {...}}``, ``{"JsonSchema": {...}}`` or
+    ``{"Protobuf": {...}}``, the same two fields for every schema type."""
 
     fingerprint: str
     raw_schema: str
+
+
+SchemaDefBody = AvroSchemaDef
+"""The body of ``schema_def`` for any schema type (the Avro one's name is historical)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SchemaVersion(JsonRecord):
     """§4.3 ``/schemas/{subject}/versions/{version}``.
 
-    ``schema_def`` is ``{"Avro": {"fingerprint": "sha256:…", "raw_schema": "…"}}``;
-    ``fingerprint`` is ``"sha256:"`` plus the hex SHA-256 of the schema's Parsing Canonical
-    Form (Avro spec, "Schema Fingerprints").
+    ``schema_def`` is ``{"<type>": {"fingerprint": "sha256:…", "raw_schema": "…"}}`` with
+    ``<type>`` one of ``Avro``, ``JsonSchema``, ``Protobuf``; ``fingerprint`` is ``"sha256:"``
+    plus a hex SHA-256 (:mod:`danube_pipeline.schema_formats`: of the Avro Parsing Canonical
+    Form, of the canonical JSON, of the serialized ``FileDescriptorProto``).
     """
+
+    @property
+    def schema_type(self) -> str:
+        """The key of ``schema_def`` (``"Avro"`` for a malformed empty one)."""
+        return next(iter(self.schema_def), "Avro")
+
+    @property
+    def raw_schema(self) -> str:
+        """The schema text of ``schema_def``."""
+        body = self.schema_def.get(self.schema_type)
+        return str(body.get("raw_schema", "")) if isinstance(body, dict) else ""
+
 
     created_at: int
     created_by: str
@@ -234,7 +252,13 @@ class SchemaVersion(JsonRecord):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SchemaMetadata(JsonRecord):
-    """§4.2 ``/schemas/{subject}/metadata``."""
+    """§4.2 ``/schemas/{subject}/metadata``.
+
+    ``compatibility_mode`` is one of ``None``, ``Backward``, ``BackwardTransitive``,
+    ``Forward``, ``ForwardTransitive``, ``Full``, ``FullTransitive``
+    (:mod:`danube_pipeline.schema_compat`); ``topics_using`` lists, once each, the topics
+    (``/{ns}/{topic}``) a producer with the subject's schema was created on.
+    """
 
     compatibility_mode: str
     created_at: int
@@ -246,6 +270,34 @@ class SchemaMetadata(JsonRecord):
     updated_at: int
     versions: list[SchemaVersion]
     _nested: ClassVar[dict[str, type[JsonRecord]]] = {"versions": SchemaVersion}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicSchema(JsonRecord):
+    """§3.7 ``/topics/{ns}/{topic}/schema``: the topic's schema settings.
+
+    Attributes:
+        subject: the subject of the first producer with a schema created on the topic; ``""``
+            while none was (the key may exist for ``allow_raw`` alone).
+        allow_raw: whether producers without a schema are accepted on the topic once it has a
+            subject; their messages carry schema id 0 and stay raw.
+    """
+
+    subject: str = ""
+    allow_raw: bool = False
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: ``data`` is not an object, ``subject`` not a string or ``allow_raw``
+                not a boolean.
+        """
+        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        if not isinstance(value.subject, str) or not isinstance(value.allow_raw, bool):
+            raise ValueError(f"TopicSchema: subject must be a string and allow_raw a boolean, got {data!r}")
+        return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -26,6 +26,8 @@ class InitialPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 class SchemaType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     AVRO: _ClassVar[SchemaType]
+    JSON_SCHEMA: _ClassVar[SchemaType]
+    PROTOBUF: _ClassVar[SchemaType]
 RELIABLE: DeliveryMode
 NON_RELIABLE: DeliveryMode
 EXCLUSIVE: SubscriptionType
@@ -34,6 +36,8 @@ FAILOVER: SubscriptionType
 LATEST: InitialPosition
 EARLIEST: InitialPosition
 AVRO: SchemaType
+JSON_SCHEMA: SchemaType
+PROTOBUF: SchemaType
 
 class SchemaReference(_message.Message):
     __slots__ = ("schema_id", "schema_version", "subject")
@@ -238,6 +242,30 @@ class ClusterMetadataResponse(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
     leader_broker_id: int
     def __init__(self, cluster_name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., leader_broker_id: _Optional[int] = ...) -> None: ...
+
+class SetTopicSchemaPolicyRequest(_message.Message):
+    __slots__ = ("topic", "allow_raw")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_RAW_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    allow_raw: bool
+    def __init__(self, topic: _Optional[str] = ..., allow_raw: _Optional[bool] = ...) -> None: ...
+
+class TopicSchemaPolicy(_message.Message):
+    __slots__ = ("topic", "subject", "allow_raw")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_RAW_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subject: str
+    allow_raw: bool
+    def __init__(self, topic: _Optional[str] = ..., subject: _Optional[str] = ..., allow_raw: _Optional[bool] = ...) -> None: ...
+
+class SetTopicSchemaPolicyResponse(_message.Message):
+    __slots__ = ("policies",)
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    policies: _containers.RepeatedCompositeFieldContainer[TopicSchemaPolicy]
+    def __init__(self, policies: _Optional[_Iterable[_Union[TopicSchemaPolicy, _Mapping]]] = ...) -> None: ...
 
 class DeleteTopicRequest(_message.Message):
     __slots__ = ("topic", "force")
@@ -510,16 +538,32 @@ class SegmentChunk(_message.Message):
     def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class RegisterSchemaRequest(_message.Message):
-    __slots__ = ("subject", "schema_type", "raw_schema", "created_by")
+    __slots__ = ("subject", "schema_type", "raw_schema", "created_by", "compatibility_mode")
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
     RAW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_MODE_FIELD_NUMBER: _ClassVar[int]
     subject: str
     schema_type: SchemaType
     raw_schema: str
     created_by: str
-    def __init__(self, subject: _Optional[str] = ..., schema_type: _Optional[_Union[SchemaType, str]] = ..., raw_schema: _Optional[str] = ..., created_by: _Optional[str] = ...) -> None: ...
+    compatibility_mode: str
+    def __init__(self, subject: _Optional[str] = ..., schema_type: _Optional[_Union[SchemaType, str]] = ..., raw_schema: _Optional[str] = ..., created_by: _Optional[str] = ..., compatibility_mode: _Optional[str] = ...) -> None: ...
+
+class SetCompatibilityModeRequest(_message.Message):
+    __slots__ = ("subject", "compatibility_mode")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_MODE_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    compatibility_mode: str
+    def __init__(self, subject: _Optional[str] = ..., compatibility_mode: _Optional[str] = ...) -> None: ...
+
+class SetCompatibilityModeResponse(_message.Message):
+    __slots__ = ("compatibility_mode",)
+    COMPATIBILITY_MODE_FIELD_NUMBER: _ClassVar[int]
+    compatibility_mode: str
+    def __init__(self, compatibility_mode: _Optional[str] = ...) -> None: ...
 
 class RegisterSchemaResponse(_message.Message):
     __slots__ = ("schema_id", "version", "fingerprint")

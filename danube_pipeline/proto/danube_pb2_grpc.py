@@ -642,6 +642,11 @@ class AdminStub:
                 request_serializer=danube__pb2.AbandonUnavailableRangeRequest.SerializeToString,
                 response_deserializer=danube__pb2.AbandonUnavailableRangeResponse.FromString,
                 _registered_method=True)
+        self.SetTopicSchemaPolicy = channel.unary_unary(
+                '/danube.v1.Admin/SetTopicSchemaPolicy',
+                request_serializer=danube__pb2.SetTopicSchemaPolicyRequest.SerializeToString,
+                response_deserializer=danube__pb2.SetTopicSchemaPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -738,6 +743,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTopicSchemaPolicy(self, request, context):
+        """Sets whether producers without a schema may publish to a topic that has a schema subject
+        (docs/etcd-layout.md §3.7 "allow_raw"); on a partitioned topic, on every partition. Served by
+        any broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -800,6 +814,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.AbandonUnavailableRange,
                     request_deserializer=danube__pb2.AbandonUnavailableRangeRequest.FromString,
                     response_serializer=danube__pb2.AbandonUnavailableRangeResponse.SerializeToString,
+            ),
+            'SetTopicSchemaPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTopicSchemaPolicy,
+                    request_deserializer=danube__pb2.SetTopicSchemaPolicyRequest.FromString,
+                    response_serializer=danube__pb2.SetTopicSchemaPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1138,6 +1157,33 @@ class Admin:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def SetTopicSchemaPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Admin/SetTopicSchemaPolicy',
+            danube__pb2.SetTopicSchemaPolicyRequest.SerializeToString,
+            danube__pb2.SetTopicSchemaPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class SchemaRegistryStub:
     """---------------------------------------------------------------- schema registry
@@ -1160,6 +1206,11 @@ class SchemaRegistryStub:
                 request_serializer=danube__pb2.GetSchemaRequest.SerializeToString,
                 response_deserializer=danube__pb2.GetSchemaResponse.FromString,
                 _registered_method=True)
+        self.SetCompatibilityMode = channel.unary_unary(
+                '/danube.v1.SchemaRegistry/SetCompatibilityMode',
+                request_serializer=danube__pb2.SetCompatibilityModeRequest.SerializeToString,
+                response_deserializer=danube__pb2.SetCompatibilityModeResponse.FromString,
+                _registered_method=True)
 
 
 class SchemaRegistryServicer:
@@ -1169,7 +1220,9 @@ class SchemaRegistryServicer:
 
     def RegisterSchema(self, request, context):
         """Registers a schema under a subject (docs/etcd-layout.md §4). Idempotent: a schema whose fingerprint
-        equals an existing version of the subject returns that version.
+        equals an existing version of the subject returns that version. A new version must pass the
+        subject's compatibility mode (FAILED_PRECONDITION, IncompatibleSchemaError, names the field
+        and the rule) and be of the subject's schema type.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1177,6 +1230,13 @@ class SchemaRegistryServicer:
 
     def GetSchema(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCompatibilityMode(self, request, context):
+        """Sets a subject's compatibility mode (docs/etcd-layout.md §4.2 "compatibility_mode").
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -1193,6 +1253,11 @@ def add_SchemaRegistryServicer_to_server(servicer, server):
                     servicer.GetSchema,
                     request_deserializer=danube__pb2.GetSchemaRequest.FromString,
                     response_serializer=danube__pb2.GetSchemaResponse.SerializeToString,
+            ),
+            'SetCompatibilityMode': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCompatibilityMode,
+                    request_deserializer=danube__pb2.SetCompatibilityModeRequest.FromString,
+                    response_serializer=danube__pb2.SetCompatibilityModeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1251,6 +1316,33 @@ class SchemaRegistry:
             '/danube.v1.SchemaRegistry/GetSchema',
             danube__pb2.GetSchemaRequest.SerializeToString,
             danube__pb2.GetSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCompatibilityMode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.SchemaRegistry/SetCompatibilityMode',
+            danube__pb2.SetCompatibilityModeRequest.SerializeToString,
+            danube__pb2.SetCompatibilityModeResponse.FromString,
             options,
             channel_credentials,
             insecure,
