@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import itertools
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -146,29 +146,32 @@ MALFORMED_PAYLOADS = (b"\xff\xfenot avro", b"{\"flight\": 1545}", b"\x02", b"\x8
 keeps each of them, undecoded, in the dead-letter table."""
 
 
-def _v2_start(limit: int | None) -> int:
-    """Index of the first flight published with schema version 2: the first of December, or
-    (a slice without December) the last tenth of the slice."""
+def _v2_flights(limit: int | None) -> Callable[[int, dict[str, Any]], bool]:
+    """Which flights are published with schema version 2: December's (the file is not in date
+    order), or, in a slice without December, its last tenth."""
     total = 0
-    first_december = None
+    december = False
     for i, flight in enumerate(flights.iter_flights(limit)):
         total = i + 1
-        if first_december is None and flight["month"] == 12:
-            first_december = i
-    return first_december if first_december is not None else total - max(1, total // 10)
+        december = december or flight["month"] == 12
+    if december:
+        return lambda _i, flight: bool(flight["month"] == 12)
+    first = total - max(1, total // 10)
+    return lambda i, _flight: i >= first
 
 
 async def _publish_v1(broker_addr: str, limit: int | None, summary: DemoSummary, progress: bool) -> list[bytes]:
     """Publish the flights before December with schema version 1."""
-    stop = _v2_start(limit)
+    is_v2 = _v2_flights(limit)
     summary.publish_started_day = dt.datetime.now(dt.timezone.utc).date()
     payloads: list[bytes] = []
+    v1 = (f for i, f in enumerate(flights.iter_flights(limit)) if not is_v2(i, f))
     async with DanubeClient([broker_addr]) as client:
         schema = AvroSchema(subject=flights.FLIGHTS_SUBJECT, raw_schema=flights.FLIGHT_AVRO_SCHEMA_JSON)
         async with client.producer(flights.FLIGHTS_TOPIC, producer_name="flights-loader", schema=schema) as producer:
             await _send_all(
-                producer, ((flights.encode_flight(f), f["origin"]) for f in itertools.islice(flights.iter_flights(limit), stop)),
-                payloads, stop, progress, "publish v1", offset=0,
+                producer, ((flights.encode_flight(f), f["origin"]) for f in v1),
+                payloads, None, progress, "publish v1", offset=0,
             )
     summary.flights_v1 = len(payloads)
     _count_published(summary, payloads)
@@ -180,7 +183,7 @@ async def _publish_v2_and_malformed(broker_addr: str, limit: int | None, summary
     int→string change is not backward compatible, the ``schema_rewrite`` asset migrates the old
     rows), publish December's flights with it, then a few malformed messages through a raw
     producer (the topic's schema policy allows raw messages)."""
-    start = _v2_start(limit)
+    is_v2 = _v2_flights(limit)
     offset = summary.messages_published
     payloads: list[bytes] = []
     async with DanubeClient([broker_addr]) as client:
@@ -189,11 +192,10 @@ async def _publish_v2_and_malformed(broker_addr: str, limit: int | None, summary
         async with client.producer(flights.FLIGHTS_TOPIC, producer_name="flights-loader-v2", schema=schema) as producer:
             if producer.schema_version != 2:
                 raise DemoError("publish v2", f"schema version {producer.schema_version}, expected 2")
-            count = sum(1 for _ in flights.iter_flights(limit)) - start
+            v2 = (f for i, f in enumerate(flights.iter_flights(limit)) if is_v2(i, f))
             await _send_all(
-                producer,
-                ((flights.encode_flight_v2(f), f["origin"]) for f in itertools.islice(flights.iter_flights(limit), start, None)),
-                payloads, count, progress, "publish v2", offset=offset,
+                producer, ((flights.encode_flight_v2(f), f["origin"]) for f in v2),
+                payloads, None, progress, "publish v2", offset=offset,
             )
         summary.flights_v2 = len(payloads)
         await client.admin.set_topic_schema_policy(flights.FLIGHTS_TOPIC, allow_raw=True)
@@ -209,7 +211,8 @@ async def _publish_v2_and_malformed(broker_addr: str, limit: int | None, summary
 
 
 async def _send_all(
-    producer: Producer, encoded: Iterable[tuple[bytes, str]], payloads: list[bytes], total: int, progress: bool, desc: str,
+    producer: Producer, encoded: Iterable[tuple[bytes, str]], payloads: list[bytes], total: int | None, progress: bool,
+    desc: str,
     *, offset: int,
 ) -> None:
     futures = []
