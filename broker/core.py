@@ -1042,6 +1042,8 @@ class Broker:
             SchemaNotFoundError, InvalidSchemaError: the schema is unknown, or its stored text
                 does not parse.
             SchemaRequiredError: no schema, on a topic with a subject that refuses raw messages.
+            PolicyLimitError: the topic has ``max_producers_per_topic`` producers (§2.1, §3.8);
+                nothing is created.
             NotServedHereError: another broker owns the topic.
             MetadataStoreError: etcd unreachable. The producer key may still be written by
                 etcd later; reconciliation then marks it closed, and it expires.
@@ -1053,7 +1055,9 @@ class Broker:
             schema = await self.registry.get_by_id(schema_id, version=schema_version or None)
             parsed = await self.registry.parse(schema)
         topic = await self.topic_for(name, create=True, delivery=delivery)
+        topic.check_producer_limit()
         await check_producer_schema(self, name, schema)
+        topic.check_producer_limit()  # again: producers may have been created meanwhile
         producer = Producer(
             id=_new_id(self.producers.keys()),
             name=producer_name,
@@ -1063,6 +1067,7 @@ class Broker:
             parsed_schema=parsed,
         )
         self._creating.add(producer.id)
+        topic.pending_producers += 1
         try:
             await self.store.put(keys.topic_producer(name, producer.id), producer.metadata(status=True))
         except MetadataStoreError:
@@ -1070,6 +1075,7 @@ class Broker:
             raise
         finally:
             self._creating.discard(producer.id)
+            topic.pending_producers -= 1
         self.producers[producer.id] = producer
         topic.producers[producer.id] = producer
         log.info("producer %d (%s) on %s", producer.id, producer_name, name)
@@ -1185,12 +1191,17 @@ class Broker:
         return consumer
 
     def ack(self, consumer_id: int, ranges: Iterable[tuple[int, int]]) -> None:
-        """Acknowledge the inclusive offset ``ranges`` on the consumer's subscription.
+        """Acknowledge the inclusive offset ``ranges`` on the consumer's subscription: only
+        offsets sent to this consumer and not acknowledged yet (``docs/etcd-layout.md`` §3.5).
 
         Raises:
-            ConsumerNotFoundError: unknown consumer.
+            ConsumerNotFoundError: unknown consumer (never known, or forgotten).
+            InvalidAckError: an offset is not the consumer's to acknowledge (never delivered,
+                delivered to another consumer, already acknowledged, or the consumer is
+                closed); nothing of the request was acknowledged.
         """
-        self.consumer(consumer_id).subscription.ack_ranges(ranges)
+        consumer = self.consumer(consumer_id)
+        consumer.subscription.ack_ranges(ranges, consumer=consumer)
 
     async def close_consumer(self, consumer_id: int) -> None:
         """Detach the consumer (its unacknowledged messages are redelivered) and store the cursor.

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from danube_pipeline.errors import PositionBelowRetentionError, SubscriptionBusyError
+from danube_pipeline.errors import InvalidAckError, PositionBelowRetentionError, SubscriptionBusyError
 from danube_pipeline.metadata.values import UnavailableRange
 from danube_pipeline.segments import StoredBatch
 from danube_pipeline.modes import SubscriptionType
@@ -286,17 +286,81 @@ class Subscription:
 
     # ------------------------------------------------------------------ acks
 
-    def ack(self, offsets: Iterable[int]) -> None:
+    def ack(self, offsets: Iterable[int], *, consumer: Consumer | None = None) -> None:
         """Acknowledge single offsets (see :meth:`ack_ranges`)."""
-        self.ack_ranges((o, o) for o in offsets)
+        self.ack_ranges([(o, o) for o in offsets], consumer=consumer)
 
-    def ack_ranges(self, ranges: Iterable[tuple[int, int]]) -> None:
-        """Acknowledge every offset of the inclusive ``(first, last)`` ranges, by any consumer of
-        the subscription; schedules a cursor write every ``cursor_flush_acks`` acks.
+    def check_ack(self, consumer: Consumer, ranges: list[tuple[int, int]]) -> None:
+        """Check that ``consumer`` may acknowledge every offset of the inclusive
+        ``(first, last)`` ranges: each was sent to it (its stream sent the batch) and is not
+        acknowledged yet, and no offset appears twice in ``ranges``.
 
-        Offsets not handed out, or already acknowledged, are ignored, and so is every ack
-        once the subscription is closed (unloaded: a new instance owns the cursor).
+        Raises:
+            InvalidAckError: for the first refused run of offsets, with its reason.
         """
+        if consumer.closed or consumer.subscription is not self or self._closed:
+            first = min((f for f, _ in ranges), default=0)
+            last = max((la for _, la in ranges), default=0)
+            raise InvalidAckError(consumer.id, first, last, "the consumer is closed")
+        previous_last = -1
+        for first, last in sorted(ranges):
+            if last < first:
+                raise InvalidAckError(consumer.id, first, last, "the range is empty (last < first)")
+            if first <= previous_last:
+                raise InvalidAckError(
+                    consumer.id, first, min(last, previous_last), "acknowledged twice in this request"
+                )
+            previous_last = last
+            self._check_range(consumer, first, last)
+
+    def _check_range(self, consumer: Consumer, first: int, last: int) -> None:
+        pos = first
+        while pos <= last:
+            i = bisect.bisect_right(self._bases, pos) - 1
+            handout = self.handouts[self._bases[i]] if i >= 0 else None
+            if handout is None or handout.last < pos:  # no handout holds pos
+                nxt = self._bases[i + 1] if i + 1 < len(self._bases) else None
+                end = last if nxt is None else min(last, nxt - 1)
+                if pos >= self.read_position:
+                    raise InvalidAckError(consumer.id, pos, end, "never delivered")
+                end = min(end, self.read_position - 1)
+                raise InvalidAckError(consumer.id, pos, end, "already acknowledged (or skipped)")
+            end = min(last, handout.last)
+            if pos < handout.first:
+                raise InvalidAckError(
+                    consumer.id, pos, min(end, handout.first - 1), "never delivered (before the subscription's start)"
+                )
+            if handout.consumer is not consumer:
+                reason = "not delivered to this consumer (it waits for redelivery)" if handout.consumer is None else (
+                    "delivered to another consumer")
+                raise InvalidAckError(consumer.id, pos, end, reason)
+            if not handout.sent:
+                raise InvalidAckError(consumer.id, pos, end, "not delivered yet (queued for the stream)")
+            acked = handout.acked_bits >> (pos - handout.first)
+            if acked & ((1 << (end - pos + 1)) - 1):
+                j = (acked & -acked).bit_length() - 1  # first acknowledged offset at pos + j
+                run_end = pos + j
+                while run_end + 1 <= end and (handout.acked_bits >> (run_end + 1 - handout.first)) & 1:
+                    run_end += 1
+                raise InvalidAckError(consumer.id, pos + j, run_end, "already acknowledged")
+            pos = end + 1
+
+    def ack_ranges(self, ranges: Iterable[tuple[int, int]], *, consumer: Consumer | None = None) -> None:
+        """Acknowledge every offset of the inclusive ``(first, last)`` ranges; schedules a
+        cursor write every ``cursor_flush_acks`` acks.
+
+        With ``consumer`` (every ``Ack`` request), the ack is checked first
+        (:meth:`check_ack`) and refused whole if any offset is not the consumer's to
+        acknowledge. Without it (internal use), offsets not handed out or already acknowledged
+        are ignored, and so is every ack once the subscription is closed (unloaded: a new
+        instance owns the cursor).
+
+        Raises:
+            InvalidAckError: ``consumer`` may not acknowledge an offset; nothing was acknowledged.
+        """
+        ranges = list(ranges)
+        if consumer is not None:
+            self.check_ack(consumer, ranges)
         if self._closed:
             return
         n = 0
@@ -584,9 +648,10 @@ class Subscription:
         Every handout is dropped: the batches consumers hold (sent or still queued for their
         stream) and those waiting for redelivery. The consumers stay attached with their
         windows freed; batches still queued for them are not sent. An ack of a dropped batch
-        finds no handout and is ignored, unless its offset was handed out again after the reset
-        (acks carry only offsets): :meth:`broker.topic.Topic.reset_cursor` therefore resets a
-        fresh instance, and the closed old one ignores the late acks of its consumers.
+        finds no handout and is refused (:meth:`check_ack`), unless its offset was handed out
+        again after the reset to the same consumer (acks carry only offsets):
+        :meth:`broker.topic.Topic.reset_cursor` therefore resets a fresh instance, and the late
+        acks of the closed old one's consumers are refused.
 
         A reset to offset 0 stores the cursor ``-1`` (the subscription then resumes at 0 after
         a reload, whatever the initial position of the next ``Subscribe``).

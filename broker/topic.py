@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from danube_pipeline.batches import BatchHeader, batch_payloads, validate_batch
-from danube_pipeline.errors import SchemaMismatchError, SubscriptionNotFoundError
+from danube_pipeline.errors import PolicyLimitError, SchemaMismatchError, SubscriptionNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
@@ -77,6 +77,7 @@ class Topic:
         self.unavailable_range = unavailable_range
         self.delivery = delivery
         self.producers: dict[int, Producer] = {}
+        self.pending_producers = 0  # being created (their etcd key is being written)
         self.subscriptions: dict[str, Subscription] = {}
         self._store = store
         self._cache = cache
@@ -88,7 +89,8 @@ class Topic:
         self._unloaded_cursors: dict[str, int] = {}  # last cursor of unloaded subscriptions
         self._doomed: dict[str, float] = {}  # subscriptions whose first Subscribe failed
         self._policy_key = keys.namespace_policy(name.namespace)
-        self._policy_raw: object = None
+        self._topic_policy_key = keys.topic_policy(name)
+        self._policy_raw: tuple[object, object] = (None, None)
         self._policy: values.NamespacePolicy | None = None
         self._subscribe_lock = asyncio.Lock()
         self.closed = False
@@ -109,23 +111,72 @@ class Topic:
     # ------------------------------------------------------------------ producing
 
     def policy(self) -> values.NamespacePolicy:
-        """The namespace policy (``docs/etcd-layout.md`` §2.1), defaults when absent or unreadable.
+        """The topic's policy: the namespace policy (``docs/etcd-layout.md`` §2.1), defaults
+        when absent or unreadable, with the fields of the topic's override (§3.8) that are
+        present replacing the namespace's (an unreadable override is logged and ignored).
 
-        Parsed again only when the cached value changed (the cache holds a new object then).
+        Read from the cache on every call and parsed again only when a cached value changed
+        (the cache holds a new object then), so a policy written with etcdctl applies as soon
+        as the cache's watch delivers it.
         """
-        raw = self._cache.get(self._policy_key)
-        if raw is not self._policy_raw or self._policy is None:
+        raw = (self._cache.get(self._policy_key), self._cache.get(self._topic_policy_key))
+        if self._policy is None or raw[0] is not self._policy_raw[0] or raw[1] is not self._policy_raw[1]:
+            namespace_raw, topic_raw = raw
             policy = values.NamespacePolicy()
-            if raw is not None:
+            if namespace_raw is not None:
                 try:
-                    policy = values.NamespacePolicy.from_json(raw)
+                    policy = values.NamespacePolicy.from_json(namespace_raw)
                 except ValueError:
-                    log.warning("%s: unreadable namespace policy %r; using defaults", self.path, raw)
+                    log.warning("%s: unreadable namespace policy %r; using defaults", self.path, namespace_raw)
+            if topic_raw is not None:
+                try:
+                    policy = policy.overridden(topic_raw)
+                except ValueError as exc:
+                    log.warning("%s: unreadable topic policy override %r (%s); ignored", self.path, topic_raw, exc)
             self._policy_raw, self._policy = raw, policy
         return self._policy
 
+    def check_producer_limit(self) -> None:
+        """Refuse a new producer when the topic has ``max_producers_per_topic`` open ones.
+
+        Raises:
+            PolicyLimitError: at the limit (0 = unlimited).
+        """
+        limit = self.policy().max_producers_per_topic
+        if limit and sum(not p.closed for p in self.producers.values()) + self.pending_producers >= limit:
+            raise PolicyLimitError(self.path, "max_producers_per_topic", limit)
+
+    def _check_consumer_limits(self, subscription: str) -> None:
+        """Refuse a new consumer of ``subscription`` at any count limit of the policy: a new
+        subscription past ``max_subscriptions_per_topic`` (loaded or stored, §3.4), a consumer
+        past ``max_consumers_per_topic`` or ``max_consumers_per_subscription``.
+
+        Raises:
+            PolicyLimitError: at a limit (0 = unlimited).
+        """
+        policy = self.policy()
+        sub = self.subscriptions.get(subscription)
+        if policy.max_subscriptions_per_topic and sub is None:
+            stored = set(self.subscriptions)
+            prefix = keys.topic_subscription(self.name, "")
+            for key in self._cache.get_prefix(prefix):
+                rest = key[len(prefix):]
+                if rest and "/" not in rest:
+                    stored.add(rest)
+            if subscription not in stored and len(stored) >= policy.max_subscriptions_per_topic:
+                raise PolicyLimitError(self.path, "max_subscriptions_per_topic", policy.max_subscriptions_per_topic)
+        if policy.max_consumers_per_topic:
+            count = sum(len(s.consumers) for s in self.subscriptions.values())
+            if count >= policy.max_consumers_per_topic:
+                raise PolicyLimitError(self.path, "max_consumers_per_topic", policy.max_consumers_per_topic)
+        if policy.max_consumers_per_subscription and sub is not None:
+            if len(sub.consumers) >= policy.max_consumers_per_subscription:
+                raise PolicyLimitError(
+                    self.path, "max_consumers_per_subscription", policy.max_consumers_per_subscription
+                )
+
     def max_message_size_bytes(self) -> int:
-        """``max_message_size`` of the namespace policy in bytes; 0 = unlimited (§2.1)."""
+        """``max_message_size`` of the topic's policy in bytes (§2.1, §3.8); 0 = unlimited."""
         return self.policy().max_message_size
 
     def validate(self, producer: Producer, batch: bytes) -> BatchHeader:
@@ -199,12 +250,15 @@ class Topic:
         subscription (``below_retention``).
 
         Raises:
+            PolicyLimitError: the topic is at a count limit of its policy (§2.1, §3.8);
+                nothing changed.
             SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
             MetadataStoreError: etcd could not be written. A subscription this call created is
                 unloaded again, and :meth:`reconcile_subscriptions` deletes its keys if etcd
                 applies the failed writes later (``on_uncertain_write`` is called to start it).
         """
         async with self._subscribe_lock:
+            self._check_consumer_limits(subscription)
             sub = self.subscriptions.get(subscription)
             sub_key = keys.topic_subscription(self.name, subscription)
             created = sub is None and self._cache.get(sub_key) is None
@@ -383,8 +437,9 @@ class Topic:
 
         The loaded instance, if any, is closed without storing its cursor: its consumers'
         streams end (clients subscribe again and continue from ``offset``), and the acks of the
-        batches they held reach the closed instance, which ignores them, so none of them can
-        acknowledge an offset delivered again after the reset. A fresh instance, loaded as a
+        batches they held come from closed consumers and are refused
+        (:class:`~danube_pipeline.errors.InvalidAckError`), so none of them can acknowledge an
+        offset delivered again after the reset. A fresh instance, loaded as a
         ``Subscribe`` would load it (type from the stored metadata, §3.4, when it was not
         loaded), is moved with :meth:`Subscription.reset_to`; without consumers it is unloaded
         after ``subscription_idle_s``.

@@ -454,6 +454,56 @@ class UnavailableRangeNotFoundError(DanubeError, LookupError):
         super().__init__(f"topic {bounded(topic)!r} has no unavailable range starting at offset {start_offset}")
 
 
+class InvalidAckError(DanubeError):
+    """An ack named offsets its consumer may not acknowledge: a consumer acknowledges only
+    offsets delivered to it and not acknowledged yet. The whole ``Ack`` request is refused and
+    nothing of it is acknowledged (``docs/etcd-layout.md`` §3.5).
+
+    Args:
+        consumer_id: the consumer that sent the ack.
+        first_offset: the first refused offset.
+        last_offset: the last offset of the refused run (every offset from ``first_offset`` to
+            it is refused for the same ``reason``).
+        reason: why, e.g. ``"never delivered"``, ``"delivered to another consumer"``,
+            ``"already acknowledged"``, ``"the consumer is closed"``.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, consumer_id: int, first_offset: int, last_offset: int, reason: str) -> None:
+        self.consumer_id = consumer_id
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.reason = reason
+        super().__init__(
+            f"ack of offsets {first_offset}..{last_offset} by consumer {consumer_id} refused: {reason}; "
+            "nothing of the request was acknowledged"
+        )
+
+
+class PolicyLimitError(DanubeError):
+    """A producer or consumer was refused: the topic is at a count limit of its policy (the
+    namespace policy, ``docs/etcd-layout.md`` §2.1, or the topic's override, §3.8). Nothing
+    was created.
+
+    Args:
+        topic: the topic, ``/ns/topic``.
+        policy: the policy field, e.g. ``max_producers_per_topic``.
+        limit: the field's value (the count already reached).
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, topic: str, policy: str, limit: int) -> None:
+        self.topic = topic
+        self.policy = policy
+        self.limit = limit
+        super().__init__(
+            f"topic {bounded(topic)!r} is at its policy limit {policy} = {limit}; close one first or raise "
+            "the limit (namespace policy or the topic's policy override)"
+        )
+
+
 class ProducerClosedError(DanubeError, RuntimeError):
     """A message was given to a client-side producer that is not open (or already closed)."""
 
@@ -497,6 +547,8 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     PartitionedTopicError,
     UnavailableRangeNotFoundError,
     DuplicateSequenceError,
+    InvalidAckError,
+    PolicyLimitError,
 )
 """The error classes that travel from broker to client with their typed fields."""
 

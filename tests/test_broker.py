@@ -451,8 +451,8 @@ def test_shared_consumers_split_batches(stubs: Stubs) -> None:
         more_a, more_b = ca.wait_for(12), cb.wait_for(12)
         assert {m.offset for m in more_a[10:]} | {m.offset for m in more_b[10:]} == {20, 21, 22, 23}
         # one batch of 6 goes to one consumer whole, even past its window
-        stubs.consumer.Ack(pb.AckRequest(consumer_id=a, ranges=[pb.OffsetRange(first=20, last=23)]))
-        stubs.consumer.Ack(pb.AckRequest(consumer_id=b, ranges=[pb.OffsetRange(first=20, last=23)]))
+        stubs.consumer.Ack(pb.AckRequest(consumer_id=a, offsets=[m.offset for m in more_a[10:]]))
+        stubs.consumer.Ack(pb.AckRequest(consumer_id=b, offsets=[m.offset for m in more_b[10:]]))
         stubs.producer.SendBatch(batch_request(pid, *[b"v"] * 6))
         eventually_sync(lambda: len(ca.snapshot()) + len(cb.snapshot()) == 30, what="the batch of 6 delivered")
         whole = ca.snapshot()[12:] or cb.snapshot()[12:]

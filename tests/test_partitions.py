@@ -274,6 +274,11 @@ async def test_partitioned_topic_on_three_brokers(
             unload = asyncio.ensure_future(client.admin.unload_topic(parts[1]))
             during = [await producer.send(f"k0:{100 + i}".encode(), key="k0") for i in range(5)]
             await unload
+
+            async def moved_partition_assigned() -> bool:  # the leader assigns it after the release
+                return len((await _owners(meta))[parts[1]]) == 1
+
+            await eventually(moved_partition_assigned, timeout_s=10, what="the moved partition has a new owner")
             after = await _owners(meta)
             assert all(after[p] == before[p] for p in (parts[0], parts[2]))
             assert len(after[parts[1]]) == 1

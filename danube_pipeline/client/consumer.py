@@ -42,6 +42,7 @@ from danube_pipeline.errors import (
     ConsumerClosedError,
     ConsumerNotFoundError,
     DanubeError,
+    InvalidAckError,
     PartitionedTopicError,
 )
 from danube_pipeline.names import TopicName, validate_part
@@ -49,6 +50,10 @@ from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+_MAX_REFUSED_ACK_ROUNDS = 16
+"""An ``Ack`` refused with :class:`InvalidAckError` is sent again without the refused offsets,
+at most this many times per flush (the rest are then dropped: the broker redelivers them)."""
 
 
 def _ranges(offsets: list[int]) -> list[pb.OffsetRange]:
@@ -223,11 +228,14 @@ class Consumer:
                 if isinstance(result, BaseException):
                     raise result
             return
-        await cancel_and_wait(self._receiver, self._acker)
+        # Acks first, while the Receive stream is open: the broker refuses acks of a consumer
+        # whose stream ended (its messages went back for redelivery).
+        await cancel_and_wait(self._acker)
         try:
             await self._flush_acks()
         except DanubeError as exc:
             log.warning("consumer %s: acks not flushed on close: %s", self.consumer_name, exc)
+        await cancel_and_wait(self._receiver)
         await self._close_on_broker()
         self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} is closed"))
         error, self._ack_error = self._ack_error, None
@@ -395,10 +403,15 @@ class Consumer:
                     pb.CloseConsumerRequest(consumer_id=self.consumer_id),
                     timeout=self._ctx.request_timeout_s,
                 )
+        async with self._ack_lock:
+            if self._acks:
+                # They were delivered to the old consumer, which is gone: the broker refuses
+                # them from the new one and redelivers those messages.
+                log.info("consumer %s: %d unsent acks dropped on re-subscribe (redelivered)",
+                         self.consumer_name, len(self._acks))
+                self._acks = []
         await asyncio.sleep(self._ctx.backoff_s)
         await self._subscribe(refresh=refresh)
-        with contextlib.suppress(DanubeError):
-            await self._flush_acks()
 
     def _drop_queued(self) -> None:
         """Forget the messages received on a stream that failed: the broker redelivers them."""
@@ -411,7 +424,10 @@ class Consumer:
 
         The offset is sent with others every ``ack_batch_size`` acks, every ``ack_flush_ms``
         and on :meth:`close`. An acknowledged message is not delivered to the subscription
-        again.
+        again. The broker takes an ack only from the consumer the message was delivered to
+        (``InvalidAckError`` otherwise): an ack it refuses (a message received before a
+        re-subscribe and since redelivered, or acked twice) is logged and dropped, and the
+        message is delivered again (at-least-once).
 
         Args:
             message: the :class:`Message`, or its offset (on a plain topic only: on a
@@ -448,18 +464,32 @@ class Consumer:
             stubs = self._stubs
             assert stubs is not None
             try:
-                with rpc_errors(stubs.address):
-                    await stubs.consumer.Ack(
-                        pb.AckRequest(consumer_id=self.consumer_id, ranges=_ranges(offsets)),
-                        timeout=self._ctx.request_timeout_s,
-                    )
+                for _ in range(_MAX_REFUSED_ACK_ROUNDS):
+                    try:
+                        with rpc_errors(stubs.address):
+                            await stubs.consumer.Ack(
+                                pb.AckRequest(consumer_id=self.consumer_id, ranges=_ranges(offsets)),
+                                timeout=self._ctx.request_timeout_s,
+                            )
+                        break
+                    except InvalidAckError as refused:
+                        # Not ours to ack any more (redelivered elsewhere after a re-subscribe,
+                        # or acked already by a flush the broker applied before it was
+                        # cancelled): the broker applied nothing; send the rest without them.
+                        log.info("consumer %s: %s", self.consumer_name, refused)
+                        offsets = [o for o in offsets if not refused.first_offset <= o <= refused.last_offset]
+                        if not offsets:
+                            break
+                else:
+                    log.info("consumer %s: %d acks dropped after %d refusals (redelivered)",
+                             self.consumer_name, len(offsets), _MAX_REFUSED_ACK_ROUNDS)
             except DanubeError as exc:
                 if _reconnectable(exc):
                     self._acks[:0] = offsets  # sent again after the re-subscribe
                 raise
             except asyncio.CancelledError:
                 # close() (or a re-subscribe) cancelled the flush mid-RPC: keep the offsets so the
-                # next flush sends them. The broker treats a repeated ack as a no-op.
+                # next flush sends them. If the broker applied them, it refuses the repeat and they are dropped.
                 self._acks[:0] = offsets
                 raise
 

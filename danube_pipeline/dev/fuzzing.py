@@ -912,12 +912,13 @@ class BrokerTarget:
         stream = receive(pb.ReceiveRequest(consumer_id=cid), timeout=10)
         try:
             deliveries = next(iter(stream))
+            got = [r for d in deliveries.batches for r in batch_records(d.batch)]
+            assert [(r.offset, r.payload) for r in got] == [(sent.first_offset, payload)], got
+            # acked while the stream is open: the broker refuses acks of a consumer whose stream ended
+            self._unary("/danube.v1.ConsumerService/Ack",
+                        pb.AckRequest(consumer_id=cid, offsets=[sent.first_offset]), pb.AckResponse)
         finally:
             stream.cancel()
-        got = [r for d in deliveries.batches for r in batch_records(d.batch)]
-        assert [(r.offset, r.payload) for r in got] == [(sent.first_offset, payload)], got
-        self._unary("/danube.v1.ConsumerService/Ack", pb.AckRequest(consumer_id=cid, offsets=[sent.first_offset]),
-                    pb.AckResponse)
         self._unary("/danube.v1.ConsumerService/CloseConsumer", pb.CloseConsumerRequest(consumer_id=cid),
                     pb.CloseConsumerResponse)
         self._unary("/danube.v1.ProducerService/CloseProducer", pb.CloseProducerRequest(producer_id=pid),

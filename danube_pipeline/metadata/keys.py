@@ -121,6 +121,12 @@ def topic_schema(topic: TopicName) -> str:
     return f"{topic_root(topic)}/schema"
 
 
+def topic_policy(topic: TopicName) -> str:
+    """§3.8 ``/topics/{namespace}/{topic}/policy``; value: fields of :class:`NamespacePolicy`,
+    each present one overriding the namespace policy's for this topic (written by operators)."""
+    return f"{topic_root(topic)}/policy"
+
+
 def topic_producers_prefix(topic: TopicName) -> str:
     """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
     return f"{topic_root(topic)}/producers/"

@@ -26,8 +26,12 @@ class MetadataWriter(Protocol):
 
 
 class MetadataReader(Protocol):
-    """Reads one key from memory (``LocalCache.get``)."""
+    """Reads keys from memory (``LocalCache.get``, ``LocalCache.get_prefix``)."""
 
     def get(self, key: str) -> JsonValue | None:
         """The value of ``key``, or ``None`` if absent."""
+        ...
+
+    def get_prefix(self, prefix: str) -> dict[str, JsonValue]:
+        """Every ``key -> value`` whose key starts with ``prefix``, sorted by key."""
         ...

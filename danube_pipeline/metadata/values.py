@@ -170,6 +170,37 @@ class NamespacePolicy(JsonRecord):
                 raise ValueError(f"NamespacePolicy: {name} must be a non-negative integer, got {value!r}")
         return policy
 
+    COUNT_LIMITS: ClassVar[tuple[str, ...]] = (
+        "max_producers_per_topic",
+        "max_subscriptions_per_topic",
+        "max_consumers_per_topic",
+        "max_consumers_per_subscription",
+    )
+    """The count limits the broker enforces at ``CreateProducer`` and ``Subscribe`` (§2.1)."""
+
+    def overridden(self, data: Any) -> NamespacePolicy:
+        """This policy with the fields present in ``data`` (a topic's override,
+        ``/topics/{ns}/{topic}/policy``, §3.8) replacing its own; unknown fields are ignored.
+
+        Raises:
+            ValueError: ``data`` is not an object, or a known field is not a non-negative
+                integer.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"topic policy: expected a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        for alias, name in self.ALIASES.items():
+            if alias in data and name not in data:
+                data[name] = data[alias]
+        changes: dict[str, int] = {}
+        for f in dataclasses.fields(self):
+            if f.name in data:
+                value = data[f.name]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"topic policy: {f.name} must be a non-negative integer, got {value!r}")
+                changes[f.name] = value
+        return dataclasses.replace(self, **changes)
+
     @property
     def retention_bytes(self) -> int:
         """``retention_size_mb`` in bytes (MiB × 1,048,576); 0 = no size limit."""
