@@ -1,20 +1,24 @@
-"""The tiering assets, partitioned by topic (``"ns.topic"``).
+"""The tiering and maintenance assets.
 
-``segment_objects`` → ``iceberg_table`` → ``compacted_table``: sealed WAL segments become
-objects plus etcd descriptors, then one Iceberg snapshot per object, then Spark compacts the
-table's small files. ``iceberg_table`` → ``retention``: the namespace's retention policy
-applied to the table, the descriptors, the objects and the broker's WAL. ``iceberg_table`` →
-``schema_rewrite``: the rewrite declared on the table (``danube.rewrite``) applied to one UTC
-day's table partitions, backfillable over a range of days. Each materialization
-records metadata (offsets, bytes, row counts, snapshot ids, file counts) so the Dagster UI tells
-the story without opening logs; a value that is not known (no descriptor, an empty table) is
-left out rather than written as a sentinel.
-The asset checks of :mod:`assets.checks` run in the same run as their asset.
+Lineage, as the Dagster UI draws it:
+
+* group ``tiering``, partitioned by topic (``"ns.topic"``): ``segment_objects`` (sealed WAL
+  segments as objects plus etcd descriptors) → ``iceberg_table`` (one Iceberg snapshot per
+  object, exactly once, into a table partitioned by ``day(_publish_time)``);
+* group ``maintenance``, partitioned by topic × UTC day (:data:`assets.partitions.topic_days_partitions`),
+  each reading and rewriting only that day's table partitions: ``iceberg_table`` →
+  ``compacted_table`` (Spark merges the day's small files), ``retention`` (the namespace's
+  retention policy on the day's rows, plus the topic's descriptors, objects and WAL) and
+  ``schema_rewrite`` (the rewrite declared in ``danube.rewrite``). ``compaction_schedule`` and
+  ``retention_schedule`` request the days that need it; any range of days can be backfilled.
+
+Each materialization records metadata (rows, bytes, offsets, snapshot ids, data files before
+and after) so the UI tells the story without opening logs; a value that is not known (no
+descriptor, an empty table) is left out rather than written as a sentinel. The asset checks
+of :mod:`assets.checks` run in the same run as their asset.
 """
-
 import asyncio
 import datetime as dt
-from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +33,7 @@ from dagster import (
     asset,
 )
 
+from assets.metadata import iceberg_table_metadata, known, segment_objects_metadata
 from assets.partitions import topic_days_partitions, topics_partitions
 from assets.resources import (
     BrokerResource,
@@ -38,13 +43,24 @@ from assets.resources import (
     SparkResource,
 )
 from danube_pipeline import iceberg
+from danube_pipeline.iceberg.layout import data_files_by_day, describe_spec
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import PartitionOf, partition_of
 from danube_pipeline.retention import RetentionReport, apply_retention
-from danube_pipeline.rewrite import RewriteError, RewriteReport, read_rewrite_spec, rewrite_table
+from danube_pipeline.rewrite import (
+    RewriteError,
+    RewriteReport,
+    read_rewrite_spec,
+    rewrite_table,
+)
 from danube_pipeline.schema_registry import SchemaRegistry
 from danube_pipeline.spark import compact_table
-from danube_pipeline.tiering import TableReport, TieringReport, commit_objects_to_table, tier_sealed_segments
+from danube_pipeline.tiering import (
+    TableReport,
+    TieringReport,
+    commit_objects_to_table,
+    tier_sealed_segments,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,11 +82,6 @@ see ``TIERING_RUN_MAX_RETRIES`` in :mod:`assets.sensors`.
 
 def _topic(context: AssetExecutionContext) -> TopicName:
     return TopicName.from_partition_key(context.partition_key)
-
-
-def _known(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` without the entries whose value is ``None`` (unknown, so not shown)."""
-    return {key: value for key, value in values.items() if value is not None}
 
 
 @asset(
@@ -103,24 +114,7 @@ def segment_objects(
         f"{topic.path}: {report.objects_written} objects written ({report.bytes_written} bytes), "
         f"{report.objects_skipped} already tiered"
     )
-    return MaterializeResult(
-        metadata=_known(
-            {
-                "topic": topic.path,
-                "sealed_segments": report.sealed_segments,
-                "objects_written": report.objects_written,
-                "objects_skipped": report.objects_skipped,
-                "bytes_written": MetadataValue.int(report.bytes_written),
-                "records_written": report.records_written,
-                "first_offset": report.first_offset,
-                "last_offset": report.last_offset,
-                "descriptors_total": report.descriptors_total,
-                "objects_cur": report.cursor,
-                "object_ids_written": MetadataValue.json(report.object_ids_written),
-                "object_store": objects.url(f"topics/{topic.namespace}/{topic.topic}"),
-            }
-        )
-    )
+    return MaterializeResult(metadata=segment_objects_metadata(report, objects, topic))
 
 
 @asset(
@@ -156,35 +150,20 @@ def iceberg_table(
         f"{report.table}: {report.rows_appended} rows in {report.objects_appended} snapshots "
         f"({report.row_count} rows in the table), committed through offset {report.committed_end_offset}"
     )
-    return MaterializeResult(
-        metadata=_known(
-            {
-                "table": f"{iceberg_catalog.catalog_name()}.{report.table}",
-                "partition": report.partition,
-                "row_count": MetadataValue.int(report.row_count) if report.row_count is not None else None,
-                "rows_appended": MetadataValue.int(report.rows_appended),
-                "objects_appended": report.objects_appended,
-                "objects_skipped": report.objects_skipped,
-                "snapshot_id": MetadataValue.text(str(report.snapshot_id)) if report.snapshot_id else None,
-                "snapshots_created": MetadataValue.json([str(s) for s in report.snapshots]),
-                "committed_end_offset": report.committed_end_offset,
-                "data_files": report.data_files,
-                "schema_ids": MetadataValue.json(report.schema_ids),
-                "dead_letter_records": MetadataValue.int(report.dead_letter_records),
-                "dead_letter_table": report.dead_letter_table,
-                "schema_changes": MetadataValue.json(report.schema_changes),
-            }
-        )
-    )
+    return MaterializeResult(metadata=iceberg_table_metadata(report, iceberg_catalog.catalog_name()))
+
+
+MAINTENANCE_GROUP = "maintenance"
 
 
 @asset(
-    partitions_def=topics_partitions,
-    group_name=TIERING_GROUP,
+    partitions_def=topic_days_partitions,
+    group_name=MAINTENANCE_GROUP,
     deps=[iceberg_table],
     kinds={"spark", "iceberg"},
     description=(
-        "The topic's table after Spark's rewrite_data_files merged its small per-object files."
+        "The topic's table after Spark's rewrite_data_files (sort strategy, by _offset) merged "
+        "the small per-object files of one UTC day's table partitions; other days are not touched."
     ),
 )
 def compacted_table(
@@ -193,38 +172,62 @@ def compacted_table(
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
 ) -> MaterializeResult:
-    """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table.
+    """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table, limited to the
+    partition's day (:func:`danube_pipeline.spark.compact_table`).
 
-    The partitions ``{topic}-part-{i}`` of a partitioned topic share the partitioned topic's
-    table (``docs/etcd-layout.md`` §3.1): partition 0's run compacts it, the others' skip, so
-    the schedule does not start one rewrite of the same table per partition."""
+    Spark starts only when the day has two data files or more, or a file written under an
+    older partition spec (which is then moved into the current one). The partitions
+    ``{topic}-part-{i}`` of a partitioned topic share the partitioned topic's table
+    (``docs/etcd-layout.md`` §3.1): partition 0's runs compact it, the others' skip."""
+    topic, day = _topic_and_day(context)
 
     async def partition() -> PartitionOf | None:
         async with await etcd.connect() as store:
-            return await partition_of(store, _topic(context))
+            return await partition_of(store, topic)
 
     part = asyncio.run(partition())
-    topic = part.parent if part is not None else _topic(context)
+    if part is not None:
+        topic = part.parent
     ident = iceberg.table_identifier(topic)
+    table_name = ".".join(ident)
+    base = {"table": f"{iceberg_catalog.catalog_name()}.{table_name}", "day": day.isoformat()}
     if part is not None and part.index != 0:
-        context.log.info(f"{'.'.join(ident)} is compacted by the run of partition 0")
-        return MaterializeResult(metadata={"table": ".".join(ident), "skipped": "compacted by partition 0's run"})
+        context.log.info(f"{table_name} is compacted by the runs of partition 0")
+        return MaterializeResult(metadata={**base, "skipped": "compacted by partition 0's runs"})
     catalog = iceberg_catalog.load()
     if not catalog.table_exists(ident):
-        context.log.info(f"{'.'.join(ident)} does not exist yet; nothing to compact")
-        return MaterializeResult(metadata={"table": ".".join(ident), "skipped": "table does not exist"})
-    with spark.session() as session:
-        result = compact_table(session, topic, catalog_name=spark.resolved_catalog_name())
+        context.log.info(f"{table_name} does not exist yet; nothing to compact")
+        return MaterializeResult(metadata={**base, "skipped": "table does not exist"})
     table = catalog.load_table(ident)
+    before = data_files_by_day(table).get(day)
+    if before is None or (before.data_files < 2 and before.older_spec_files == 0):
+        context.log.info(f"{table_name} {day}: {before.data_files if before else 0} data files; nothing to compact")
+        return MaterializeResult(
+            metadata={**base, "skipped": "fewer than 2 data files", "day_data_files": before.data_files if before else 0}
+        )
+    with spark.session() as session:
+        result = compact_table(
+            session, topic, catalog_name=spark.resolved_catalog_name(), day=day, rewrite_all=before.older_spec_files > 0
+        )
+    table.refresh()
+    after = data_files_by_day(table).get(day)
     context.log.info(
-        f"{'.'.join(ident)}: {result.data_files_before} → {result.data_files_after} data files "
-        f"({result.rewritten_data_files} rewritten into {result.added_data_files})"
+        f"{table_name} {day}: {before.data_files} → {after.data_files if after else 0} data files "
+        f"({result.rewritten_data_files} rewritten into {result.added_data_files}); "
+        f"table {result.data_files_before} → {result.data_files_after}"
     )
     row_count = iceberg.snapshot_row_count(table)
     return MaterializeResult(
-        metadata=_known(
+        metadata=known(
             {
-                "table": f"{spark.resolved_catalog_name()}.{'.'.join(ident)}",
+                **base,
+                "partition_spec": describe_spec(table),
+                "day_rows": MetadataValue.int(before.rows),
+                "day_data_files_before": before.data_files,
+                "day_data_files_after": after.data_files if after else 0,
+                "day_bytes_before": MetadataValue.int(before.bytes),
+                "day_bytes_after": MetadataValue.int(after.bytes) if after else None,
+                "older_spec_files_before": before.older_spec_files,
                 "row_count": MetadataValue.int(row_count) if row_count is not None else None,
                 "data_files_before": result.data_files_before,
                 "data_files_after": result.data_files_after,
@@ -245,17 +248,17 @@ def _utc(epoch_ms: int | None) -> str | None:
 
 
 @asset(
-    partitions_def=topics_partitions,
-    group_name=TIERING_GROUP,
+    partitions_def=topic_days_partitions,
+    group_name=MAINTENANCE_GROUP,
     deps=[iceberg_table],
     kinds={"spark", "iceberg", "etcd"},
     retry_policy=TIERING_RETRY_POLICY,
     description=(
         "The topic after its namespace's retention policy (retention_time_minutes, "
-        "retention_size_mb; docs/etcd-layout.md §2.1): expired rows deleted from the table "
-        "(Spark DELETE, then expire_snapshots and remove_orphan_files), expired object "
-        "descriptors and their objects deleted (the newest descriptor is always kept), and the "
-        "broker asked to apply its local WAL retention."
+        "retention_size_mb; docs/etcd-layout.md §2.1): the day's expired rows deleted from the "
+        "table (Spark DELETE on that day's partitions, then expire_snapshots and "
+        "remove_orphan_files), expired object descriptors and their objects deleted (the newest "
+        "descriptor is always kept), and the broker asked to apply its local WAL retention."
     ),
 )
 def retention(
@@ -266,9 +269,11 @@ def retention(
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
 ) -> MaterializeResult:
-    """:func:`danube_pipeline.retention.apply_retention` on the topic; Spark starts only when
-    the table has something to delete or expire."""
-    topic = _topic(context)
+    """:func:`danube_pipeline.retention.apply_retention` on the topic, its row deletion
+    limited to the partition's day; Spark starts only when the table has something to delete
+    or expire. The descriptor, object and WAL steps are the topic's (idempotent: a run for
+    another day finds them done)."""
+    topic, day = _topic_and_day(context)
     objects = object_store.store()
     catalog = iceberg_catalog.load()
 
@@ -287,22 +292,27 @@ def retention(
                     spark=session,
                     admin=client.admin,
                     catalog_name=spark.resolved_catalog_name(),
+                    day=day,
                 )
 
         report = asyncio.run(run())
     if report.policy_error is not None:
         context.log.warning(f"{topic.path}: namespace policy unreadable, no retention applied: {report.policy_error}")
     context.log.info(
-        f"{topic.path}: retained from offset {report.retained_start}; {report.rows_deleted} rows, "
+        f"{topic.path} {day}: retained from offset {report.retained_start}; {report.rows_deleted} rows, "
         f"{report.snapshots_expired} snapshots, {report.orphan_files_removed} orphan files, "
         f"{report.descriptors_deleted} descriptors and {report.objects_deleted} objects deleted; "
         f"WAL step {report.wal_step}"
     )
     return MaterializeResult(
-        metadata=_known(
+        metadata=known(
             {
                 "topic": topic.path,
+                "day": day.isoformat(),
                 "table": f"{spark.resolved_catalog_name()}.{report.table}" if report.table else None,
+                "data_files_before": report.data_files_before,
+                "data_files_after": report.data_files_after,
+                "snapshot_id": MetadataValue.text(str(report.snapshot_id)) if report.snapshot_id else None,
                 "retention_ms": report.retention_ms,
                 "retention_bytes": MetadataValue.int(report.retention_bytes),
                 "policy_error": report.policy_error,
@@ -339,7 +349,7 @@ def _topic_and_day(context: AssetExecutionContext) -> tuple[TopicName, dt.date]:
 
 @asset(
     partitions_def=topic_days_partitions,
-    group_name=TIERING_GROUP,
+    group_name=MAINTENANCE_GROUP,
     deps=[iceberg_table],
     kinds={"spark", "iceberg"},
     retry_policy=TIERING_RETRY_POLICY,
@@ -418,7 +428,7 @@ def _rewrite_summary(report: RewriteReport) -> str:
 def _rewrite_metadata(report: RewriteReport) -> dict[str, Any]:
     """The ``schema_rewrite`` materialization's metadata (unknown values left out)."""
     rewritten = report.rewritten
-    return _known(
+    return known(
         {
             "version": report.version,
             "already_finalized": report.already_finalized or None,

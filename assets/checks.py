@@ -22,6 +22,10 @@ says what disagrees:
       ``{topic}__dlq`` (:mod:`danube_pipeline.iceberg.dead_letter`).
     * ``no_duplicate_offsets``: no ``_offset`` is held by two rows of the table and its
       dead-letter table together.
+    * ``fresh``: every record the broker took more than ``DANUBE_FRESHNESS_LIMIT_S`` seconds
+      ago (default 120) is queryable in the table (:mod:`danube_pipeline.freshness`; severity
+      WARN). ``freshness_sensor`` measures it every minute and runs it (``freshness_check_job``)
+      when a topic turns stale or fresh again, so a table whose tiering stopped is reported.
 
 For a partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1) the
 ``iceberg_table`` checks look at the partition's rows (``_partition = i``) of the partitioned
@@ -32,13 +36,16 @@ downstream.
 """
 
 import asyncio
+import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetsDefinition,
     MetadataValue,
     PreviewWarning,
@@ -48,8 +55,9 @@ from pyiceberg.table import Table
 
 from assets.assets import iceberg_table, segment_objects
 from assets.partitions import topics_partitions
-from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
+from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline import iceberg
+from danube_pipeline.freshness import DEFAULT_FRESHNESS_LIMIT_S, Freshness, table_freshness
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
@@ -280,11 +288,81 @@ def no_duplicate_offsets(
     )
 
 
+FRESHNESS_CHECK = "fresh"
+
+
+def freshness_limit_s() -> float:
+    """The ``fresh`` check's limit in seconds: ``DANUBE_FRESHNESS_LIMIT_S``, default
+    :data:`~danube_pipeline.freshness.DEFAULT_FRESHNESS_LIMIT_S`.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    raw = os.environ.get("DANUBE_FRESHNESS_LIMIT_S")
+    if not raw:
+        return DEFAULT_FRESHNESS_LIMIT_S
+    limit = float(raw)
+    if not limit > 0:
+        raise ValueError(f"DANUBE_FRESHNESS_LIMIT_S must be a positive number of seconds, got {raw!r}")
+    return limit
+
+
+def measure_freshness(
+    topic: TopicName, etcd: EtcdResource, broker: BrokerResource, iceberg_catalog: IcebergCatalogResource
+) -> Freshness:
+    """:func:`danube_pipeline.freshness.table_freshness` of the topic with the resources."""
+    catalog = iceberg_catalog.load()
+
+    async def run() -> Freshness:
+        async with await etcd.connect() as store, broker.client() as client:
+            return await table_freshness(
+                topic, store=store, admin=client.admin, catalog=catalog, limit_s=freshness_limit_s()
+            )
+
+    return asyncio.run(run())
+
+
+def freshness_result(freshness: Freshness) -> tuple[bool, dict[str, Any], str | None]:
+    """``(passed, metadata, description)`` of the ``fresh`` check for one measurement."""
+    metadata: dict[str, Any] = {
+        "lag_s": MetadataValue.float(round(freshness.lag_s, 3)),
+        "limit_s": MetadataValue.float(freshness.limit_s),
+        "pending_records": MetadataValue.int(freshness.pending_records),
+        "next_offset": freshness.next_offset,
+        "tiered": freshness.tiered,
+    }
+    if freshness.committed_end_offset is not None:
+        metadata["committed_end_offset"] = freshness.committed_end_offset
+    if freshness.last_commit_ms is not None:
+        metadata["last_commit_ms"] = freshness.last_commit_ms
+    description = (
+        None
+        if freshness.passed
+        else f"{freshness.pending_records} records not queryable yet, the oldest up to "
+        f"{freshness.lag_s:.0f} s old (limit {freshness.limit_s:.0f} s)"
+    )
+    return freshness.passed, metadata, description
+
+
+@_partitioned_check(iceberg_table, FRESHNESS_CHECK)
+def fresh(
+    context: AssetCheckExecutionContext,
+    etcd: EtcdResource,
+    broker: BrokerResource,
+    iceberg_catalog: IcebergCatalogResource,
+) -> AssetCheckResult:
+    """Every record the broker took more than the limit ago is queryable in the table
+    (:mod:`danube_pipeline.freshness`); a stale table is a warning, not an error."""
+    passed, metadata, description = freshness_result(measure_freshness(_topic(context), etcd, broker, iceberg_catalog))
+    return AssetCheckResult(passed=passed, metadata=metadata, description=description, severity=AssetCheckSeverity.WARN)
+
+
 tiering_checks: list[AssetChecksDefinition] = [
     descriptors_contiguous,
     objects_exist_with_recorded_size,
     offsets_match_descriptors,
     row_count_matches_descriptors,
     no_duplicate_offsets,
+    fresh,
 ]
 """Every asset check, as :mod:`assets.definitions` registers them."""

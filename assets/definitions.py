@@ -5,8 +5,19 @@ environment below set), or materialize from the command line::
 
     dg launch -m assets.definitions --assets segment_objects,iceberg_table --partition default.flights
     dg launch -m assets.definitions --assets schema_rewrite --partition '2026-11-20|default.flights'
+    dg launch -m assets.definitions --assets compacted_table --partition '2026-11-20|default.flights'
 
-with ``DAGSTER_HOME=$PWD/dagster_home`` and ``DANUBE_DAGSTER_STORAGE`` set (``dagster_home/README.md``).
+Backfill a range of days, as the UI's "Materialize" over a day range does, with Dagster's CLI
+(one run per (day, topic) partition; the keys are listed because a key range of a
+multi-partitioned job runs through every topic between its ends)::
+
+    dagster job backfill -m assets.definitions -j compaction_job --noprompt \
+        --partitions '2026-11-18|default.flights,2026-11-19|default.flights,2026-11-20|default.flights'
+
+(the daemon started by ``dg dev`` or ``dagster-daemon run`` executes it). Every command runs
+with ``DAGSTER_HOME=$PWD/dagster_home`` and ``DANUBE_DAGSTER_STORAGE`` set
+(``dagster_home/README.md``). Every schedule and sensor is on by default
+(``DefaultScheduleStatus.RUNNING``, ``DefaultSensorStatus.RUNNING``).
 
 Resources take their endpoints and paths from the ``DANUBE_*`` environment through ``EnvVar``
 (resolved when a run or sensor starts; ``danube_pipeline.settings.environment`` sets them all
@@ -18,8 +29,16 @@ from __future__ import annotations
 from dagster import ConfigurableResource, Definitions, EnvVar
 
 from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
+from assets.bulk import bulk_table
 from assets.checks import tiering_checks
-from assets.jobs import compaction_job, retention_job, schema_rewrite_job, tiering_job
+from assets.jobs import (
+    bulk_load_job,
+    compaction_job,
+    freshness_check_job,
+    retention_job,
+    schema_rewrite_job,
+    tiering_job,
+)
 from assets.resources import (
     BrokerResource,
     EtcdResource,
@@ -28,7 +47,7 @@ from assets.resources import (
     SparkResource,
 )
 from assets.schedules import compaction_schedule, retention_schedule
-from assets.sensors import sealed_segments_sensor, topic_partitions_sensor
+from assets.sensors import freshness_sensor, sealed_segments_sensor, topic_partitions_sensor
 
 
 def default_resources() -> dict[str, ConfigurableResource]:
@@ -53,10 +72,10 @@ def default_resources() -> dict[str, ConfigurableResource]:
 
 
 defs = Definitions(
-    assets=[segment_objects, iceberg_table, compacted_table, retention, schema_rewrite],
+    assets=[segment_objects, iceberg_table, compacted_table, retention, schema_rewrite, bulk_table],
     asset_checks=tiering_checks,
-    jobs=[tiering_job, compaction_job, retention_job, schema_rewrite_job],
+    jobs=[tiering_job, compaction_job, retention_job, schema_rewrite_job, freshness_check_job, bulk_load_job],
     schedules=[compaction_schedule, retention_schedule],
-    sensors=[topic_partitions_sensor, sealed_segments_sensor],
+    sensors=[topic_partitions_sensor, sealed_segments_sensor, freshness_sensor],
     resources=default_resources(),
 )

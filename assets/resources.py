@@ -185,7 +185,10 @@ class SparkResource(ConfigurableResource):
     catalog_name: str | None = Field(default=None, description="Spark catalog name = the pyiceberg catalog name.")
     catalog_uri: str | None = Field(default=None, description="pyiceberg SQLAlchemy URI (converted to JDBC).")
     warehouse: str | None = Field(default=None, description="Warehouse URL.")
-    master: str = Field(default="local[2]", description="Spark master URL.")
+    master: str | None = Field(
+        default=None,
+        description="Spark master URL (local[2], spark://host:7077); default $DANUBE_SPARK_MASTER or local[*].",
+    )
     shuffle_partitions: int = Field(default=4, description="spark.sql.shuffle.partitions.")
     stop_after_use: bool = Field(default=True, description="Stop the session when the asset is done.")
 

@@ -1,45 +1,133 @@
-"""Schedules: hourly compaction and hourly retention of every topic (retention at half past,
-so the two Spark jobs of a topic do not start together)."""
+"""Schedules, on by default: hourly compaction and hourly retention of the (topic, day)
+partitions that need it (retention at half past, so the two Spark jobs of a topic do not start
+together).
 
+Each tick reads the tables' manifests (no data file) to find the days with work, and requests
+one run per (topic, day); the run key is the partition key, scoped to the tick. A partition of a
+partitioned topic (``docs/etcd-layout.md`` §3.1) shares its table with partition 0, whose runs
+do its maintenance; only the topics themselves are requested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
 from collections.abc import Iterator
 
-from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from assets.jobs import compaction_job, retention_job
-from assets.partitions import TOPICS_PARTITIONS_NAME
+from assets.partitions import TOPICS_PARTITIONS_NAME, in_day_range, topic_day_key
+from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
+from danube_pipeline import iceberg
+from danube_pipeline.iceberg.layout import data_files_by_day
+from danube_pipeline.names import TopicName
+from danube_pipeline.partitions import partition_of
+from danube_pipeline.retention import days_with_expired_rows
+
+COMPACTION_MIN_FILES = 2
+"""A day is compacted when it has at least this many data files (or one written under an older
+partition spec)."""
+
+
+def _today(context: ScheduleEvaluationContext) -> dt.date:
+    moment = context.scheduled_execution_time or dt.datetime.now(dt.UTC)
+    return moment.astimezone(dt.UTC).date()
+
+
+def _topics(context: ScheduleEvaluationContext, etcd: EtcdResource) -> list[tuple[str, TopicName]]:
+    """``(partition key, table topic)`` of every topic partition whose runs maintain a table."""
+    keys = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
+
+    async def run() -> list[tuple[str, TopicName]]:
+        out: list[tuple[str, TopicName]] = []
+        async with await etcd.connect() as store:
+            for key in keys:
+                topic = TopicName.from_partition_key(key)
+                part = await partition_of(store, topic)
+                if part is None:
+                    out.append((key, topic))
+                elif part.index == 0:
+                    out.append((key, part.parent))
+        return out
+
+    return asyncio.run(run())
 
 
 @schedule(
     name="compaction_schedule",
     job=compaction_job,
     cron_schedule="0 * * * *",
-    description="Every hour, one compaction_job run per topic partition.",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description=(
+        f"Every hour, one compaction_job run per (topic, day) whose table partitions hold "
+        f"{COMPACTION_MIN_FILES} data files or more, or a file of an older partition spec."
+    ),
 )
-def compaction_schedule(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
-    """One ``compaction_job`` run per topic partition, keyed by the partition within the tick."""
-    yield from _one_run_per_topic(context)
+def compaction_schedule(
+    context: ScheduleEvaluationContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
+) -> Iterator[RunRequest | SkipReason]:
+    """One ``compaction_job`` run per (topic, day) with files to merge."""
+    today = _today(context)
+    catalog = iceberg_catalog.load()
+    requested = 0
+    for key, table_topic in _topics(context, etcd):
+        ident = iceberg.table_identifier(table_topic)
+        if not catalog.table_exists(ident):
+            continue
+        for day, files in data_files_by_day(catalog.load_table(ident)).items():
+            if not in_day_range(day, today):
+                continue
+            if files.data_files >= COMPACTION_MIN_FILES or files.older_spec_files:
+                partition_key = topic_day_key(key, day)
+                requested += 1
+                yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
+    if not requested:
+        yield SkipReason("no table partition has small files to merge")
 
 
 @schedule(
     name="retention_schedule",
     job=retention_job,
     cron_schedule="30 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
     description=(
-        "Every hour at half past, one retention_job run per topic partition: records expire at "
-        "most an hour after their namespace's retention_time_minutes."
+        "Every hour at half past, one retention_job run per (topic, day) holding expired rows "
+        "(records expire at most an hour after their namespace's retention_time_minutes), and "
+        "one for today when only descriptors expired."
     ),
 )
-def retention_schedule(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
-    """One ``retention_job`` run per topic partition, keyed by the partition within the tick."""
-    yield from _one_run_per_topic(context)
+def retention_schedule(
+    context: ScheduleEvaluationContext,
+    etcd: EtcdResource,
+    object_store: ObjectStoreResource,
+    iceberg_catalog: IcebergCatalogResource,
+) -> Iterator[RunRequest | SkipReason]:
+    """One ``retention_job`` run per (topic, day) with rows below the retained start
+    (:func:`danube_pipeline.retention.days_with_expired_rows`)."""
+    today = _today(context)
+    catalog = iceberg_catalog.load()
+    objects = object_store.store()
+    keys = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
 
+    async def run() -> list[tuple[str, list[dt.date], bool]]:
+        out = []
+        async with await etcd.connect() as store:
+            for key in keys:
+                days, descriptors_expired = await days_with_expired_rows(
+                    TopicName.from_partition_key(key), store=store, objects=objects, catalog=catalog
+                )
+                out.append((key, days, descriptors_expired))
+        return out
 
-def _one_run_per_topic(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
-    """One run request per ``topics`` partition; run keys are scoped to one tick, so each topic
-    runs once per tick."""
-    partitions = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
-    if not partitions:
-        yield SkipReason("no topic partitions yet")
-        return
-    for key in partitions:
-        yield RunRequest(run_key=key, partition_key=key)
+    requested = 0
+    for key, days, descriptors_expired in asyncio.run(run()):
+        wanted = [d for d in days if in_day_range(d, today)]
+        if not wanted and descriptors_expired:
+            wanted = [today]
+        for day in wanted:
+            partition_key = topic_day_key(key, day)
+            requested += 1
+            yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
+    if not requested:
+        yield SkipReason("nothing expired")

@@ -1,6 +1,9 @@
-"""Sensors: discover topics in etcd, and notice sealed segments that are not tiered yet."""
+"""Sensors, on by default: discover topics in etcd, notice sealed segments that are not tiered
+yet, and watch the tables' freshness."""
 
 import asyncio
+import json
+import time
 
 from dagster import (
     DefaultSensorStatus,
@@ -11,9 +14,10 @@ from dagster import (
     sensor,
 )
 
-from assets.jobs import tiering_job
+from assets.checks import freshness_result, measure_freshness
+from assets.jobs import freshness_check_job, tiering_job
 from assets.partitions import TOPICS_PARTITIONS_NAME, topics_partitions
-from assets.resources import BrokerResource, EtcdResource
+from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
 from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering
@@ -24,6 +28,8 @@ SEALED_END_TAG = "danube/sealed_end"
 UNTIERED_SEGMENTS_TAG = "danube/untiered_segments"
 #: Dagster's run tag for the daemon's run retries (``run_retries`` in dagster_home/dagster.yaml).
 MAX_RETRIES_TAG = "dagster/max_retries"
+#: Dagster's run tag naming the partition of a run (a checks-only run has no asset to take it from).
+PARTITION_TAG = "dagster/partition"
 
 TIERING_RUN_MAX_RETRIES = 2
 """Times the daemon re-executes a failed tiering run (from its failed step).
@@ -118,3 +124,54 @@ def sealed_segments_sensor(
     if not requests:
         return SkipReason(f"every sealed segment of {len(partitions)} topics is tiered")
     return SensorResult(run_requests=requests)
+
+
+@sensor(
+    name="freshness_sensor",
+    job=freshness_check_job,
+    minimum_interval_seconds=60,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Every minute, measures every topic table's freshness (danube_pipeline.freshness: the "
+        "age of the oldest record not yet queryable, against DANUBE_FRESHNESS_LIMIT_S) and, when "
+        "a topic turns stale or fresh again, requests a freshness_check_job run that records the "
+        "iceberg_table check `fresh` for it."
+    ),
+)
+def freshness_sensor(
+    context: SensorEvaluationContext,
+    etcd: EtcdResource,
+    broker: BrokerResource,
+    iceberg_catalog: IcebergCatalogResource,
+) -> SensorResult | SkipReason:
+    """One ``freshness_check_job`` run per topic partition whose freshness changed since the
+    last tick (the cursor holds ``{partition key: passed}``; a topic seen for the first time
+    counts as a change). Runs are launched only on a change, so a steady state costs no run.
+    """
+    partitions = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
+    if not partitions:
+        return SkipReason("no topic partitions yet")
+    last: dict[str, bool] = json.loads(context.cursor) if context.cursor else {}
+    requests: list[RunRequest] = []
+    stale: list[str] = []
+    for key in partitions:
+        try:
+            passed, _, _ = freshness_result(measure_freshness(TopicName.from_partition_key(key), etcd, broker, iceberg_catalog))
+        except DanubeError as exc:
+            context.log.warning(f"{key}: cannot measure freshness: {exc}")
+            continue
+        if not passed:
+            stale.append(key)
+        if last.get(key) is passed:
+            continue
+        last[key] = passed
+        requests.append(
+            RunRequest(
+                run_key=f"{key}:{'fresh' if passed else 'stale'}:{int(time.time())}",
+                tags={PARTITION_TAG: key, TOPIC_TAG: TopicName.from_partition_key(key).path},
+            )
+        )
+    if not requests:
+        context.update_cursor(json.dumps(last))
+        return SkipReason(f"{len(partitions)} topics measured, {len(stale)} stale; no change")
+    return SensorResult(run_requests=requests, cursor=json.dumps(last))

@@ -37,6 +37,8 @@ from broker.config import (
     DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
     DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
     DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
+    DEFAULT_NONRELIABLE_BUFFER_BYTES,
+    DEFAULT_NONRELIABLE_BUFFER_MESSAGES,
     DEFAULT_OBJECT_CACHE_BYTES,
     DEFAULT_OFFSET_BLOCK,
     DEFAULT_PREFETCH_BYTES,
@@ -120,6 +122,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
                    help="topics moved per round, at most")
     p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
                    help="whether the leader moves topics to even out the load (default on)")
+    p.add_argument("--nonreliable-buffer-messages", type=int, default=DEFAULT_NONRELIABLE_BUFFER_MESSAGES,
+                   help="messages a NonReliable topic keeps in memory (the oldest are dropped beyond)")
+    p.add_argument("--nonreliable-buffer-bytes", type=int, default=DEFAULT_NONRELIABLE_BUFFER_BYTES,
+                   help="batch bytes a NonReliable topic keeps in memory (the oldest are dropped beyond)")
     p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
     p.add_argument("--log-level", default="INFO", help="logging level")
     args = p.parse_args(argv)
@@ -162,6 +168,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
             rebalance_cooldown_s=args.rebalance_cooldown_s,
             rebalance_max_moves=args.rebalance_max_moves,
             rebalance=args.rebalance,
+            nonreliable_buffer_messages=args.nonreliable_buffer_messages,
+            nonreliable_buffer_bytes=args.nonreliable_buffer_bytes,
             ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
         )
     except ValueError as exc:  # InvalidNameError is a ValueError too

@@ -27,6 +27,8 @@ DEFAULT_LOCAL_RETENTION_CHECK_S = 5.0
 DEFAULT_OBJECT_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_PREFETCH_BYTES = 16 * 1024 * 1024
 DEFAULT_OFFSET_BLOCK = 100_000
+DEFAULT_NONRELIABLE_BUFFER_MESSAGES = 100_000
+DEFAULT_NONRELIABLE_BUFFER_BYTES = 64 * 1024 * 1024
 DEFAULT_LOAD_MANAGER_STRATEGY = "fair"
 DEFAULT_REBALANCE_THRESHOLD = "balanced"
 DEFAULT_REBALANCE_INTERVAL_S = 30.0
@@ -99,6 +101,9 @@ class BrokerConfig:
             seconds.
         rebalance_max_moves: at most this many topics move per round.
         rebalance: whether the leader rebalances at all.
+        nonreliable_buffer_messages: messages a ``NonReliable`` topic keeps in memory, at
+            most; the oldest are dropped beyond (``broker/memory_log.py``).
+        nonreliable_buffer_bytes: ... and batch bytes, at most.
 
     Raises:
         InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
@@ -141,6 +146,8 @@ class BrokerConfig:
     rebalance_cooldown_s: float = DEFAULT_REBALANCE_COOLDOWN_S
     rebalance_max_moves: int = DEFAULT_REBALANCE_MAX_MOVES
     rebalance: bool = True
+    nonreliable_buffer_messages: int = DEFAULT_NONRELIABLE_BUFFER_MESSAGES
+    nonreliable_buffer_bytes: int = DEFAULT_NONRELIABLE_BUFFER_BYTES
 
     def __post_init__(self) -> None:
         validate_cluster_name(self.cluster_name)
@@ -159,6 +166,8 @@ class BrokerConfig:
             "rebalance_interval_s": self.rebalance_interval_s,
             "load_report_interval_s": self.load_report_interval_s,
             "offset_block": self.offset_block,
+            "nonreliable_buffer_messages": self.nonreliable_buffer_messages,
+            "nonreliable_buffer_bytes": self.nonreliable_buffer_bytes,
         }
         bad = [name for name, value in limits.items() if value <= 0]
         if bad:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,33 +25,50 @@ DEFAULT_MAX_BUFFER_BYTES = 16 * 1024 * 1024
 """Batch bytes queued for one consumer's stream and not yet sent, at most (by default)."""
 
 
+def bit_offsets(bits: int, first: int) -> list[int]:
+    """The offsets ``first + i`` of the set bits ``i`` of ``bits``, ascending."""
+    out: list[int] = []
+    while bits:
+        low = bits & -bits
+        out.append(first + low.bit_length() - 1)
+        bits ^= low
+    return out
+
+
 class Handout:
-    """One stored batch handed to a consumer (or waiting to be handed out again), with the
-    acknowledgement state of its offsets.
+    """One stored batch handed out (whole or in parts), with the delivery state of each of its
+    offsets: acknowledged, held by a consumer (a :class:`Hold`), or waiting for (re)delivery.
 
     Offsets below ``first`` count as acknowledged (the subscription started inside the batch);
-    bit ``i`` of ``acked_bits`` marks offset ``first + i`` acknowledged.
+    bit ``i`` of ``acked_bits`` marks offset ``first + i`` acknowledged. Every offset from
+    ``first`` to ``last`` not acknowledged is in exactly one hold or in ``pending``.
 
     Attributes:
         base: the batch's base offset.
         last: the batch's last offset.
         first: the first offset of the batch the subscription delivers.
         acked_bits: acknowledged offsets from ``first``, as a bitmap.
-        redelivery_count: deliveries of this batch before the current one.
-        consumer: the consumer holding it, ``None`` while waiting for redelivery.
-        sent: whether the consumer's stream sent it (a redelivery then counts one more).
+        holds: the parts of the batch consumers hold.
+        pending: offsets waiting for (re)delivery, with the ``time.monotonic()`` second from
+            which they may go out.
+        counts: per offset, deliveries before the next one (absent = 0).
+        reasons: per offset, why it was last taken back (``"nack: ..."``, ``"ack timeout"``,
+            ``"consumer left"``), for the dead-letter topic.
+        hashes: Key_Shared only: the sticky-key hash of each offset from ``first``.
     """
 
-    __slots__ = ("base", "last", "first", "acked_bits", "redelivery_count", "consumer", "sent")
+    __slots__ = ("base", "last", "first", "acked_bits", "holds", "pending", "counts", "reasons", "hashes")
 
-    def __init__(self, base: int, last: int, first: int, redelivery_count: int = 0) -> None:
+    def __init__(self, base: int, last: int, first: int) -> None:
         self.base = base
         self.last = last
         self.first = first
         self.acked_bits = 0
-        self.redelivery_count = redelivery_count
-        self.consumer: Consumer | None = None
-        self.sent = False
+        self.holds: list[Hold] = []
+        self.pending: dict[int, float] = {}
+        self.counts: dict[int, int] = {}
+        self.reasons: dict[int, str] = {}
+        self.hashes: list[int] | None = None
 
     @property
     def size(self) -> int:
@@ -67,40 +86,83 @@ class Handout:
         bits = self.acked_bits
         return self.first + ((bits + 1) & ~bits).bit_length() - 1
 
-    def ack_range(self, first: int, last: int) -> int:
-        """Acknowledge ``first..last`` (clipped to this batch); return how many were new."""
+    @property
+    def redelivery_count(self) -> int:
+        """The highest redelivery count of its unacknowledged offsets."""
+        return max(self.counts.values(), default=0)
+
+    def mask(self, first: int, last: int) -> int:
+        """The bits of offsets ``first..last`` (clipped to this batch)."""
         lo, hi = max(first, self.first), min(last, self.last)
         if lo > hi:
             return 0
-        mask = ((1 << (hi - lo + 1)) - 1) << (lo - self.first)
+        return ((1 << (hi - lo + 1)) - 1) << (lo - self.first)
+
+    def ack_range(self, first: int, last: int) -> int:
+        """Acknowledge ``first..last`` (clipped to this batch) in the bitmap only; return how many
+        were new (the caller releases them from holds and ``pending``)."""
+        mask = self.mask(first, last)
         new = (mask & ~self.acked_bits).bit_count()
         self.acked_bits |= mask
         return new
 
     def acked_offsets(self) -> list[int]:
-        """The acknowledged offsets from ``first`` (for a redelivery to skip)."""
-        bits, out, i = self.acked_bits, [], 0
-        while bits:
-            if bits & 1:
-                out.append(self.first + i)
-            bits >>= 1
-            i += 1
-        return out
+        """The acknowledged offsets from ``first``."""
+        return bit_offsets(self.acked_bits, self.first)
+
+
+class Hold:
+    """The offsets of one batch one consumer holds, from one delivery.
+
+    Attributes:
+        handout: the batch's state.
+        consumer: the holder.
+        bits: the offsets held (bits from ``handout.first``), shrinking as they are
+            acknowledged or taken back.
+        sent: whether the consumer's stream sent them (a redelivery then counts one more).
+        sent_at: ``time.monotonic()`` when the stream sent them (the ack timeout runs from it).
+    """
+
+    __slots__ = ("handout", "consumer", "bits", "sent", "sent_at")
+
+    def __init__(self, handout: Handout, consumer: Consumer, bits: int) -> None:
+        self.handout = handout
+        self.consumer = consumer
+        self.bits = bits
+        self.sent = False
+        self.sent_at = 0.0
+
+    def offsets(self) -> list[int]:
+        """The offsets held, ascending."""
+        return bit_offsets(self.bits, self.handout.first)
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One batch queued for a consumer's stream.
+    """One batch (or the part of it in ``hold``) queued for a consumer's stream.
 
     Attributes:
         batch: the stored batch.
-        handout: its acknowledgement state.
-        redelivery_count: deliveries of it before this one.
+        handout: its delivery state.
+        hold: the offsets this delivery carries.
+        redelivery_count: the lowest redelivery count of those offsets when queued.
     """
 
     batch: StoredBatch
     handout: Handout
+    hold: Hold
     redelivery_count: int
+
+    def skipped_offsets(self) -> list[int]:
+        """Offsets from ``handout.first`` this delivery does not carry (acknowledged, held
+        by another consumer, or waiting)."""
+        handout = self.handout
+        return bit_offsets(~self.hold.bits & ((1 << handout.size) - 1), handout.first)
+
+    def redelivery_counts(self) -> list[int]:
+        """Per offset carried, ascending: deliveries of it before this one."""
+        counts = self.handout.counts
+        return [counts.get(o, 0) for o in self.hold.offsets()]
 
 
 class Consumer:
@@ -120,7 +182,7 @@ class Consumer:
             out whole while the consumer has room for at least one message.
         max_buffer_bytes: most batch bytes queued and not yet sent; a batch is queued while
             the queue holds less.
-        handouts: the batches it holds, by base offset.
+        holds: the parts of batches it holds.
         unacked: messages handed to it and not acknowledged.
         queued_bytes: batch bytes in ``queue``.
     """
@@ -139,7 +201,7 @@ class Consumer:
         self.subscription = subscription
         self.receiver_queue_size = receiver_queue_size
         self.max_buffer_bytes = max_buffer_bytes
-        self.handouts: dict[int, Handout] = {}
+        self.holds: set[Hold] = set()
         self.unacked = 0
         self.queued_bytes = 0
         self.queue: deque[Delivery] = deque()
@@ -155,21 +217,27 @@ class Consumer:
             return 0
         return self.receiver_queue_size - self.unacked
 
-    def push(self, batch: StoredBatch, handout: Handout) -> None:
-        """Hand ``batch`` to this consumer: its unacknowledged offsets count against the window."""
-        handout.consumer = self
-        handout.sent = False
-        self.handouts[handout.base] = handout
-        self.unacked += handout.unacked_count
-        self.queue.append(Delivery(batch, handout, handout.redelivery_count))
+    def push(self, batch: StoredBatch, hold: Hold) -> None:
+        """Hand ``hold`` (part of ``batch``) to this consumer: its offsets count against the window."""
+        self.holds.add(hold)
+        hold.handout.holds.append(hold)
+        self.unacked += hold.bits.bit_count()
+        counts = hold.handout.counts
+        lowest = min((counts.get(o, 0) for o in hold.offsets()), default=0) if counts else 0
+        self.queue.append(Delivery(batch, hold.handout, hold, lowest))
         self.queued_bytes += len(batch.data)
         self._wake.set()
 
-    def release(self, handout: Handout, acked: int) -> None:
-        """``acked`` more offsets of ``handout`` were acknowledged; forget it once all are."""
-        self.unacked -= acked
-        if handout.unacked_count == 0:
-            self.handouts.pop(handout.base, None)
+    def release(self, hold: Hold, bits: int) -> None:
+        """The offsets ``bits`` of ``hold`` were acknowledged or taken back; forget the hold
+        once it holds nothing."""
+        bits &= hold.bits
+        hold.bits &= ~bits
+        self.unacked -= bits.bit_count()
+        if not hold.bits:
+            self.holds.discard(hold)
+            with contextlib.suppress(ValueError):
+                hold.handout.holds.remove(hold)
 
     def wake(self) -> None:
         self._wake.set()
@@ -210,16 +278,19 @@ class Consumer:
                 group: list[Delivery] = []
                 size = 0
                 was_full = self.queued_bytes >= self.max_buffer_bytes
+                now = time.monotonic()
                 while self.queue and (not group or size + len(self.queue[0].batch.data) <= max_bytes):
                     d = self.queue.popleft()
                     self.queued_bytes -= len(d.batch.data)
-                    if self.handouts.get(d.handout.base) is d.handout:  # not fully acked meanwhile
-                        d.handout.sent = True
+                    if d.hold in self.holds:  # not fully acknowledged or taken back meanwhile
+                        d.hold.sent = True
+                        d.hold.sent_at = now
                         group.append(d)
                         size += len(d.batch.data)
                 if was_full and self.queued_bytes < self.max_buffer_bytes:
                     self.subscription.consumer_has_room(self)
                 if group:
+                    self.subscription.consumer_sent(self)
                     yield group
         finally:
             self.subscription.remove_consumer(self, reason="stream ended")

@@ -61,7 +61,9 @@ from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
 from broker.expiry import ExpiringKeys
 from broker.ownership import commit_takeover, plan_takeover, record_last_written, wal_has_records
 from broker.idempotency import RecentRequests
+from broker.memory_log import MemoryLog
 from broker.producer import Producer
+from broker.redelivery import RedeliverySettings
 from broker.remote import ObjectCache, RemoteLog
 from broker.retention import LocalRetention, RetentionLimits, RetentionOutcome
 from broker.schema_policy import check_producer_schema
@@ -451,6 +453,8 @@ class Broker:
 
     async def _open_topic(self, name: TopicName) -> Topic:
         cfg = self.config
+        if DeliveryMode.from_stored(self.cache.get(keys.topic_delivery(name))) == DeliveryMode.NON_RELIABLE:
+            return await self._open_memory_topic(name)
         remote = RemoteLog(
             name, cache=self.cache, objects=self.objects, object_cache=self.object_cache, prefetch_bytes=cfg.prefetch_bytes
         )
@@ -519,6 +523,56 @@ class Broker:
         except MetadataStoreError as exc:  # the keys only describe producers: the topic still serves
             log.warning("topic %s: stale producer keys not closed: %s", name, exc)
         log.info("topic %s loaded, next offset %d", name, wal.next_offset)
+        self._on_topics_changed()
+        return topic
+
+    async def _open_memory_topic(self, name: TopicName) -> Topic:
+        """Open a ``NonReliable`` topic (``docs/etcd-layout.md`` §3.2): an empty in-memory log
+        (:mod:`broker.memory_log`) whose offsets continue past every offset handed out before
+        (the reservation, §5.4, and the sealed state, §5.3). No WAL, no object store: nothing
+        of the topic is on disk, so nothing is unavailable (§5.5) when an owner dies."""
+        cfg = self.config
+        plan = await plan_takeover(self.store, name, self.broker_id, wal_holds_data=False, tiered_end=None)
+        plan = dataclasses.replace(plan, unavailable=None)
+        floor = max(plan.floor, self.offset_floor(name, None))
+        log_ = MemoryLog(
+            name.path, initial_offset=floor,
+            max_messages=cfg.nonreliable_buffer_messages, max_bytes=cfg.nonreliable_buffer_bytes,
+        )
+        ownership, _plan = await commit_takeover(
+            self.store, name, self.broker_id, plan, log_.next_offset, block=cfg.offset_block,
+            wal_holds_data=False, tiered_end=None,
+        )
+        log_.offset_guard = ownership
+        topic = Topic(
+            name,
+            log_,
+            store=self.store,
+            cache=self.cache,
+            background=self.background,
+            delivery=DeliveryMode.NON_RELIABLE,
+            cursor_flush_acks=cfg.cursor_flush_acks,
+            max_batch_bytes=cfg.max_batch_bytes,
+            max_consumer_buffer_bytes=cfg.max_consumer_buffer_bytes,
+            subscription_idle_s=cfg.subscription_idle_s,
+            remote=None,
+        )
+        topic.ownership = ownership
+        handover = self.cache.get(keys.producer_sequences(name))
+        if handover is not None:
+            topic.sequences.load(handover)
+        self.topics[name.path] = topic
+        if self.cache.contains(keys.sealed_state(name)):
+            with contextlib.suppress(Exception):
+                await self.store.delete(keys.sealed_state(name))
+        try:
+            await self._close_stale_producers(name)
+        except MetadataStoreError as exc:
+            log.warning("topic %s: stale producer keys not closed: %s", name, exc)
+        log.info(
+            "topic %s loaded (NonReliable: in memory, at most %d messages / %d bytes, drop-oldest), next offset %d",
+            name, cfg.nonreliable_buffer_messages, cfg.nonreliable_buffer_bytes, log_.next_offset,
+        )
         self._on_topics_changed()
         return topic
 
@@ -1097,6 +1151,20 @@ class Broker:
             raise ProducerNotFoundError(producer_id)
         return producer, topic
 
+    async def throttle_publish(self, producer_id: int, batch: bytes) -> float:
+        """Wait until the topic's ``max_publish_rate`` admits ``batch``
+        (:meth:`Topic.throttle_publish`); call it before :meth:`publish`.
+
+        Returns:
+            Seconds waited (0.0 when unlimited, or for an unknown producer: :meth:`publish`
+            then raises).
+        """
+        try:
+            _producer, topic = self.served_producer(producer_id)
+        except (ProducerNotFoundError, NotServedHereError):
+            return 0.0
+        return await topic.throttle_publish(batch)
+
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
         """Validate and enqueue one record batch of a producer (see :meth:`Topic.publish`).
 
@@ -1146,11 +1214,14 @@ class Broker:
         consumer_name: str,
         initial_position: InitialPosition,
         receiver_queue_size: int,
+        settings: RedeliverySettings | None = None,
     ) -> Consumer:
         """Attach a new consumer to a subscription of a topic served here (§3.4).
 
         The consumer's window is ``receiver_queue_size`` messages (the default when 0), at
-        most the broker's ``max_receiver_queue_size``.
+        most the broker's ``max_receiver_queue_size``. ``settings`` replace the subscription's
+        redelivery settings; ``None`` keeps the loaded subscription's, or those stored in its
+        etcd value (§3.4), or the defaults.
 
         Raises:
             InvalidNameError: a name is malformed.
@@ -1165,6 +1236,12 @@ class Broker:
         validate_part("consumer", consumer_name)
         topic = await self.topic_for(name)
         window = min(receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE, self.config.max_receiver_queue_size)
+        if settings is None:
+            loaded = topic.subscriptions.get(subscription)
+            settings = loaded.settings if loaded is not None else RedeliverySettings.from_stored(
+                self.cache.get(keys.topic_subscription(name, subscription))
+            )
+        settings.dead_letter_topic_for(name.path, subscription)  # InvalidNameError for a too long default
         consumer = await topic.subscribe(
             subscription=subscription,
             subscription_type=subscription_type,
@@ -1173,7 +1250,9 @@ class Broker:
             earliest=initial_position is InitialPosition.EARLIEST,
             receiver_queue_size=window,
             on_uncertain_write=self.uncertain_write,
+            settings=settings,
         )
+        consumer.subscription.dead_letter_publisher = self.publish_dead_letter
         self._remember_consumer(consumer)
         log.info("consumer %d (%s) subscribed %s/%s as %s",
                  consumer.id, consumer_name, name, subscription, subscription_type.name)
@@ -1202,6 +1281,37 @@ class Broker:
         """
         consumer = self.consumer(consumer_id)
         consumer.subscription.ack_ranges(ranges, consumer=consumer)
+
+    def nack(self, consumer_id: int, ranges: Iterable[tuple[int, int]], *, reason: str = "") -> int:
+        """Negatively acknowledge the inclusive offset ``ranges``: they are redelivered after
+        the subscription's nack delay (:meth:`Subscription.nack_ranges`).
+
+        Returns:
+            How many offsets were taken back.
+
+        Raises:
+            ConsumerNotFoundError: unknown consumer (never known, or forgotten).
+            InvalidAckError: an offset is not the consumer's (as for :meth:`ack`); nothing changed.
+        """
+        consumer = self.consumer(consumer_id)
+        return consumer.subscription.nack_ranges(consumer, ranges, reason=reason)
+
+    async def publish_dead_letter(self, topic_path: str, producer_name: str, batch: bytes) -> tuple[int, int]:
+        """Append a dead-letter batch (producer id 0, :mod:`broker.dead_letter_topic`) to
+        ``topic_path``, creating the topic if needed; a batch written already (same producer
+        name and sequence) answers its first offsets instead (:mod:`broker.idempotence`).
+
+        Returns:
+            ``(first_offset, last_offset)`` once durable.
+
+        Raises:
+            NotServedHereError: another broker owns the dead-letter topic (the messages wait and
+                are tried again).
+            DanubeError: the batch was refused or the topic could not be created.
+        """
+        topic = await self.topic_for(TopicName.parse(topic_path), create=True)
+        producer = Producer(id=0, name=producer_name, access_mode=0, topic=topic)
+        return await topic.publish(producer, batch)
 
     async def close_consumer(self, consumer_id: int) -> None:
         """Detach the consumer (its unacknowledged messages are redelivered) and store the cursor.

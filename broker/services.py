@@ -13,6 +13,8 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -37,8 +39,10 @@ from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
 from broker.consumer import Delivery
 from broker.core import Broker
 from broker.idempotency import RecentRequests
+from broker.memory_log import MemoryLog
 from broker.partitions import create_partitioned_topic, refuse_partitioned, topic_partitions
 from broker.producer import Producer
+from broker.redelivery import RedeliverySettings
 from broker.schema_policy import set_topic_schema_policy
 from broker.status import rpc
 from broker.tasks import spawn
@@ -66,6 +70,11 @@ def _failed(fut: asyncio.Future[tuple[int, int]]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is not None
 
 
+def _ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds, rounded up (a wait never reads as 0)."""
+    return math.ceil(seconds * 1000) if seconds > 0 else 0
+
+
 def _error_status(error: DanubeError) -> pb.ErrorStatus:
     """``error`` as data, with what a failed RPC carries as its status and trailing metadata."""
     metadata = dict(encode_error_metadata(error))
@@ -78,12 +87,13 @@ def _error_status(error: DanubeError) -> pb.ErrorStatus:
 
 
 def _batch_delivery(d: Delivery) -> pb.BatchDelivery:
-    handout = d.handout
+    counts = d.redelivery_counts() if d.handout.counts else []
     return pb.BatchDelivery(
         batch=d.batch.data,
-        first_offset=handout.first,
-        acked_offsets=handout.acked_offsets() if handout.acked_bits else (),
-        redelivery_count=d.redelivery_count,
+        first_offset=d.handout.first,
+        acked_offsets=d.skipped_offsets(),
+        redelivery_count=min(counts, default=0),
+        redelivery_counts=counts if any(counts) else (),
     )
 
 
@@ -107,6 +117,8 @@ class ProducerBroker(Protocol):
     ) -> Producer: ...
 
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]: ...
+
+    async def throttle_publish(self, producer_id: int, batch: bytes) -> float: ...
 
     async def close_producer(self, producer_id: int) -> None: ...
 
@@ -151,8 +163,12 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
 
     @rpc
     async def SendBatch(self, request: pb.SendBatchRequest, context: Any) -> pb.SendBatchResponse:
+        # max_publish_rate: the answer is held back (nothing appended yet) until the rate admits it.
+        waited_s = await self._broker.throttle_publish(request.producer_id, request.batch)
         first, last = await asyncio.shield(self._broker.publish(request.producer_id, request.batch))
-        return pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=request.sequence_id)
+        return pb.SendBatchResponse(
+            first_offset=first, last_offset=last, sequence_id=request.sequence_id, throttled_ms=_ms(waited_s)
+        )
 
     @rpc
     async def SendStream(
@@ -169,17 +185,20 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
 
         Memory is bounded per stream: once ``max_unanswered_bytes`` of batches are received
         and not answered, no more requests are read until answers go out (gRPC flow control
-        then holds the producer back).
+        then holds the producer back). The topic's ``max_publish_rate`` holds the stream back
+        the same way: no request is read while the rate does not admit the last one, and each
+        answer says how long its batch waited (``throttled_ms``).
         """
-        # The reader appends (sequence id, batch size, append future or error); None marks the end.
-        pending: collections.deque[tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException] | None] = (
-            collections.deque()
-        )
+        # The reader appends (sequence id, batch size, append future or error, throttled ms);
+        # None marks the end.
+        pending: collections.deque[
+            tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException, int] | None
+        ] = collections.deque()
         arrived = asyncio.Event()
         room = asyncio.Event()
         unanswered = 0
 
-        def put(item: tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException] | None) -> None:
+        def put(item: tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException, int] | None) -> None:
             pending.append(item)
             arrived.set()
 
@@ -192,18 +211,19 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                     if failed is None and last is not None and _failed(last[1]):
                         failed = last[0]
                     if failed is not None:
-                        put((request.sequence_id, 0, BatchNotAppendedError(request.sequence_id, failed)))
+                        put((request.sequence_id, 0, BatchNotAppendedError(request.sequence_id, failed), 0))
                         continue
                     size = len(request.batch)
+                    throttled_ms = _ms(await self._broker.throttle_publish(request.producer_id, request.batch))
                     try:
                         fut = self._broker.publish(request.producer_id, request.batch)
                     except Exception as exc:  # noqa: BLE001 - answered in order
                         failed = request.sequence_id
-                        put((request.sequence_id, 0, exc))
+                        put((request.sequence_id, 0, exc, throttled_ms))
                         continue
                     last = (request.sequence_id, fut)
                     unanswered += size
-                    put((request.sequence_id, size, fut))
+                    put((request.sequence_id, size, fut, throttled_ms))
                     while unanswered > self._max_unanswered_bytes:
                         room.clear()
                         await room.wait()
@@ -219,7 +239,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                 item = pending.popleft()
                 if item is None:
                     break
-                sequence_id, size, outcome = item
+                sequence_id, size, outcome, throttled_ms = item
                 if not isinstance(outcome, BaseException):
                     # Not shielded: if the stream dies, the append still completes (the WAL
                     # resolves futures it finds still pending and skips cancelled ones).
@@ -228,7 +248,9 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                     except DanubeError as exc:
                         outcome = exc
                     else:
-                        yield pb.SendBatchResponse(first_offset=first, last_offset=last, sequence_id=sequence_id)
+                        yield pb.SendBatchResponse(
+                            first_offset=first, last_offset=last, sequence_id=sequence_id, throttled_ms=throttled_ms
+                        )
                 if isinstance(outcome, DanubeError):
                     yield pb.SendBatchResponse(sequence_id=sequence_id, error=_error_status(outcome))
                 elif isinstance(outcome, BaseException):
@@ -276,6 +298,7 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
                 consumer_name=request.consumer_name or request.subscription,
                 initial_position=position,
                 receiver_queue_size=request.receiver_queue_size,
+                settings=RedeliverySettings.from_pb(request.settings) if request.HasField("settings") else None,
             ),
             still_valid=lambda c: not c.closed,
         )
@@ -285,9 +308,21 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
     async def Receive(self, request: pb.ReceiveRequest, context: Any) -> AsyncIterator[pb.Deliveries]:
         consumer = self._broker.consumer(request.consumer_id, open_only=True)
         sub = consumer.subscription
+        topic = self._broker.topics.get(sub.topic)
+        limiter = topic.dispatch_limiter(sub.name) if topic is not None else None
         try:
             async for group in consumer.deliveries():
-                yield pb.Deliveries(batches=[_batch_delivery(d) for d in group])
+                if limiter is None or not limiter.rate():
+                    yield pb.Deliveries(batches=[_batch_delivery(d) for d in group])
+                    continue
+                # max_subscription_dispatch_rate: one batch at a time, each once the
+                # subscription's bucket admits its messages (shared by its consumers).
+                for d in group:
+                    await limiter.acquire(d.hold.bits.bit_count())
+                    if d.hold not in consumer.holds:  # acknowledged or taken back meanwhile
+                        continue
+                    d.hold.sent_at = time.monotonic()  # the ack timeout runs from the real send
+                    yield pb.Deliveries(batches=[_batch_delivery(d)])
         finally:
             # A failure is counted by the cursor writer and retried at the next flush.
             spawn(sub.flush_cursor(), name=f"cursor:{sub.topic}:{sub.name}", on_error=lambda _exc: None)
@@ -299,6 +334,11 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
             itertools.chain(((o, o) for o in request.offsets), ((r.first, r.last) for r in request.ranges)),
         )
         return pb.AckResponse()
+
+    @rpc
+    async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackResponse:
+        self._broker.nack(request.consumer_id, [(r.first, r.last) for r in request.ranges], reason=request.reason)
+        return pb.NackResponse()
 
     @rpc
     async def CloseConsumer(self, request: pb.CloseConsumerRequest, context: Any) -> pb.CloseConsumerResponse:
@@ -491,15 +531,22 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Any) -> pb.DescribeTopicResponse:
         topic = await self._topic(request.topic)
         remote = topic.remote
+        memory = topic.wal if isinstance(topic.wal, MemoryLog) else None
         response = pb.DescribeTopicResponse(
             first_local_offset=topic.wal.first_offset,
             next_offset=topic.wal.next_offset,
-            wal_bytes=topic.wal.size_bytes,
+            wal_bytes=topic.wal.size_bytes if memory is None else 0,
             sealed_segments=len(topic.wal.sealed_segments()),
             earliest_offset=topic.earliest_offset,
             cache_bytes=self._broker.object_cache.size_bytes,
             broker_id=self._broker.broker_id,
+            delivery=pb.NON_RELIABLE if topic.delivery == DeliveryMode.NON_RELIABLE else pb.RELIABLE,
+            publish_throttled_ms=int(topic.publish_limiter.throttled_ms),
         )
+        if memory is not None:
+            response.dropped_messages = memory.dropped_messages
+            response.buffered_messages = memory.held_messages
+            response.buffered_bytes = memory.size_bytes
         if topic.ownership is not None:
             response.owner_epoch = topic.ownership.epoch
             response.reserved_end_offset = max(topic.ownership.reserved_end, 0)
@@ -524,6 +571,9 @@ class AdminServicer(pb_grpc.AdminServicer):
                 skipped_below_retention=sub.skipped_below_retention,
                 skipped_unavailable=sub.skipped_unavailable,
             )
+            limiter = topic.dispatch_limiters.get(name)
+            if limiter is not None:
+                state.dispatch_throttled_ms = int(limiter.throttled_ms)
             if sub.cursor is not None:
                 state.cursor = sub.cursor
             response.subscriptions.append(state)

@@ -1,22 +1,33 @@
-"""A subscription and its dispatch to consumers: Exclusive, Shared and Failover
-(``docs/etcd-layout.md`` §3.4).
+"""A subscription and its dispatch to consumers: Exclusive, Shared, Failover and Key_Shared
+(``docs/etcd-layout.md`` §3.4), with negative acks, ack timeouts, redelivery counts and the
+dead-letter topic.
 
-Dispatch moves whole stored record batches, as Pulsar dispatches batched entries: a batch goes to
-one consumer, which splits it; acknowledgements are per offset. One :class:`Subscription` per
-``(topic, subscription name)`` holds the delivery state:
+Dispatch moves stored record batches, as Pulsar dispatches batched entries: a batch, or the
+part of it that goes to one consumer, travels whole and the consumer splits it (the records it
+does not carry are listed as skipped); acknowledgements are per offset. One
+:class:`Subscription` per ``(topic, subscription name)`` holds the delivery state:
 
 * ``read_position``: the next offset never handed to any consumer;
-* ``handouts``: every batch handed out and not fully acknowledged (a
-  :class:`~broker.consumer.Handout` each, with a bitmap of its acknowledged offsets), held by a
-  consumer or waiting for redelivery after its consumer left;
+* ``handouts``: every batch read and not fully acknowledged (a
+  :class:`~broker.consumer.Handout` each): each of its unacknowledged offsets is held by one
+  consumer (a :class:`~broker.consumer.Hold`) or waits for (re)delivery, with its redelivery
+  count;
 * the ack floor: the first offset not yet acknowledged. The persisted cursor is the *last
   offset at or below which everything is acknowledged* (§3.5): ``ack_floor - 1``.
 
 One dispatcher task per subscription reads batches from the WAL (and re-reads the batches to
 redeliver) and hands them to consumers while they have room in their ``receiver_queue_size``
 window: Exclusive and Failover hand everything to the active (first) consumer; Shared hands
-batches out round-robin. A redelivered batch carries its acknowledged offsets, which the
-consumer skips, and ``redelivery_count + 1``.
+batches out round-robin; Key_Shared hands each offset to the consumer owning its sticky key's
+hash range, keeping per-key order (:mod:`broker.key_shared`).
+
+Redelivery (:mod:`broker.redelivery`, Pulsar's semantics): an offset goes back to waiting when
+its consumer leaves, nacks it (after the subscription's nack delay, doubling with each
+redelivery up to a cap) or holds it unacknowledged past the ack timeout; an offset its consumer
+had been sent counts one more redelivery. Waiting offsets are redelivered first, in offset
+order. An offset that would be redelivered more than ``max_redeliveries`` times is published to
+the dead-letter topic and then acknowledged (:mod:`broker.dead_letter_topic`). Redelivery counts
+live in memory: a broker restart starts them again at 0 (as Pulsar's do).
 """
 
 from __future__ import annotations
@@ -28,17 +39,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from danube_pipeline.batches import iter_batch
 from danube_pipeline.errors import InvalidAckError, PositionBelowRetentionError, SubscriptionBusyError
 from danube_pipeline.metadata.values import UnavailableRange
-from danube_pipeline.segments import StoredBatch
 from danube_pipeline.modes import SubscriptionType
+from danube_pipeline.segments import StoredBatch
 
 from broker.consumer import (
     DEFAULT_MAX_BUFFER_BYTES,
     DEFAULT_RECEIVER_QUEUE_SIZE,
     Consumer,
     Handout,
+    Hold,
+    bit_offsets,
 )
+from broker.dead_letter_topic import (
+    DeadLetterPublisher,
+    dead_letter_batch,
+    dead_letter_producer_name,
+    fault_point_after_publish,
+)
+from broker.key_shared import AutoSplitHashRanges, KeyOrder, sticky_key_hash
+from broker.redelivery import RedeliverySettings
 from broker.remote import RemoteLog
 from broker.tasks import spawn
 from broker.wal import WriteAheadLog
@@ -48,6 +70,11 @@ log = logging.getLogger(__name__)
 ATTACH_TIMEOUT_S = 30.0
 """A consumer that opens no Receive stream within this time after Subscribe is removed."""
 _MAX_READ_RECORDS_PER_ROUND = 10_000
+MAX_KEY_SHARED_WAITING = 10_000
+"""Key_Shared: new batches are read only while fewer offsets than this (or than the consumers'
+windows together, if more) wait for their key's consumer."""
+_DEAD_LETTER_RETRY_S = 1.0
+"""Pause before a failed dead-letter publish is tried again (at least)."""
 BELOW_RETENTION_EARLIEST = "earliest"
 BELOW_RETENTION_ERROR = "error"
 BELOW_RETENTION_MODES = (BELOW_RETENTION_EARLIEST, BELOW_RETENTION_ERROR)
@@ -73,13 +100,23 @@ def earliest_offset(wal: WriteAheadLog, remote: RemoteLog | None) -> int:
     return min(first, local)
 
 
+def _run_end(bits: int, index: int) -> int:
+    """The last index of the run of set bits of ``bits`` that starts at ``index``."""
+    rest = bits >> index
+    return index + ((rest + 1) & ~rest).bit_length() - 2
+
+
+def _lowest(bits: int) -> int:
+    return (bits & -bits).bit_length() - 1 if bits else -1
+
+
 class Subscription:
     """Delivery state of one subscription on one topic.
 
     Args:
         topic: the topic path ``/ns/topic`` (for logs and errors).
         name: the subscription name.
-        subscription_type: Exclusive, Shared or Failover.
+        subscription_type: Exclusive, Shared, Failover or Key_Shared.
         wal: the topic's WAL to read from.
         start_offset: the first offset to deliver (cursor + 1, or by initial position).
         persisted_cursor: the cursor value already stored in etcd, or ``None``.
@@ -97,12 +134,19 @@ class Subscription:
         unavailable_range: at an unavailable range (``docs/etcd-layout.md`` §5.5) not in object
             storage: ``"wait"`` until it is tiered, or ``"skip"`` it (counted in
             ``skipped_unavailable``); an abandoned range is always skipped.
+        settings: the redelivery settings (nack delay, ack timeout, dead-letter topic).
+        dead_letter_publisher: appends a batch to a dead-letter topic
+            (:data:`~broker.dead_letter_topic.DeadLetterPublisher`); ``None``: messages past
+            ``max_redeliveries`` wait (logged) until one is set.
 
     Attributes:
         records_from_object_storage: records handed out from object storage.
         skipped_below_retention: offsets jumped over because they expired.
         skipped_unavailable: offsets of unavailable ranges skipped (policy or abandoned).
         position_error: set once the position fell below retention in ``"error"`` mode.
+        redelivered: offsets taken back from a consumer they were sent to (nack, ack timeout,
+            consumer left).
+        dead_lettered: offsets published to the dead-letter topic and acknowledged here.
     """
 
     def __init__(
@@ -121,6 +165,8 @@ class Subscription:
         remote: RemoteLog | None = None,
         below_retention: str = BELOW_RETENTION_EARLIEST,
         unavailable_range: str = UNAVAILABLE_WAIT,
+        settings: RedeliverySettings | None = None,
+        dead_letter_publisher: DeadLetterPublisher | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -133,9 +179,13 @@ class Subscription:
         if unavailable_range not in UNAVAILABLE_MODES:
             raise ValueError(f"unavailable_range must be one of {UNAVAILABLE_MODES}")
         self.unavailable_range = unavailable_range
+        self.settings = settings or RedeliverySettings()
+        self.dead_letter_publisher = dead_letter_publisher
         self.records_from_object_storage = 0
         self.skipped_below_retention = 0
         self.skipped_unavailable = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
         self.position_error: PositionBelowRetentionError | None = None
         self._waiting_at: int | None = None
         self.read_position = start_offset
@@ -152,6 +202,10 @@ class Subscription:
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._rr = 0
+        self.hash_ranges = AutoSplitHashRanges()
+        self._order = KeyOrder()
+        self._next_due: float | None = None
+        self._dead_letter_tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._closed = False
         self._remove_listener = wal.add_listener(lambda _end: self._wake.set())
@@ -160,6 +214,11 @@ class Subscription:
         if self.read_position < earliest:  # e.g. a stored cursor whose offsets expired
             self._below_retention(earliest)
         self._task = asyncio.create_task(self._run(), name=f"dispatch:{topic}:{name}")
+
+    def configure(self, settings: RedeliverySettings) -> None:
+        """Apply new redelivery settings (waiting offsets keep the time they were given)."""
+        self.settings = settings
+        self._wake.set()
 
     # ------------------------------------------------------------------ state
 
@@ -181,8 +240,8 @@ class Subscription:
 
     @property
     def waiting_redelivery(self) -> list[Handout]:
-        """Batches taken back from consumers that left, in offset order."""
-        return [self.handouts[b] for b in self._bases if self.handouts[b].consumer is None]
+        """Batches with offsets waiting for redelivery, in offset order."""
+        return [self.handouts[b] for b in self._bases if self.handouts[b].pending]
 
     def _add_handout(self, handout: Handout) -> None:
         self.handouts[handout.base] = handout
@@ -192,11 +251,63 @@ class Subscription:
         if self.handouts.pop(handout.base, None) is not None:
             self._bases.pop(bisect.bisect_left(self._bases, handout.base))
 
+    @property
+    def _key_shared(self) -> bool:
+        return self.type == SubscriptionType.KEY_SHARED
+
+    def _settle(self, handout: Handout, bits: int) -> None:
+        """Offsets ``bits`` of ``handout`` are acknowledged (or skipped): release them from
+        their holds, from waiting, and from the per-key order."""
+        if not bits:
+            return
+        hashes = handout.hashes
+        held = 0
+        for hold in list(handout.holds):
+            mine = hold.bits & bits
+            if mine:
+                held |= mine
+                if hashes is not None:
+                    for o in bit_offsets(mine, handout.first):
+                        self._order.release(hashes[o - handout.first], hold.consumer.id, o)
+                hold.consumer.release(hold, mine)
+        if hashes is None and not handout.pending and not handout.counts and not handout.reasons:
+            return  # nothing kept per offset (the common case: no redelivery)
+        for o in bit_offsets(bits, handout.first):
+            handout.pending.pop(o, None)
+            handout.counts.pop(o, None)
+            handout.reasons.pop(o, None)
+            if hashes is not None and not (held >> (o - handout.first)) & 1:
+                self._order.release(hashes[o - handout.first], None, o)
+
+    def _take_back(self, hold: Hold, bits: int, *, reason: str, nack: bool = False) -> int:
+        """Offsets ``bits`` of ``hold`` go back to waiting: after the nack backoff when ``nack``,
+        else at once; one more redelivery each if the hold was sent. Returns how many."""
+        bits &= hold.bits
+        if not bits:
+            return 0
+        handout, consumer = hold.handout, hold.consumer
+        now = time.monotonic()
+        hashes = handout.hashes
+        offsets = bit_offsets(bits, handout.first)
+        for o in offsets:
+            count = handout.counts.get(o, 0)
+            if hold.sent:
+                handout.counts[o] = count + 1
+            handout.pending[o] = now + (self.settings.nack_delay_s(count) if nack else 0.0)
+            handout.reasons[o] = reason
+            if hashes is not None:
+                self._order.give_back(hashes[o - handout.first], consumer.id, o)
+        consumer.release(hold, bits)
+        if hold.sent:
+            self.redelivered += len(offsets)
+        return len(offsets)
+
     # ------------------------------------------------------------------ consumers
 
     @property
     def active_consumer(self) -> Consumer | None:
-        """Exclusive/Failover: the consumer receiving messages; Shared: the first consumer."""
+        """Exclusive/Failover: the consumer receiving messages; Shared and Key_Shared: the
+        first consumer."""
         return self.consumers[0] if self.consumers else None
 
     @property
@@ -214,7 +325,8 @@ class Subscription:
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
     ) -> Consumer:
         """Attach a new consumer with a window of ``receiver_queue_size`` messages and at most
-        ``max_buffer_bytes`` of batches queued for its stream.
+        ``max_buffer_bytes`` of batches queued for its stream. A Key_Shared consumer gets its
+        hash range when its stream opens.
 
         Raises:
             SubscriptionBusyError: Exclusive subscription already has a consumer, or consumers
@@ -229,7 +341,14 @@ class Subscription:
             raise SubscriptionBusyError(self.name, "an Exclusive subscription allows one consumer")
         if self.position_error is not None:
             raise self.position_error
+        if subscription_type != self.type and self.handouts:
+            self._order.clear()
+            for handout in self.handouts.values():
+                handout.hashes = None  # recomputed (and re-registered) when redelivered
         self.type = subscription_type
+        if self._key_shared:
+            for handout in self.handouts.values():
+                self._register_hashes(handout)
         consumer = Consumer(
             consumer_id, name, self, receiver_queue_size or DEFAULT_RECEIVER_QUEUE_SIZE, max_buffer_bytes=max_buffer_bytes
         )
@@ -238,42 +357,65 @@ class Subscription:
         self._wake.set()
         return consumer
 
+    def _register_hashes(self, handout: Handout) -> None:
+        """Key_Shared: read the sticky-key hashes of a batch taken over from another type
+        (all its offsets wait then: no consumer is attached)."""
+        if handout.hashes is not None:
+            return
+        batches = self._read(handout.base, 1)
+        if not batches or batches[0].base_offset != handout.base:
+            return  # registered when it is redelivered (_assign)
+        self._hash_batch(handout, batches[0])
+
+    def _hash_batch(self, handout: Handout, batch: StoredBatch) -> None:
+        _header, records = iter_batch(batch.data)
+        handout.hashes = [sticky_key_hash(key) for offset, _ts, key, _a, _p in records if offset >= handout.first]
+        for o in handout.pending:
+            self._order.wait(handout.hashes[o - handout.first], o)
+
     def _expire_unattached(self, consumer: Consumer) -> None:
         if not consumer.attached and not consumer.closed:
             self.remove_consumer(consumer, reason=f"no Receive stream within {ATTACH_TIMEOUT_S:.0f}s")
 
     def consumer_attached(self, consumer: Consumer) -> None:
-        """A consumer opened its Receive stream: dispatch to it."""
+        """A consumer opened its Receive stream: dispatch to it (Key_Shared: it takes the
+        upper half of the largest hash range)."""
+        if self._key_shared and not consumer.closed:
+            self.hash_ranges.add(consumer.id)
         self._wake.set()
 
     def consumer_has_room(self, consumer: Consumer) -> None:
         """A consumer's stream took batches from its full buffer: dispatch to it again."""
         self._wake.set()
 
-    def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
-        """Detach ``consumer``; the batches it holds go back for redelivery.
+    def consumer_sent(self, consumer: Consumer) -> None:
+        """A consumer's stream sent batches: their ack timeout runs from now."""
+        if self.settings.ack_timeout_ms:
+            self._wake.set()
 
-        A batch its stream sent gets ``redelivery_count + 1``; one still queued keeps its count.
-        Idempotent.
+    def remove_consumer(self, consumer: Consumer, *, reason: str) -> None:
+        """Detach ``consumer``; the offsets it holds go back for redelivery at once.
+
+        An offset its stream sent gets ``redelivery_count + 1``; one still queued keeps its
+        count. Key_Shared: its hash ranges go to its neighbours. Idempotent.
         """
         if consumer.closed:
             return
         was_active = self.active_consumer is consumer
         consumer.closed = True
         consumer.wake()
-        for handout in consumer.handouts.values():
-            handout.consumer = None
-            if handout.sent:
-                handout.redelivery_count += 1
-        taken_back = len(consumer.handouts)
-        consumer.handouts.clear()
+        taken_back = 0
+        for hold in list(consumer.holds):
+            taken_back += self._take_back(hold, hold.bits, reason="consumer left")
+        consumer.holds.clear()
         consumer.queue.clear()
         consumer.queued_bytes = 0
         consumer.unacked = 0
+        self.hash_ranges.remove(consumer.id)
         with contextlib.suppress(ValueError):
             self.consumers.remove(consumer)
         log.info(
-            "%s/%s: consumer %d left (%s); %d batches to redeliver",
+            "%s/%s: consumer %d left (%s); %d messages to redeliver",
             self.topic, self.name, consumer.id, reason, taken_back,
         )
         if was_active and self._on_active_change is not None:
@@ -291,9 +433,9 @@ class Subscription:
         self.ack_ranges([(o, o) for o in offsets], consumer=consumer)
 
     def check_ack(self, consumer: Consumer, ranges: list[tuple[int, int]]) -> None:
-        """Check that ``consumer`` may acknowledge every offset of the inclusive
-        ``(first, last)`` ranges: each was sent to it (its stream sent the batch) and is not
-        acknowledged yet, and no offset appears twice in ``ranges``.
+        """Check that ``consumer`` may acknowledge (or nack) every offset of the inclusive
+        ``(first, last)`` ranges: each was sent to it (its stream sent it), it still holds it,
+        it is not acknowledged yet, and no offset appears twice in ``ranges``.
 
         Raises:
             InvalidAckError: for the first refused run of offsets, with its reason.
@@ -330,19 +472,32 @@ class Subscription:
                 raise InvalidAckError(
                     consumer.id, pos, min(end, handout.first - 1), "never delivered (before the subscription's start)"
                 )
-            if handout.consumer is not consumer:
-                reason = "not delivered to this consumer (it waits for redelivery)" if handout.consumer is None else (
-                    "delivered to another consumer")
-                raise InvalidAckError(consumer.id, pos, end, reason)
-            if not handout.sent:
-                raise InvalidAckError(consumer.id, pos, end, "not delivered yet (queued for the stream)")
-            acked = handout.acked_bits >> (pos - handout.first)
-            if acked & ((1 << (end - pos + 1)) - 1):
-                j = (acked & -acked).bit_length() - 1  # first acknowledged offset at pos + j
-                run_end = pos + j
-                while run_end + 1 <= end and (handout.acked_bits >> (run_end + 1 - handout.first)) & 1:
-                    run_end += 1
-                raise InvalidAckError(consumer.id, pos + j, run_end, "already acknowledged")
+            mask = handout.mask(pos, end)
+            acked = mask & handout.acked_bits
+            mine = unsent = held = 0
+            for hold in handout.holds:
+                held |= hold.bits
+                if hold.consumer is consumer:
+                    mine |= hold.bits & mask
+                    if not hold.sent:
+                        unsent |= hold.bits & mask
+            others = mask & ~acked & ~mine
+            problems = [(b, kind) for b, kind in ((acked, "acked"), (others, "others"), (unsent, "unsent")) if b]
+            if problems:
+                bits, kind = min(problems, key=lambda p: _lowest(p[0]))
+                index = _lowest(bits)
+                offset = handout.first + index
+                if kind == "others":
+                    pending = sum(1 << (o - handout.first) for o in handout.pending) & bits
+                    if (pending >> index) & 1:
+                        bits, reason = pending, "not delivered to this consumer (it waits for redelivery)"
+                    elif (held >> index) & 1:
+                        bits, reason = bits & held, "delivered to another consumer"
+                    else:
+                        bits, reason = bits & ~held & ~pending, "being published to the dead-letter topic"
+                else:
+                    reason = "already acknowledged" if kind == "acked" else "not delivered yet (queued for the stream)"
+                raise InvalidAckError(consumer.id, offset, handout.first + _run_end(bits, index), reason)
             pos = end + 1
 
     def ack_ranges(self, ranges: Iterable[tuple[int, int]], *, consumer: Consumer | None = None) -> None:
@@ -370,10 +525,11 @@ class Subscription:
             i = max(bisect.bisect_right(self._bases, first) - 1, 0)
             while i < len(self._bases) and self._bases[i] <= last:
                 handout = self.handouts[self._bases[i]]
-                new = handout.ack_range(first, last)
-                n += new
-                if new and handout.consumer is not None:
-                    handout.consumer.release(handout, new)
+                new = handout.mask(first, last) & ~handout.acked_bits
+                if new:
+                    self._settle(handout, new)
+                    handout.acked_bits |= new
+                    n += new.bit_count()
                 if handout.unacked_count == 0:
                     self._drop_handout(handout)
                 else:
@@ -385,6 +541,39 @@ class Subscription:
                 self.flush_cursor(), name=f"cursor:{self.topic}:{self.name}", on_error=lambda _exc: None
             )
         self._wake.set()
+
+    def nack_ranges(self, consumer: Consumer, ranges: Iterable[tuple[int, int]], *, reason: str = "") -> int:
+        """Negative acknowledgement: the offsets of the inclusive ``(first, last)`` ranges, sent
+        to ``consumer`` and not acknowledged, go back for redelivery after the nack delay
+        (``nack_redelivery_delay_ms * 2**redelivery_count``, capped by
+        ``nack_redelivery_max_delay_ms``), each with one more redelivery.
+
+        Args:
+            consumer: the consumer that was sent them.
+            ranges: inclusive offset ranges.
+            reason: why processing failed (kept for the dead-letter topic's attributes).
+
+        Returns:
+            How many offsets were taken back.
+
+        Raises:
+            InvalidAckError: an offset is not the consumer's (as for :meth:`ack_ranges`);
+                nothing was taken back.
+        """
+        ranges = list(ranges)
+        self.check_ack(consumer, ranges)
+        why = f"nack: {reason}" if reason else "nack"
+        n = 0
+        for first, last in ranges:
+            i = max(bisect.bisect_right(self._bases, first) - 1, 0)
+            while i < len(self._bases) and self._bases[i] <= last:
+                handout = self.handouts[self._bases[i]]
+                mask = handout.mask(first, last)
+                for hold in [h for h in handout.holds if h.consumer is consumer]:
+                    n += self._take_back(hold, mask, reason=why, nack=True)
+                i += 1
+        self._wake.set()
+        return n
 
     @property
     def cursor_dirty(self) -> bool:
@@ -414,7 +603,7 @@ class Subscription:
     # ------------------------------------------------------------------ dispatching
 
     def _eligible(self) -> list[Consumer]:
-        if self.type == SubscriptionType.SHARED:
+        if self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             candidates = [c for c in self.consumers if c.attached and not c.closed]
         else:
             active = self.active_consumer
@@ -457,8 +646,8 @@ class Subscription:
         self.read_position = max(self.read_position, offset)
         for base in [b for b in self._bases if self.handouts[b].last < offset]:
             handout = self.handouts[base]
-            if handout.consumer is not None:
-                handout.consumer.release(handout, handout.ack_range(handout.first, handout.last))
+            self._settle(handout, handout.mask(handout.first, handout.last) & ~handout.acked_bits)
+            handout.acked_bits = handout.mask(handout.first, handout.last)
             self._drop_handout(handout)
 
     def _below_retention(self, earliest: int) -> bool:
@@ -536,31 +725,188 @@ class Subscription:
             )
         return False
 
+    # ------------------------------------------------------------------ redelivery
+
+    def _expire_ack_timeouts(self, now: float) -> None:
+        """Take back every sent hold unacknowledged for ``ack_timeout_ms``; note the next
+        deadline."""
+        timeout_s = self.settings.ack_timeout_ms / 1000
+        if not timeout_s:
+            return
+        for consumer in list(self.consumers):
+            for hold in list(consumer.holds):
+                if not hold.sent:
+                    continue
+                due = hold.sent_at + timeout_s
+                if due <= now:
+                    n = self._take_back(hold, hold.bits, reason="ack timeout")
+                    log.info("%s/%s: %d messages unacknowledged by consumer %d for %d ms: redelivered",
+                             self.topic, self.name, n, consumer.id, self.settings.ack_timeout_ms)
+                else:
+                    self._due(due)
+
+    def _due(self, when: float) -> None:
+        if self._next_due is None or when < self._next_due:
+            self._next_due = when
+
+    def _assign(self, handout: Handout, batch: StoredBatch, ready: list[int], eligible: list[Consumer]) -> int:
+        """Hand the waiting offsets ``ready`` (ascending) of ``handout`` to consumers: all to one
+        consumer, or (Key_Shared) each to its hash's consumer when the per-key order allows.
+        Returns how many were handed out."""
+        first = handout.first
+        if not self._key_shared:
+            consumer = self._pick(eligible)
+            if consumer is None:
+                return 0
+            bits = 0
+            for o in ready:
+                bits |= 1 << (o - first)
+                del handout.pending[o]
+            consumer.push(batch, Hold(handout, consumer, bits))
+            return len(ready)
+        if handout.hashes is None:
+            self._hash_batch(handout, batch)
+        hashes = handout.hashes
+        assert hashes is not None
+        by_id = {c.id: c for c in eligible}
+        room = {c.id: c.permits for c in eligible}
+        given: dict[int, int] = {}
+        for o in ready:
+            key_hash = hashes[o - first]
+            owner = self.hash_ranges.owner(key_hash)
+            if owner is None or room.get(owner, 0) <= 0:
+                continue
+            if not self._order.may_deliver(key_hash, o, owner):
+                continue
+            self._order.hold(key_hash, o, owner)
+            del handout.pending[o]
+            given[owner] = given.get(owner, 0) | (1 << (o - first))
+            room[owner] -= 1
+        for owner, bits in given.items():
+            consumer = by_id[owner]
+            consumer.push(batch, Hold(handout, consumer, bits))
+        return sum(bits.bit_count() for bits in given.values())
+
+    def _dead_letter(self, handout: Handout, offsets: list[int]) -> None:
+        """Publish ``offsets`` (past ``max_redeliveries``) to the dead-letter topic, then
+        acknowledge them (:mod:`broker.dead_letter_topic`); meanwhile they are neither waiting
+        nor held."""
+        for o in offsets:
+            del handout.pending[o]
+        task = spawn(self._publish_dead_letters(handout, offsets), name=f"dlq:{self.topic}:{self.name}")
+        self._dead_letter_tasks.add(task)
+        task.add_done_callback(self._dead_letter_tasks.discard)
+
+    async def _publish_dead_letters(self, handout: Handout, offsets: list[int]) -> None:
+        done: set[int] = set()
+        try:
+            publisher = self.dead_letter_publisher
+            if publisher is None:
+                raise RuntimeError("no dead-letter publisher is set for this subscription")
+            dead_letter_topic = self.settings.dead_letter_topic_for(self.topic, self.name)
+            batches = self._read(handout.base, 1)
+            while batches is None:  # being fetched from object storage
+                await asyncio.sleep(0.05)
+                batches = self._read(handout.base, 1)
+            if not batches or batches[0].base_offset != handout.base:
+                raise RuntimeError(f"batch {handout.base} is held nowhere any more")
+            _header, records = iter_batch(batches[0].data)
+            by_offset = {r[0]: r for r in records if r[0] in offsets}
+            for o in offsets:
+                if self._closed or self.handouts.get(handout.base) is not handout:
+                    return  # unloaded or reset meanwhile: the next owner of the cursor decides
+                _offset, publish_time_us, key, attributes, payload = by_offset[o]
+                count = handout.counts.get(o, 0)
+                name = dead_letter_producer_name(self.topic, self.name, o)
+                batch = dead_letter_batch(
+                    producer_name=name, key=key, payload=payload, attributes=attributes,
+                    publish_time_us=publish_time_us, topic=self.topic, subscription=self.name, offset=o,
+                    reason=handout.reasons.get(o, ""), redelivery_count=count,
+                )
+                written, _last = await publisher(dead_letter_topic, name, batch)
+                fault_point_after_publish()
+                done.add(o)
+                self.ack_ranges([(o, o)])
+                self.dead_lettered += 1
+                log.info("%s/%s: offset %d redelivered %d times; published to %s at offset %d and acknowledged",
+                         self.topic, self.name, o, count, dead_letter_topic, written)
+            await self.flush_cursor()
+        except Exception as exc:  # noqa: BLE001 - retried: the offsets wait again
+            log.warning("%s/%s: dead-letter publish of offsets %s failed (%s); retried later",
+                        self.topic, self.name, [o for o in offsets if o not in done], exc)
+            if self._closed or self.handouts.get(handout.base) is not handout:
+                return
+            retry_at = time.monotonic() + max(_DEAD_LETTER_RETRY_S, self.settings.nack_redelivery_delay_ms / 1000)
+            for o in offsets:
+                if o not in done and not (handout.acked_bits >> (o - handout.first)) & 1:
+                    handout.pending[o] = retry_at
+            self._wake.set()
+
+    def _redeliver(self, now: float, eligible: list[Consumer]) -> tuple[int, bool]:
+        """Hand out the waiting offsets that are due, in offset order; send those past
+        ``max_redeliveries`` to the dead-letter topic. Returns the offsets handed out and
+        whether reading stopped at an object being fetched."""
+        moved = 0
+        limit = self.settings.max_redeliveries
+        for base in list(self._bases):
+            handout = self.handouts.get(base)
+            if handout is None or not handout.pending:
+                continue
+            ready: list[int] = []
+            for o, due in handout.pending.items():
+                if due <= now:
+                    ready.append(o)
+                else:
+                    self._due(due)
+            if not ready:
+                continue
+            ready.sort()
+            if limit:
+                dead = [o for o in ready if handout.counts.get(o, 0) > limit]
+                if dead:
+                    self._dead_letter(handout, dead)
+                    ready = [o for o in ready if handout.counts.get(o, 0) <= limit]
+            eligible = [c for c in eligible if c.permits > 0]
+            if not ready or not eligible:
+                continue
+            batches = self._read(handout.base, 1)
+            if batches is None:  # being fetched from object storage
+                return moved, True
+            if not batches or batches[0].base_offset != handout.base:  # held nowhere any more
+                self._skip_batch(handout)
+                continue
+            moved += self._assign(handout, batches[0], ready, eligible)
+        return moved, False
+
+    def _skip_batch(self, handout: Handout) -> None:
+        log.error("%s/%s: batch %d..%d to redeliver is held nowhere any more; skipped",
+                  self.topic, self.name, handout.base, handout.last)
+        bits = handout.mask(handout.first, handout.last) & ~handout.acked_bits
+        self._settle(handout, bits)
+        handout.acked_bits |= bits
+        self._drop_handout(handout)
+
+    def _waiting_count(self) -> int:
+        return sum(len(h.pending) for h in self.handouts.values())
+
     def _dispatch_once(self) -> bool:
         earliest = self.earliest_offset
         if self.read_position < earliest or (self._bases and self._bases[0] < earliest):
             if not self._below_retention(earliest):
                 return False
+        now = time.monotonic()
+        self._next_due = None
+        self._expire_ack_timeouts(now)
         eligible = self._eligible()
+        moved, fetching = self._redeliver(now, eligible)
+        if fetching:
+            return moved > 0
+        eligible = [c for c in eligible if c.permits > 0]
         if not eligible:
-            return False
-        moved = 0
-        for handout in self.waiting_redelivery:
-            consumer = self._pick(eligible)
-            if consumer is None:
-                return moved > 0
-            batches = self._read(handout.base, 1)
-            if batches is None:  # being fetched from object storage
-                return moved > 0
-            if not batches or batches[0].base_offset != handout.base:  # held nowhere any more
-                self._drop_handout(handout)
-                continue
-            consumer.push(batches[0], handout)
-            moved += 1
-            eligible = [c for c in eligible if c.permits > 0]
-            if not eligible:
-                return True
+            return moved > 0
         permits = sum(c.permits for c in eligible)
+        if self._key_shared and self._waiting_count() >= max(MAX_KEY_SHARED_WAITING, permits):
+            return moved > 0  # wait for the keys' consumers to acknowledge
         if self.read_position < self.wal.durable_end:
             cold = self.read_position < self.wal.first_offset
             batches = self._read(self.read_position, min(permits, _MAX_READ_RECORDS_PER_ROUND))
@@ -586,14 +932,17 @@ class Subscription:
             if batches and batches[0].last_offset >= self.read_position and batches[0].base_offset > self.read_position:
                 self._skip_hole(self.read_position, batches[0].base_offset)  # a gap in the WAL
             for batch in batches:
-                consumer = self._pick(eligible)
-                if consumer is None:
+                eligible = [c for c in eligible if c.permits > 0]
+                if not eligible:
                     break
                 if batch.last_offset < self.read_position:
                     continue
                 handout = Handout(batch.base_offset, batch.last_offset, max(batch.base_offset, self.read_position))
+                handout.pending = dict.fromkeys(range(handout.first, handout.last + 1), 0.0)
                 self._add_handout(handout)
-                consumer.push(batch, handout)
+                if self._key_shared:
+                    self._hash_batch(handout, batch)
+                self._assign(handout, batch, list(range(handout.first, handout.last + 1)), eligible)
                 if cold:
                     self.records_from_object_storage += batch.last_offset + 1 - handout.first
                 self.read_position = batch.last_offset + 1
@@ -611,12 +960,19 @@ class Subscription:
                 continue
             if progressed:
                 await asyncio.sleep(0)
-            else:
+                continue
+            due = self._next_due
+            if due is None:
                 await self._wake.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, due - time.monotonic()) + 0.001)
 
     async def close(self, *, store_cursor: bool = True) -> None:
         """Stop dispatching, end every consumer's stream, and store the cursor (unless
-        ``store_cursor`` is false).
+        ``store_cursor`` is false). Dead-letter publishes under way are cancelled (their
+        offsets are redelivered by the next instance, and published once: see
+        :mod:`broker.dead_letter_topic`).
 
         Raises:
             MetadataStoreError: the cursor could not be stored.
@@ -630,6 +986,8 @@ class Subscription:
             self.remove_consumer(consumer, reason="subscription closed")
         self._wake.set()
         self._task.cancel()
+        for task in list(self._dead_letter_tasks):
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         if self._flush_task is not None:
@@ -645,7 +1003,7 @@ class Subscription:
         (``Admin.ResetCursor``; ``docs/etcd-layout.md`` §3.5). The caller checked that
         ``offset`` lies from :attr:`earliest_offset` to the WAL's next offset.
 
-        Every handout is dropped: the batches consumers hold (sent or still queued for their
+        Every handout is dropped: the offsets consumers hold (sent or still queued for their
         stream) and those waiting for redelivery. The consumers stay attached with their
         windows freed; batches still queued for them are not sent. An ack of a dropped batch
         finds no handout and is refused (:meth:`check_ack`), unless its offset was handed out
@@ -666,19 +1024,17 @@ class Subscription:
         """
         if self._closed:
             return
-        dropped = list(self.handouts.values())
-        for handout in dropped:
-            consumer = handout.consumer
-            if consumer is not None and consumer.handouts.get(handout.base) is handout:
-                del consumer.handouts[handout.base]
-                consumer.unacked -= handout.unacked_count
+        dropped = len(self.handouts)
         for consumer in self.consumers:
-            kept = [d for d in consumer.queue if consumer.handouts.get(d.handout.base) is d.handout]
+            consumer.holds.clear()
+            consumer.unacked = 0
             consumer.queue.clear()
-            consumer.queue.extend(kept)
-            consumer.queued_bytes = sum(len(d.batch.data) for d in kept)
+            consumer.queued_bytes = 0
+        for task in list(self._dead_letter_tasks):
+            task.cancel()
         self.handouts.clear()
         self._bases.clear()
+        self._order.clear()
         previous = self.read_position
         self.read_position = offset
         self.position_error = None
@@ -687,7 +1043,7 @@ class Subscription:
         self._wake.set()
         log.info(
             "%s/%s: cursor reset to offset %d (was reading at %d; %d batches dropped)",
-            self.topic, self.name, offset, previous, len(dropped),
+            self.topic, self.name, offset, previous, dropped,
         )
         async with self._flush_lock:
             await self._persist_cursor(offset - 1)

@@ -9,8 +9,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from danube_pipeline.batches import BatchHeader, batch_payloads, validate_batch
-from danube_pipeline.errors import PolicyLimitError, SchemaMismatchError, SubscriptionNotFoundError
+from danube_pipeline.batches import BatchHeader, batch_payloads, parse_header, validate_batch
+from danube_pipeline.errors import DanubeError, PolicyLimitError, SchemaMismatchError, SubscriptionNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode, SubscriptionType
@@ -23,8 +23,11 @@ from broker.config import (
 )
 from broker.consumer import Consumer
 from broker.idempotence import ProducerSequences
+from broker.memory_log import MemoryLog
 from broker.ownership import Ownership
 from broker.producer import Producer
+from broker.rate_limit import RateLimiter
+from broker.redelivery import RedeliverySettings
 from broker.remote import RemoteLog
 from broker.subscription import BELOW_RETENTION_EARLIEST, UNAVAILABLE_WAIT, Subscription, earliest_offset
 from broker.tasks import BackgroundWrites, spawn
@@ -38,12 +41,15 @@ class Topic:
 
     Args:
         name: the topic.
-        wal: its opened write-ahead log.
+        wal: its opened write-ahead log; a :class:`~broker.memory_log.MemoryLog` for a
+            ``NonReliable`` topic.
         store: etcd, for writes (producers, subscriptions, cursors).
         cache: the broker's LocalCache, for reads (policy, cursors).
         background: where writes that must eventually happen are retried (the active
             consumer, undoing a failed subscribe); its outage log also counts cursor writes.
-        delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2).
+        delivery: the topic's delivery mode (``docs/etcd-layout.md`` §3.2). A ``NonReliable``
+            topic reads from its in-memory log only (no ``remote``), and its subscriptions
+            always jump over dropped messages (``below_retention`` is ``"earliest"``).
         cursor_flush_acks: see :class:`broker.subscription.Subscription`.
         max_batch_bytes: largest record batch a producer may send, in bytes.
         max_consumer_buffer_bytes: see :class:`broker.consumer.Consumer`.
@@ -51,6 +57,12 @@ class Topic:
         remote: the topic's offsets in object storage (read below the WAL's first offset);
             ``None`` without an object store.
         below_retention, unavailable_range: see :class:`broker.subscription.Subscription`.
+
+    Attributes:
+        publish_limiter: paces publishing to the policy's ``max_publish_rate``
+            (:mod:`broker.rate_limit`).
+        dispatch_limiters: per subscription name, paces dispatch to the policy's
+            ``max_subscription_dispatch_rate`` (created on first use).
     """
 
     def __init__(
@@ -73,9 +85,11 @@ class Topic:
         self.name = name
         self.wal = wal
         self.remote = remote
-        self.below_retention = below_retention
+        self.below_retention = BELOW_RETENTION_EARLIEST if delivery == DeliveryMode.NON_RELIABLE else below_retention
         self.unavailable_range = unavailable_range
         self.delivery = delivery
+        if isinstance(wal, MemoryLog):
+            wal.read_floor = self._read_floor
         self.producers: dict[int, Producer] = {}
         self.pending_producers = 0  # being created (their etcd key is being written)
         self.subscriptions: dict[str, Subscription] = {}
@@ -96,6 +110,8 @@ class Topic:
         self.closed = False
         self.ownership: Ownership | None = None  # set by the broker: owner epoch and reserved offsets
         self.sequences = ProducerSequences(name.path)
+        self.publish_limiter = RateLimiter(self.max_publish_rate, name=f"{name.path} publish")
+        self.dispatch_limiters: dict[str, RateLimiter] = {}
 
     @property
     def path(self) -> str:
@@ -175,6 +191,45 @@ class Topic:
                     self.path, "max_consumers_per_subscription", policy.max_consumers_per_subscription
                 )
 
+    def max_publish_rate(self) -> int:
+        """``max_publish_rate`` of the topic's policy (§2.1, §3.8) in messages per second;
+        0 = unlimited (as is a value that is not a positive integer)."""
+        return _rate(self.policy().max_publish_rate)
+
+    def max_dispatch_rate(self) -> int:
+        """``max_subscription_dispatch_rate`` of the topic's policy (§2.1, §3.8) in messages
+        per second for each subscription; 0 = unlimited."""
+        return _rate(self.policy().max_subscription_dispatch_rate)
+
+    def dispatch_limiter(self, subscription: str) -> RateLimiter:
+        """The token bucket pacing ``subscription``'s dispatch (created on first use, kept
+        while the topic is loaded so its counters survive the subscription's reloads)."""
+        limiter = self.dispatch_limiters.get(subscription)
+        if limiter is None:
+            limiter = RateLimiter(self.max_dispatch_rate, name=f"{self.path} subscription {subscription} dispatch")
+            self.dispatch_limiters[subscription] = limiter
+        return limiter
+
+    async def throttle_publish(self, batch: bytes) -> float:
+        """Wait until the topic's ``max_publish_rate`` admits ``batch``'s records
+        (:class:`~broker.rate_limit.RateLimiter`; backpressure, never an error). A batch whose
+        header does not parse passes at once: :meth:`publish` refuses it.
+
+        Returns:
+            Seconds waited.
+        """
+        if not self.max_publish_rate():
+            return 0.0
+        try:
+            count = parse_header(batch).record_count
+        except DanubeError:
+            return 0.0
+        return await self.publish_limiter.acquire(count)
+
+    def _read_floor(self) -> int | None:
+        """The lowest read position of the loaded subscriptions, ``None`` without any."""
+        return min((s.read_position for s in self.subscriptions.values()), default=None)
+
     def max_message_size_bytes(self) -> int:
         """``max_message_size`` of the topic's policy in bytes (§2.1, §3.8); 0 = unlimited."""
         return self.policy().max_message_size
@@ -209,7 +264,8 @@ class Topic:
         """Validate and enqueue one record batch; its offsets are assigned now, in call order.
 
         Returns:
-            A future of ``(first_offset, last_offset)`` resolving after the WAL sync.
+            A future of ``(first_offset, last_offset)`` resolving after the WAL sync (for a
+            ``NonReliable`` topic: once the batch is in memory, :mod:`broker.memory_log`).
 
         Raises:
             MalformedRequestError, MessageTooLargeError, SchemaMismatchError: see
@@ -240,6 +296,7 @@ class Topic:
         earliest: bool,
         receiver_queue_size: int,
         on_uncertain_write: Callable[[], None] = lambda: None,
+        settings: RedeliverySettings | None = None,
     ) -> Consumer:
         """Attach a consumer, creating (or loading) the subscription if needed, and record it
         in etcd.
@@ -268,6 +325,8 @@ class Topic:
                 consumer_id, consumer_name, subscription_type, receiver_queue_size,
                 max_buffer_bytes=self.max_consumer_buffer_bytes,
             )
+            if settings is not None:  # the subscription's redelivery settings (§3.4)
+                sub.configure(settings)
             try:
                 await self._store.put(
                     sub_key,
@@ -276,6 +335,7 @@ class Topic:
                         consumer_name=consumer_name,
                         subscription_name=subscription,
                         subscription_type=int(subscription_type),
+                        **sub.settings.stored_fields(),
                     ),
                 )
                 if sub.cursor_dirty:  # a new subscription remembers where it started
@@ -402,6 +462,7 @@ class Topic:
             consumer_name=consumer.name,
             subscription_name=subscription,
             subscription_type=int(sub.type),
+            **sub.settings.stored_fields(),
         )
         key = keys.topic_subscription(self.name, subscription)
         self._background.submit(key, functools.partial(self._store.put, key, value))
@@ -474,3 +535,8 @@ class Topic:
             finally:
                 if not sub.consumers:
                     self._subscription_idle(sub)
+
+
+def _rate(value: object) -> int:
+    """A policy rate in messages per second; anything but a positive integer is 0 (unlimited)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

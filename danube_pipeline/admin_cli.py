@@ -138,7 +138,7 @@ from danube_pipeline.errors import (
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.etcd import split_endpoint
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import NamespacePolicy
+from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, NamespacePolicy, TableLayout
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.partitions import MAX_PARTITIONS, partition_names
 
@@ -818,6 +818,10 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         "cache_bytes": description.cache_bytes,
         "owner_epoch": description.owner_epoch,
         "reserved_end_offset": description.reserved_end_offset,
+        "publish_throttled_ms": description.publish_throttled_ms,
+        "dropped_messages": description.dropped_messages,
+        "buffered_messages": description.buffered_messages,
+        "buffered_bytes": description.buffered_bytes,
         "unavailable_ranges": [
             {
                 "start_offset": u.start_offset,
@@ -839,6 +843,7 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
                 "records_from_object_storage": s.records_from_object_storage,
                 "skipped_below_retention": s.skipped_below_retention,
                 "skipped_unavailable": s.skipped_unavailable,
+                "dispatch_throttled_ms": s.dispatch_throttled_ms,
             }
             for s in description.subscriptions
         ],
@@ -867,6 +872,15 @@ def _describe_text(d: Json) -> str:
             ("earliest offset", d["earliest_offset"]),
             ("owner epoch", d["owner_epoch"]),
             ("reserved through", d["reserved_end_offset"]),
+            ("publish throttled", f"{d['publish_throttled_ms']} ms"),
+            *(
+                [
+                    ("in memory", f"{d['buffered_messages']} messages, {d['buffered_bytes']} bytes"),
+                    ("dropped", f"{d['dropped_messages']} (buffer full, oldest first)"),
+                ]
+                if d["delivery"] == DeliveryMode.NON_RELIABLE.value
+                else []
+            ),
         ]
     )
     ranges = d["unavailable_ranges"]
@@ -875,8 +889,11 @@ def _describe_text(d: Json) -> str:
         [[u["start_offset"], u["end_offset"], u["broker_id"], u["last_written"], u["abandoned"]] for u in ranges],
     )
     subs = _table(
-        ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS"],
-        [[s["name"], s["type"], s["cursor"], s["read_position"], s["consumers"]] for s in d["subscriptions"]],
+        ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS", "DISPATCH_THROTTLED_MS"],
+        [
+            [s["name"], s["type"], s["cursor"], s["read_position"], s["consumers"], s["dispatch_throttled_ms"]]
+            for s in d["subscriptions"]
+        ],
     )
     return f"{summary}{unavailable}\n\nloaded subscriptions:\n{subs}"
 
@@ -989,6 +1006,38 @@ def topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> 
             + (f" (schema subject {p['subject']})" if p["subject"] else " (no schema subject yet)")
             for p in d["policies"]
         ),
+    )
+
+
+async def _topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> Json:
+    async with _store(cfg) as store:
+        if await store.get(keys.topic_root(topic)) is None:
+            raise AdminError(f"topic {topic.path!r} not found")
+        layout = TableLayout(partition_transform=partition_by)
+        revision = await store.put(keys.topic_table(topic), layout)
+    return {"topic": topic.path, "key": keys.topic_table(topic), "revision": revision, **layout.to_json()}
+
+
+@topics.command("set-table-layout")
+@click.argument("topic", callback=_parse_topic)
+@click.option(
+    "--partition-by",
+    type=click.Choice(PARTITION_TRANSFORMS),
+    required=True,
+    help="Partition TOPIC's Iceberg table by this transform of _publish_time (none: unpartitioned).",
+)
+@click.pass_obj
+def topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> None:
+    """Choose how TOPIC's Iceberg table is partitioned (§3.9; default day). The next tiering
+    evolves the table's partition spec in place: files already written keep theirs until
+    compaction rewrites them."""
+    doc = _run(_topics_set_table_layout(cfg, topic, partition_by))
+    _emit(
+        cfg,
+        doc,
+        lambda d: f"{d['topic']}: table partitioned by "
+        + ("nothing" if d["partition_transform"] == "none" else f"{d['partition_transform']}(_publish_time)")
+        + f" from the next tiering on ({d['key']} at revision {d['revision']})",
     )
 
 

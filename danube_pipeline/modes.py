@@ -21,11 +21,14 @@ class SubscriptionType(enum.IntEnum):
         SHARED: messages are spread round-robin over every consumer of the subscription.
         FAILOVER: one active consumer receives everything; the others stand by and take
             over, with the unacknowledged messages, when it leaves.
+        KEY_SHARED: messages of one key go to one consumer, in order; keys are spread over the
+            consumers by hash ranges (Pulsar's Key_Shared, AUTO_SPLIT).
     """
 
     EXCLUSIVE = 0
     SHARED = 1
     FAILOVER = 2
+    KEY_SHARED = 3
 
 
 class DeliveryMode(enum.StrEnum):
@@ -34,7 +37,9 @@ class DeliveryMode(enum.StrEnum):
     Attributes:
         RELIABLE: every message is written to the WAL and ``fdatasync``-ed before its ack, and
             dispatched to consumers with acknowledgements and durable cursors.
-        NON_RELIABLE: best effort (today it behaves as ``RELIABLE``).
+        NON_RELIABLE: best effort: messages are acknowledged and dispatched from a bounded
+            in-memory buffer on the owning broker (no WAL, no ``fdatasync``, not tiered); the
+            oldest unread ones are dropped when it is full, and all are lost on a restart.
     """
 
     RELIABLE = "Reliable"

@@ -64,6 +64,7 @@ broker is still asked to apply its own local retention.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import re
@@ -77,6 +78,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from danube_pipeline import iceberg
+from danube_pipeline.iceberg.layout import data_files_by_day
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import NamespacePolicy, ObjectDescriptor
@@ -175,6 +177,10 @@ class RetentionReport:
         table: ``ns.topic`` when the topic has a table (the partitioned topic's, for a
             partition), else ``None``.
         rows_deleted: rows deleted from the table by this run.
+        day: the UTC day whose table partitions step 1 was limited to, ``None`` for every day.
+        data_files_before: live data files of the table before this run, ``None`` without a table.
+        data_files_after: live data files of the table after it, ``None`` without a table.
+        snapshot_id: the table's current snapshot after this run, ``None`` without one.
         snapshots_expired: table snapshots this run expired.
         data_files_deleted: data files ``expire_snapshots`` deleted.
         orphan_files_removed: files ``remove_orphan_files`` deleted.
@@ -202,6 +208,10 @@ class RetentionReport:
     retained_start: int | None = None
     table: str | None = None
     rows_deleted: int = 0
+    day: dt.date | None = None
+    data_files_before: int | None = None
+    data_files_after: int | None = None
+    snapshot_id: int | None = None
     snapshots_expired: int = 0
     data_files_deleted: int = 0
     orphan_files_removed: int = 0
@@ -381,10 +391,14 @@ def _may_hold_orphans(location: str, older_than_ms: int) -> bool:
     return False
 
 
-def _count_rows_below(table: Table, offset: int, partition: int | None) -> int:
+def _count_rows_below(table: Table, offset: int, partition: int | None, day: dt.date | None = None) -> int:
     where = f"_offset < {int(offset)}"
     if partition is not None:
         where = f"{iceberg.PARTITION_COLUMN} = {int(partition)} AND {where}"
+    if day is not None:
+        start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+        end = start + dt.timedelta(days=1)
+        where = f"_publish_time >= '{start.isoformat()}' AND _publish_time < '{end.isoformat()}' AND {where}"
     scan = table.scan(row_filter=where, selected_fields=("_offset",))
     return sum(batch.num_rows for batch in scan.to_arrow_batch_reader())
 
@@ -404,6 +418,7 @@ async def apply_retention(
     after_step: Callable[[str], None] | None = None,
     catalog_name: str | None = None,
     orphan_min_age_ms: int = ORPHAN_MIN_AGE_MS,
+    day: dt.date | None = None,
 ) -> RetentionReport:
     """Apply the namespace's retention to the topic (the module docstring has the steps, what
     is kept, and why a crash after any step is completed by the next run).
@@ -425,6 +440,10 @@ async def apply_retention(
             must use the same name to see the same tables).
         orphan_min_age_ms: files unknown to the table younger than this are not orphans;
             at least 24 hours (Iceberg refuses less).
+        day: limit step 1 to the rows published on this UTC day, so only that day's table
+            partitions are read and rewritten (the ``retention`` asset's topic × day
+            partitions; :func:`days_with_expired_rows` says which days have work); the other
+            steps are the topic's, as without it. ``None``: every day.
 
     Returns:
         A :class:`RetentionReport`.
@@ -475,12 +494,16 @@ async def apply_retention(
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
     if table is not None:
         report.table = ".".join(ident)
+        report.data_files_before = iceberg.data_file_count(table)
+    report.day = day
 
     # 1. rows below the retained start
     if table is not None and retained is not None:
-        below = _count_rows_below(table, retained, partition)
+        below = _count_rows_below(table, retained, partition, day)
         if below:
-            delete_rows_below(sessions.get(), table_topic, retained, catalog_name=spark_catalog, partition=partition)
+            delete_rows_below(
+                sessions.get(), table_topic, retained, catalog_name=spark_catalog, partition=partition, day=day
+            )
             report.rows_deleted = below
             log.info("%s: deleted %d rows below offset %d", topic.path, below, retained)
     done("rows")
@@ -553,4 +576,59 @@ async def apply_retention(
         log.info("%s: the admin API has no apply_local_retention yet; WAL step skipped", topic.path)
         report.wal_step = "skipped"
     done("wal")
+    if table is not None:
+        table.refresh()
+        report.data_files_after = iceberg.data_file_count(table)
+        current = table.current_snapshot()
+        report.snapshot_id = current.snapshot_id if current is not None else None
     return report
+
+
+async def days_with_expired_rows(
+    topic: TopicName,
+    *,
+    store: MetadataStore,
+    objects: ObjectStore,
+    catalog: Catalog,
+    now_ms: int | None = None,
+) -> tuple[list[dt.date], bool]:
+    """Which UTC days of the topic's table hold rows retention would delete now, and whether
+    any descriptor expired: what the ``retention_schedule`` asks runs for.
+
+    A day is listed when one of the table's data files holding rows of that day has an
+    ``_offset`` lower bound below the retained start (:func:`retained_start_offset`; read from
+    the manifests, no data file is read; a partitioned topic's partitions share the table, so a
+    day may be listed for another partition's rows: its run then deletes nothing).
+
+    Args:
+        topic: the topic (a partition ``{topic}-part-{i}`` reads its partitioned topic's table).
+        store: the connected metadata store.
+        objects: the object store holding the segment objects.
+        catalog: the shared Iceberg catalog.
+        now_ms: the time the cutoff counts back from, ms since the Unix epoch; default now.
+
+    Returns:
+        ``(days, descriptors_expired)``: the days in order, and whether some completed
+        descriptor ends below the retained start.
+
+    Raises:
+        FileNotFoundError, CorruptRecordError: an object needed to find the retained start
+            is missing or corrupt.
+        MetadataStoreError: etcd failed.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    policy, _ = await read_policy(store, topic.namespace)
+    if policy.retention_ms <= 0 and policy.retention_bytes <= 0:
+        return [], False
+    descriptors, _ = await read_descriptors(store, topic)
+    completed = completed_descriptors(descriptors)
+    retained = retained_start_offset(topic, completed, objects, policy, now)
+    if retained is None:
+        return [], False
+    part = await partition_of(store, topic)
+    ident = iceberg.table_identifier(part.parent if part is not None else topic)
+    days: list[dt.date] = []
+    if catalog.table_exists(ident):
+        by_day = data_files_by_day(catalog.load_table(ident))
+        days = [d for d, files in by_day.items() if files.min_offset is not None and files.min_offset < retained]
+    return days, bool(expired_descriptors(completed, retained))

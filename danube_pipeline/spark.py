@@ -16,7 +16,13 @@ properties over from the metadata they replace).
 Jars: the Iceberg Spark runtime comes from the ``snowpark-connect-deps-iceberg`` 1.0.1 wheel
 (``jars/iceberg-spark-runtime-3.5_2.12-1.9.2.jar``) unless ``DANUBE_ICEBERG_SPARK_JAR`` names
 another; the SQLite JDBC driver from Debian's ``libxerial-sqlite-jdbc-java`` unless
-``DANUBE_SQLITE_JDBC_JAR`` names another.
+``DANUBE_SQLITE_JDBC_JAR`` names another; the PostgreSQL JDBC driver (for a catalog on
+PostgreSQL) from Debian's ``libpostgresql-jdbc-java`` unless ``DANUBE_POSTGRESQL_JDBC_JAR`` names
+another.
+
+Master: ``local[*]`` (every core of this host) unless ``DANUBE_SPARK_MASTER`` names another
+(``spark://host:7077`` for a standalone cluster; :func:`spark_master`). Python workers run
+the driver's own interpreter unless ``PYSPARK_PYTHON`` is set (:func:`build_spark_session`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import os
-import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube_pipeline import settings
 from danube_pipeline.errors import DanubeError
+from danube_pipeline.iceberg.layout import day_bounds_ms
 from danube_pipeline.names import TopicName
 
 if TYPE_CHECKING:
@@ -47,12 +54,15 @@ __all__ = [
     "delete_rows_below",
     "expire_snapshots",
     "iceberg_spark_runtime_jar",
+    "jdbc_properties",
     "jdbc_uri",
     "load_java_table",
+    "postgresql_jdbc_jar",
     "remove_orphan_files",
     "row_checksum",
     "row_hash",
     "spark_conf",
+    "spark_master",
     "spark_table_name",
     "sqlite_jdbc_jar",
 ]
@@ -62,6 +72,10 @@ SQLITE_JAR_ENV = "DANUBE_SQLITE_JDBC_JAR"
 ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
 ICEBERG_JAR_GLOB = "iceberg-spark-runtime-3.5_2.12-*.jar"
 DEFAULT_SQLITE_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
+POSTGRES_JAR_ENV = "DANUBE_POSTGRESQL_JDBC_JAR"
+DEFAULT_POSTGRES_JAR = Path("/usr/share/java/postgresql.jar")
+MASTER_ENV = "DANUBE_SPARK_MASTER"
+DEFAULT_MASTER = "local[*]"
 
 
 class SparkSetupError(DanubeError):
@@ -131,12 +145,50 @@ def sqlite_jdbc_jar() -> Path:
     return path
 
 
+def postgresql_jdbc_jar(*, required: bool = True) -> Path | None:
+    """The PostgreSQL JDBC driver jar (pgjdbc).
+
+    ``$DANUBE_POSTGRESQL_JDBC_JAR`` if set, else ``/usr/share/java/postgresql.jar`` (Debian's
+    ``libpostgresql-jdbc-java``).
+
+    Args:
+        required: raise when the jar is missing; when false, return ``None`` instead.
+
+    Returns:
+        The jar's path, or ``None`` when it is missing and not ``required``.
+
+    Raises:
+        SparkSetupError: the jar does not exist and ``required`` is true.
+    """
+    override = os.environ.get(POSTGRES_JAR_ENV)
+    path = Path(override) if override else DEFAULT_POSTGRES_JAR
+    if path.is_file():
+        return path
+    if not required:
+        return None
+    raise SparkSetupError(
+        f"PostgreSQL JDBC driver not found at {path}",
+        f"run `apt-get install libpostgresql-jdbc-java` or set {POSTGRES_JAR_ENV}",
+    )
+
+
+def spark_master() -> str:
+    """The Spark master URL: ``$DANUBE_SPARK_MASTER`` if set, else ``local[*]``.
+
+    Returns:
+        A master URL as Spark takes it: ``local[*]``, ``local[2]``, ``spark://host:7077``
+        (a standalone cluster: Spark docs, "Spark Standalone Mode")...
+    """
+    return os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+
+
 def jdbc_uri(catalog_uri: str) -> str:
     """Turn pyiceberg's SQLAlchemy URI into a JDBC one.
 
     ``sqlite:////abs/catalog.db`` → ``jdbc:sqlite:/abs/catalog.db``;
     ``postgresql+psycopg2://u:p@h:5432/db`` → ``jdbc:postgresql://h:5432/db`` (credentials
-    belong in ``jdbc.user``/``jdbc.password``); a ``jdbc:`` URI is returned unchanged.
+    belong in ``jdbc.user``/``jdbc.password``: :func:`jdbc_properties`); a ``jdbc:`` URI is
+    returned unchanged.
 
     Args:
         catalog_uri: a SQLAlchemy URI (``sqlite:///…``, ``postgresql…://…``) or a JDBC URI.
@@ -145,16 +197,34 @@ def jdbc_uri(catalog_uri: str) -> str:
         The JDBC URI.
 
     Raises:
-        ValueError: the URI is neither SQLite, PostgreSQL nor JDBC.
+        DatabaseUrlError: (a ``ValueError``) the URI is neither SQLite, PostgreSQL nor JDBC, or
+            a PostgreSQL URI lacks its host or database (:func:`settings.parse_postgres_url`).
     """
     if catalog_uri.startswith("jdbc:"):
         return catalog_uri
     if catalog_uri.startswith("sqlite:///"):
         return "jdbc:sqlite:" + catalog_uri[len("sqlite:///") :]
-    m = re.match(r"^postgres(?:ql)?(?:\+\w+)?://(?:[^@/]*@)?(.*)$", catalog_uri)
-    if m:
-        return f"jdbc:postgresql://{m.group(1)}"
-    raise ValueError(f"cannot convert catalog URI {catalog_uri!r} to JDBC")
+    if settings.is_postgres_url(catalog_uri):
+        return settings.parse_postgres_url(catalog_uri).jdbc_url()
+    raise settings.DatabaseUrlError(catalog_uri, "cannot be converted to JDBC: use sqlite:///… or postgresql://…")
+
+
+def jdbc_properties(catalog_uri: str) -> dict[str, str]:
+    """The JDBC connection properties a catalog URI carries: ``user`` and ``password`` of a
+    PostgreSQL URI (percent-decoded), nothing for SQLite or a ``jdbc:`` URI.
+
+    Args:
+        catalog_uri: the URI given to :func:`jdbc_uri`.
+
+    Returns:
+        ``{property: value}``; Iceberg's ``JdbcCatalog`` takes them as ``jdbc.<property>``.
+
+    Raises:
+        DatabaseUrlError: a PostgreSQL URI lacks its host or database.
+    """
+    if settings.is_postgres_url(catalog_uri):
+        return settings.parse_postgres_url(catalog_uri).jdbc_properties()
+    return {}
 
 
 def spark_conf(
@@ -162,7 +232,7 @@ def spark_conf(
     catalog_name: str | None = None,
     catalog_uri: str | None = None,
     warehouse: str | None = None,
-    master: str = "local[2]",
+    master: str | None = None,
     shuffle_partitions: int = 4,
     extra_jars: tuple[str, ...] = (),
 ) -> dict[str, str]:
@@ -171,9 +241,13 @@ def spark_conf(
     Args:
         catalog_name: Spark catalog name (``spark.sql.catalog.<name>``); defaults to
             ``settings.catalog_name()``, the same name pyiceberg uses.
-        catalog_uri: pyiceberg's SQLAlchemy URI, converted with :func:`jdbc_uri`.
+        catalog_uri: pyiceberg's SQLAlchemy URI, converted with :func:`jdbc_uri`; a PostgreSQL
+            URI's user and password become ``jdbc.user`` and ``jdbc.password``
+            (:func:`jdbc_properties`). The JDBC driver it needs must exist; the other one is
+            added when installed, so a JVM started for one catalog can open the other later.
         warehouse: the warehouse URL pyiceberg uses.
-        master: Spark master URL.
+        master: Spark master URL; default :func:`spark_master` (``$DANUBE_SPARK_MASTER`` or
+            ``local[*]``).
         shuffle_partitions: ``spark.sql.shuffle.partitions`` (small: local data).
         extra_jars: more jars for ``spark.jars`` (e.g. ``iceberg-aws-bundle`` for S3).
 
@@ -182,15 +256,15 @@ def spark_conf(
 
     Raises:
         SparkSetupError: a jar is missing.
-        ValueError: the catalog URI cannot be converted to JDBC.
+        DatabaseUrlError: (a ``ValueError``) the catalog URI cannot be converted to JDBC.
     """
     name = catalog_name or settings.catalog_name()
     uri = catalog_uri or settings.catalog_uri()
     wh = warehouse or settings.warehouse_url()
-    jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar()), *extra_jars]
+    jars = [str(iceberg_spark_runtime_jar()), *_jdbc_driver_jars(jdbc_uri(uri)), *extra_jars]
     prefix = f"spark.sql.catalog.{name}"
     conf = {
-        "spark.master": master,
+        "spark.master": master or spark_master(),
         "spark.app.name": "danube-pipeline",
         "spark.jars": ",".join(jars),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
@@ -212,20 +286,36 @@ def spark_conf(
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
     }
-    if uri.startswith("postgres"):
-        m = re.match(r"^postgres(?:ql)?(?:\+\w+)?://([^:@/]*)(?::([^@/]*))?@", uri)
-        if m:
-            conf[f"{prefix}.jdbc.user"] = m.group(1)
-            if m.group(2):
-                conf[f"{prefix}.jdbc.password"] = m.group(2)
+    for key, value in jdbc_properties(uri).items():
+        conf[f"{prefix}.jdbc.{key}"] = value
     return conf
+
+
+def _jdbc_driver_jars(jdbc_url: str) -> list[str]:
+    """The JDBC driver jars for ``spark.jars``: the one ``jdbc_url`` needs (it must exist), then
+    the other catalog driver when it is installed.
+
+    Raises:
+        SparkSetupError: the driver ``jdbc_url`` needs is missing.
+    """
+    if jdbc_url.startswith("jdbc:postgresql:"):
+        jars = [str(postgresql_jdbc_jar())]
+        try:
+            jars.append(str(sqlite_jdbc_jar()))
+        except SparkSetupError:
+            pass  # only a later SQLite catalog in the same JVM would need it
+        return jars
+    pg = postgresql_jdbc_jar(required=False)
+    return [str(sqlite_jdbc_jar()), *([str(pg)] if pg is not None else [])]
 
 
 def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) -> SparkSession:
     """Get or create a Spark session.
 
     Jars are fixed when the JVM starts: a second call in one process with different jars
-    gets the first session's jars.
+    gets the first session's jars. ``PYSPARK_PYTHON`` is set to this interpreter when unset,
+    so Python tasks (``mapInArrow``, UDFs) run with the same packages, locally and on the
+    workers of a standalone cluster on this host.
 
     Args:
         conf: the Spark configuration; default :func:`spark_conf` of ``kwargs``.
@@ -240,6 +330,8 @@ def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) ->
     from pyspark.sql import SparkSession
 
     conf = dict(conf) if conf is not None else spark_conf(**kwargs)
+    # PySpark passes the driver's PYSPARK_PYTHON to every executor as the worker interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -279,23 +371,33 @@ def compact_table(
     *,
     catalog_name: str | None = None,
     min_input_files: int = 2,
+    day: dt.date | None = None,
+    rewrite_all: bool = False,
 ) -> CompactionResult:
-    """Rewrite the topic table's small data files into fewer, larger ones.
+    """Rewrite the topic table's small data files into fewer, larger ones, sorted by ``_offset``.
 
-    Runs ``CALL {catalog}.system.rewrite_data_files(table => 'ns.topic',
-    options => map('min-input-files', '2'))``. The rewrite commits a ``replace`` snapshot that
-    carries no ``danube.*`` summary properties and keeps the table's properties, among them
-    ``danube.committed-end-offset``, which :func:`danube_pipeline.iceberg.committed_end_offset`
-    reads.
+    Runs ``CALL {catalog}.system.rewrite_data_files(table => 'ns.topic', strategy => 'sort',
+    options => map('min-input-files', '2'[, 'rewrite-all', ...]), where => ...)``: the ``sort``
+    strategy writes each output file in the table's sort order (``_offset``,
+    :mod:`danube_pipeline.iceberg.layout`), and with ``day`` only the files holding rows
+    published that UTC day are considered, so the other days' partitions are not touched.
+    Files written under an older partition spec are rewritten into the current one. The rewrite
+    commits a ``replace`` snapshot that carries no ``danube.*`` summary properties and keeps the
+    table's properties, among them ``danube.committed-end-offset``, which
+    :func:`danube_pipeline.iceberg.committed_end_offset` reads.
 
     Args:
         spark: a session from :func:`build_spark_session` on the table's catalog.
         topic: the topic whose table to compact.
         catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
         min_input_files: rewrite a file group only when it has at least this many files.
+        day: compact only the rows of this UTC day (``_publish_time`` in ``[day, day + 1)``);
+            ``None``: the whole table.
+        rewrite_all: rewrite every selected file, even a lone one (to move files written under
+            an older partition spec into the current one).
 
     Returns:
-        A :class:`CompactionResult`.
+        A :class:`CompactionResult` (file counts of the whole table).
 
     Raises:
         pyspark.errors.AnalysisException: the table does not exist.
@@ -303,10 +405,18 @@ def compact_table(
     name = catalog_name or settings.catalog_name()
     full = f"{_q(name)}.{_q(topic.namespace)}.{_q(topic.topic)}"
     before = int(spark.sql(f"SELECT count(*) AS n FROM {full}.files").collect()[0]["n"])
+    where = ""
+    if day is not None:
+        # the procedure's where is a string literal: double-quoted, so the timestamp literals
+        # inside keep their single quotes
+        where = f', where => "{_day_predicate(day)}"'
+    options = f"'min-input-files', '{int(min_input_files)}'"
+    if rewrite_all:
+        options += ", 'rewrite-all', 'true'"
     row = spark.sql(
         f"CALL {_q(name)}.system.rewrite_data_files("
-        f"table => '{topic.namespace}.{topic.topic}', "
-        f"options => map('min-input-files', '{int(min_input_files)}'))"
+        f"table => '{topic.namespace}.{topic.topic}', strategy => 'sort', "
+        f"options => map({options}){where})"
     ).collect()[0]
     result = row.asDict()
     after = int(spark.sql(f"SELECT count(*) AS n FROM {full}.files").collect()[0]["n"])
@@ -337,6 +447,12 @@ def _timestamp_literal(epoch_ms: int) -> str:
     return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}Z'"
 
 
+def _day_predicate(day: dt.date) -> str:
+    """Spark SQL: ``_publish_time`` within the UTC ``day``."""
+    start_ms, end_ms = day_bounds_ms(day)
+    return f"_publish_time >= {_timestamp_literal(start_ms)} AND _publish_time < {_timestamp_literal(end_ms)}"
+
+
 def delete_rows_below(
     spark: SparkSession,
     topic: TopicName,
@@ -344,9 +460,11 @@ def delete_rows_below(
     *,
     catalog_name: str | None = None,
     partition: int | None = None,
+    day: dt.date | None = None,
 ) -> None:
     """``DELETE FROM {catalog}.{ns}.{topic} WHERE _offset < {offset}`` (``AND _partition = {i}``
-    for partition ``i`` of a partitioned topic's table).
+    for partition ``i`` of a partitioned topic's table, ``AND _publish_time`` within ``day``
+    for one day's table partitions).
 
     Iceberg drops a data file from the table without rewriting it when every row of it
     matches (its ``_offset`` upper bound is below ``offset``); a file that holds rows on both
@@ -360,6 +478,8 @@ def delete_rows_below(
         catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
         partition: only rows of this partition (``_partition``), whose offsets are its own
             (``docs/etcd-layout.md`` §3.1); ``None`` for a plain topic's table.
+        day: only rows published on this UTC day (the files of that day's table partitions
+            are the only ones read or rewritten); ``None``: every day.
 
     Raises:
         pyspark.errors.AnalysisException: the table does not exist.
@@ -370,6 +490,8 @@ def delete_rows_below(
     where = f"_offset < {int(offset)}"
     if partition is not None:
         where = f"_partition = {int(partition)} AND {where}"
+    if day is not None:
+        where = f"{_day_predicate(day)} AND {where}"
     spark.sql(f"DELETE FROM {full} WHERE {where}").collect()
 
 

@@ -28,8 +28,11 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
 
 from danube_pipeline import iceberg
+from danube_pipeline.iceberg.layout import apply_layout, describe_spec, read_table_layout
 from danube_pipeline.errors import (
     CorruptRecordError,
     InvalidSchemaError,
@@ -39,7 +42,8 @@ from danube_pipeline.errors import (
 )
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import blocking_range, passable, read_descriptors, read_unavailable_ranges
-from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor, UnavailableRange
+from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor, TableLayout, UnavailableRange
+from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.partitions import partition_count, partition_of
@@ -391,6 +395,13 @@ class TableReport:
         dead_letter_table: ``ns.topic__dlq`` when this call dead-lettered records, else ``None``.
         dead_letter_records: records this call added to the dead-letter table.
         schema_changes: the in-place changes this call made to the table's schema, as text.
+        layout_changes: the changes this call made to the table's partition spec and sort order
+            (:func:`danube_pipeline.iceberg.layout.apply_layout`), as text.
+        partition_spec: the table's partition spec afterwards, e.g. ``"day(_publish_time)"``.
+        data_files_before: live data files before this call (0 without a table).
+        bytes_read: bytes of the segment objects this call read and appended.
+        first_offset: the first offset this call appended, ``None`` when it appended none.
+        last_offset: the last offset this call appended, ``None`` when it appended none.
     """
 
     table: str
@@ -407,6 +418,12 @@ class TableReport:
     dead_letter_table: str | None = None
     dead_letter_records: int = 0
     schema_changes: list[str] = field(default_factory=list)
+    layout_changes: list[str] = field(default_factory=list)
+    partition_spec: str | None = None
+    data_files_before: int = 0
+    bytes_read: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
 
 
 def _schema_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
@@ -569,6 +586,11 @@ async def commit_objects_to_table(
     completed = [d for d in descriptors if d.completed]
     ranges = await read_unavailable_ranges(store, topic)
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+    layout = await read_table_layout(store, table_topic)
+    if table is not None:
+        report.data_files_before = iceberg.data_file_count(table)
+        report.layout_changes = _apply_layout(catalog, ident, table, layout)
+        table = catalog.load_table(ident)
     committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
     cache: dict[tuple[int, int], iceberg.RegisteredWriter] = {}
 
@@ -606,6 +628,7 @@ async def commit_objects_to_table(
             recorded=recorded,
             first_offset=_resume_offset(completed, d, committed, ranges),
             partition=partition,
+            layout=layout,
         )
         table = result.table
         committed = result.append.committed_end_offset
@@ -617,6 +640,10 @@ async def commit_objects_to_table(
             report.objects_appended += 1
             report.rows_appended += result.append.rows_appended
             report.snapshots.append(result.append.snapshot_id)
+            report.bytes_read += d.size
+            if report.first_offset is None:
+                report.first_offset = d.start_offset
+            report.last_offset = d.end_offset
         else:
             report.objects_skipped += 1
         for sid, _ in writers:
@@ -631,7 +658,21 @@ async def commit_objects_to_table(
         report.committed_end_offset = iceberg.committed_end_offset(table, partition=partition)
         report.row_count = iceberg.snapshot_row_count(table)
         report.data_files = iceberg.data_file_count(table)
+        report.partition_spec = describe_spec(table)
     return report
+
+
+def _apply_layout(catalog: Catalog, ident: tuple[str, str], table: Table, layout: TableLayout) -> list[str]:
+    """:func:`~danube_pipeline.iceberg.layout.apply_layout`, retried on a concurrent commit
+    (another writer appended meanwhile) with the table reloaded, up to 5 times."""
+    for attempt in range(5):
+        try:
+            return apply_layout(table, layout)
+        except CommitFailedException:
+            if attempt == 4:
+                raise
+            table = catalog.load_table(ident)
+    return []
 
 
 def _resume_offset(
@@ -649,7 +690,9 @@ def _resume_offset(
 async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
     """Topics whose root key ``/topics/{ns}/{topic}`` exists (``docs/etcd-layout.md`` §3.1),
     except partitioned topics: they hold no messages themselves (their root holds the
-    partition count), each of their partitions ``{topic}-part-{i}`` is a topic listed here.
+    partition count), each of their partitions ``{topic}-part-{i}`` is a topic listed here;
+    and except ``NonReliable`` topics (§3.2): their messages live only in the owner's memory,
+    so there is nothing to tier (logged at debug level).
 
     Args:
         store: the connected metadata store.
@@ -662,14 +705,20 @@ async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
     """
     kvs, _ = await store.get_prefix(keys.TOPICS + "/")
     found: list[TopicName] = []
+    values_by_key = {kv.key: kv.value for kv in kvs}
     for kv in kvs:
         parts = kv.key.split("/")
         if len(parts) != 4 or parts[1] != keys.TOPICS.strip("/") or partition_count(kv.value):
             continue
         try:
-            found.append(TopicName.parse(f"/{parts[2]}/{parts[3]}"))
+            name = TopicName.parse(f"/{parts[2]}/{parts[3]}")
         except ValueError:
             log.warning("ignoring malformed topic key %s", kv.key)
+            continue
+        if DeliveryMode.from_stored(values_by_key.get(keys.topic_delivery(name))) == DeliveryMode.NON_RELIABLE:
+            log.debug("topic %s is NonReliable (in memory only): not tiered", name.path)
+            continue
+        found.append(name)
     return found
 
 

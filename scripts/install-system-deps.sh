@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what pip cannot: Java 17 (for Spark) and the SQLite JDBC driver (for Iceberg's
-# JdbcCatalog in Spark), plus python3-venv when missing. Uses apt when running as root;
-# otherwise prints exactly what to install and fails.
+# Installs what pip cannot: Java 17 (for Spark), the SQLite and PostgreSQL JDBC drivers (for
+# Iceberg's JdbcCatalog in Spark), the PostgreSQL server (its initdb and postgres binaries: the
+# tests run their own server for the shared-catalog tests), plus python3-venv when missing.
+# Idempotent: installs only what is missing. Uses apt when running as root; otherwise prints
+# exactly what to install and fails.
 set -euo pipefail
 
 need_java=0
@@ -13,11 +15,19 @@ else
 fi
 jdbc_jar="${DANUBE_SQLITE_JDBC_JAR:-/usr/share/java/sqlite-jdbc.jar}"
 need_jdbc=0; [ -f "${jdbc_jar}" ] || need_jdbc=1
+pg_jdbc_jar="${DANUBE_POSTGRESQL_JDBC_JAR:-/usr/share/java/postgresql.jar}"
+need_pg_jdbc=0; [ -f "${pg_jdbc_jar}" ] || need_pg_jdbc=1
+need_postgres=1
+for bindir in ${DANUBE_POSTGRES_BINDIR:-} /usr/lib/postgresql/*/bin; do
+  if [ -x "${bindir}/initdb" ] && [ -x "${bindir}/postgres" ]; then need_postgres=0; break; fi
+done
 need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
 
 pkgs=()
 [ "${need_java}" = 1 ] && pkgs+=(openjdk-17-jre-headless)
 [ "${need_jdbc}" = 1 ] && pkgs+=(libxerial-sqlite-jdbc-java)
+[ "${need_pg_jdbc}" = 1 ] && pkgs+=(libpostgresql-jdbc-java)
+[ "${need_postgres}" = 1 ] && pkgs+=(postgresql)
 [ "${need_venv}" = 1 ] && pkgs+=(python3-venv)
 [ "${#pkgs[@]}" = 0 ] && exit 0
 
@@ -30,5 +40,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 fi
 echo "error: missing system packages: ${pkgs[*]}" >&2
 echo "install them with: sudo apt-get install ${pkgs[*]}" >&2
-echo "(or point DANUBE_SQLITE_JDBC_JAR at a sqlite-jdbc jar and put Java 17 on PATH)" >&2
+echo "(or point DANUBE_SQLITE_JDBC_JAR / DANUBE_POSTGRESQL_JDBC_JAR at the JDBC jars," >&2
+echo " DANUBE_POSTGRES_BINDIR at a directory holding initdb and postgres, and put Java 17 on PATH)" >&2
 exit 1

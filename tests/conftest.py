@@ -18,6 +18,9 @@ import pytest
 
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 
+# ``postgres`` (session) and ``postgres_url`` (a new database): a real PostgreSQL server.
+pytest_plugins = ["postgres_server"]
+
 
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:

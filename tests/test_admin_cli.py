@@ -146,15 +146,18 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             "sealed_segments": d.sealed_segments, "remote_first_offset": None, "remote_end_offset": None,
             "earliest_offset": d.earliest_offset, "cache_bytes": d.cache_bytes,
             "owner_epoch": d.owner_epoch, "reserved_end_offset": 99_999, "unavailable_ranges": [],
+            "publish_throttled_ms": 0, "dropped_messages": 0, "buffered_messages": 3,
+            "buffered_bytes": d.buffered_bytes,
             "subscriptions": [{
                 "name": "audit", "type": "Exclusive", "cursor": 1, "read_position": sub.read_position,
                 "consumers": 0, "records_from_object_storage": 0, "skipped_below_retention": 0,
-                "skipped_unavailable": 0,
+                "skipped_unavailable": 0, "dispatch_throttled_ms": 0,
             }],
         }  # fmt: skip
         owner_kv = await meta.get(keys.topic_assignment(me["broker_id"], events))
         assert owner_kv is not None and d.owner_epoch == owner_kv.create_revision
-        assert d.next_offset == 3 and d.wal_bytes > 0
+        # NonReliable: the messages are in memory only, nothing in a WAL
+        assert d.next_offset == 3 and d.wal_bytes == 0 and d.buffered_bytes > 0
 
         sub_meta = await value(meta, keys.topic_subscription(events, "audit"))
         assert (await run("subscriptions", "list", events.path)).ok() == {

@@ -26,7 +26,6 @@ from dagster import (
     RunRequest,
     SensorResult,
     SkipReason,
-    build_schedule_context,
     build_sensor_context,
     instance_for_test,
     materialize,
@@ -36,9 +35,8 @@ from helpers import eventually_sync
 from assets.assets import TIERING_RETRY_POLICY, compacted_table, iceberg_table, retention, segment_objects
 from assets.checks import tiering_checks
 from assets.definitions import default_resources, defs
-from assets.partitions import TOPICS_PARTITIONS_NAME
+from assets.partitions import TOPICS_PARTITIONS_NAME, topic_days_partitions
 from assets.resources import BrokerResource, EtcdResource, ObjectStoreResource
-from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import (
     MAX_RETRIES_TAG,
     SEALED_END_TAG,
@@ -64,6 +62,7 @@ CHECK_NAMES = {
     "offsets_match_descriptors",
     "row_count_matches_descriptors",
     "no_duplicate_offsets",
+    "fresh",
 }
 TIERING_ASSETS: list[AssetsDefinition] = [segment_objects, iceberg_table, *tiering_checks]
 
@@ -90,11 +89,9 @@ def test_definitions_load() -> None:
     assert {k.to_user_string() for k in retention_job.asset_layer.executable_asset_keys} == {"retention"}
     retention_schedule_def = defs.resolve_schedule_def("retention_schedule")
     assert retention_schedule_def.cron_schedule == "30 * * * *" and retention_schedule_def.job_name == "retention_job"
-    assert (
-        retention_schedule_def.default_status == defs.resolve_schedule_def("compaction_schedule").default_status
-    )
     assert defs.resolve_sensor_def("topic_partitions_sensor") is not None
     assert defs.resolve_sensor_def("sealed_segments_sensor").job_name == "tiering_job"
+    assert defs.resolve_sensor_def("freshness_sensor") is not None
     graph = defs.resolve_asset_graph()
     assert graph.get(AssetKey("iceberg_table")).parent_keys == {AssetKey("segment_objects")}
     assert graph.get(AssetKey("compacted_table")).parent_keys == {AssetKey("iceberg_table")}
@@ -102,15 +99,17 @@ def test_definitions_load() -> None:
     checks = {k.name: k for k in graph.asset_check_keys}
     assert set(checks) == CHECK_NAMES
     partitioned = [
-        *(
-            graph.get(AssetKey(name)).partitions_def
-            for name in ("segment_objects", "iceberg_table", "compacted_table", "retention")
-        ),
+        *(graph.get(AssetKey(name)).partitions_def for name in ("segment_objects", "iceberg_table")),
         *(graph.get(check_key).partitions_def for check_key in graph.asset_check_keys),
     ]
     for partitions_def in partitioned:
         assert isinstance(partitions_def, DynamicPartitionsDefinition)
         assert partitions_def.name == TOPICS_PARTITIONS_NAME
+    # the maintenance assets: topic x UTC day
+    for name in ("compacted_table", "retention", "schema_rewrite"):
+        assert graph.get(AssetKey(name)).partitions_def == topic_days_partitions
+        assert graph.get(AssetKey(name)).group_name == "maintenance"
+    assert set(topic_days_partitions.partition_dimension_names) == {"topic", "day"}
     assert checks["descriptors_contiguous"].asset_key == AssetKey("segment_objects")
     assert checks["no_duplicate_offsets"].asset_key == AssetKey("iceberg_table")
 
@@ -151,19 +150,6 @@ def test_instance_config_enables_run_retries(tmp_path: Path, monkeypatch: pytest
     with DagsterInstance.from_config(str(REPO / "dagster_home")) as instance:
         assert instance.run_retries_enabled
         assert instance.run_retries_retry_on_asset_or_op_failure
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("schedule_def", [compaction_schedule, retention_schedule], ids=lambda s: s.name)
-def test_maintenance_schedules_request_every_topic(schedule_def: Any) -> None:
-    with instance_for_test() as instance:
-        empty = schedule_def.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
-        assert not empty.run_requests and empty.skip_message == "no topic partitions yet"
-        instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, ["default.a", "other.b"])
-        ticked = schedule_def.evaluate_tick(build_schedule_context(instance=instance, repository_def=defs.get_repository_def()))
-    requests = ticked.run_requests or []
-    assert sorted(str(r.partition_key) for r in requests) == ["default.a", "other.b"]
-    assert sorted(str(r.run_key) for r in requests) == ["default.a", "other.b"]
 
 
 @pytest.mark.unit

@@ -90,6 +90,9 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
         async def create_producer(self, topic_path: str, producer_name: str, **options: Any) -> Producer:
             return producer
 
+        async def throttle_publish(self, producer_id: int, batch: bytes) -> float:
+            return 0.0  # no max_publish_rate here: never waits
+
         def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
             return topic.publish(producer, batch)
 

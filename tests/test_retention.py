@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, materialize
+from dagster import AssetSelection, DagsterInstance, MultiPartitionKey, materialize
 
 from assets.assets import iceberg_table, segment_objects
 from assets.assets import retention as retention_asset
@@ -393,7 +393,7 @@ def test_time_retention_deletes_expired_rows_descriptors_and_objects(
         },
     )
     evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
-    assert len(evaluations) == 5 and all(e.passed for e in evaluations.values()), evaluations
+    assert len(evaluations) == 6 and all(e.passed for e in evaluations.values()), evaluations
     row_check = {k: v.value for k, v in evaluations["row_count_matches_descriptors"].metadata.items()}
     assert (row_check["table_rows"], row_check["descriptor_records"], row_check["table_first_offset"]) == (50, 50, 60)
 
@@ -442,8 +442,13 @@ def test_size_retention_through_the_asset(
     }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("topics", [topic.partition_key])
+        # the (topic, day) partition of today, the day every record was published
+        day = dt.datetime.now(dt.UTC).date().isoformat()
         result = materialize(
-            [retention_asset], partition_key=topic.partition_key, resources=resources, instance=instance
+            [retention_asset],
+            partition_key=MultiPartitionKey({"topic": topic.partition_key, "day": day}),
+            resources=resources,
+            instance=instance,
         )
     assert result.success
     [mat] = result.asset_materializations_for_node("retention")
@@ -458,6 +463,7 @@ def test_size_retention_through_the_asset(
     assert meta["retention_bytes"] == 1024 * 1024 and meta["retained_start"] == after[0].start_offset
     assert meta["descriptors_deleted"] == meta["objects_deleted"] == len(dropped)
     assert meta["rows_deleted"] == after[0].start_offset
+    assert meta["day"] == day and meta["data_files_after"] <= meta["data_files_before"]
     assert meta["earliest_offset"] == after[0].start_offset
     assert "cutoff_ms" not in meta  # no time limit
     assert meta["wal_step"] == "applied" and meta["wal_deleted_segments"] == len(dropped)

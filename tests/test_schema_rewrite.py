@@ -29,6 +29,8 @@ from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
 from danube_pipeline import iceberg
 from danube_pipeline import rewrite as rw
+from danube_pipeline.iceberg.layout import apply_layout
+from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.records import Record
 from danube_pipeline.spark import (
@@ -118,26 +120,18 @@ def _flights_table(
     """A table tiered with v1 records: ``objects_per_day`` appends of ``per_object`` rows per
     day of ``days`` (day indexes from DAY0).
 
-    With ``by_day`` the table is partitioned by ``day(_publish_time)`` (Spark's ``ALTER TABLE
-    ... ADD PARTITION FIELD``) and each object's rows are copied into it by a Spark ``INSERT``
-    from an unpartitioned twin tiered the same way: pyiceberg 0.12 writes day-partitioned
-    tables only with ``pyiceberg-core`` installed."""
+    The table is created unpartitioned (spec 0), as tables were before they were partitioned
+    by time; with ``by_day`` it is then evolved to ``day(_publish_time)`` (spec 1,
+    :func:`danube_pipeline.iceberg.layout.apply_layout`) before the appends."""
     topic = TopicName("default", name)
-    table = iceberg.ensure_table(env.catalog, topic, V1)
-    source = table
+    table = iceberg.ensure_table(env.catalog, topic, V1, layout=TableLayout("none"))
     if by_day:
-        env.spark.sql(f"ALTER TABLE {_name(topic)} ADD PARTITION FIELD days(_publish_time) AS _publish_time_day")
-        source = iceberg.ensure_table(env.catalog, TopicName("default", f"{name}_unpartitioned"), V1)
+        apply_layout(table)
     offset = 0
     for day in days:
         for _ in range(objects_per_day):
             records = _records(offset, per_object, day)
-            iceberg.append_records(source, records, V1, f"data-{offset}-{offset + per_object - 1}.dnb1")
-            if by_day:
-                env.spark.sql(
-                    f"INSERT INTO {_name(topic)} SELECT * FROM {CATALOG}.default.{name}_unpartitioned "
-                    f"WHERE _offset BETWEEN {offset} AND {offset + per_object - 1}"
-                )
+            iceberg.append_records(table, records, V1, f"data-{offset}-{offset + per_object - 1}.dnb1")
             offset += per_object
     return topic
 
@@ -295,6 +289,7 @@ def test_schema_rewrite_is_defined_and_not_scheduled() -> None:
     for name in ("compaction_schedule", "retention_schedule"):
         assert defs.resolve_schedule_def(name).job_name != "schema_rewrite_job"
     assert {s.name for s in defs.schedules or []} == {"compaction_schedule", "retention_schedule"}
+    assert all(s.job_name != "schema_rewrite_job" for s in defs.sensors or [] if s.targets)
 
 
 # --------------------------------------------------------------------------- type change

@@ -8,6 +8,7 @@ unit tests.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.assets import compacted_table
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
@@ -43,7 +44,8 @@ def result_snapshot_id(spark_catalog: dict[str, Any], ident: tuple[str, str]) ->
     return int(snapshot.snapshot_id)
 
 
-def _records(start: int, end: int) -> list[Record]:
+def _records(start: int, end: int, *, published_us: int = 1_700_000_000_000_000) -> list[Record]:
+    """Records ``start`` .. ``end`` published from ``published_us`` on (µs since the epoch)."""
     parsed = fastavro.parse_schema(SCHEMA)
     out = []
     for i in range(start, end + 1):
@@ -51,7 +53,7 @@ def _records(start: int, end: int) -> list[Record]:
         fastavro.schemaless_writer(
             buf, parsed, {"sensor": f"s{i % 3}", "value": None if i % 4 == 0 else i / 2, "at": 1_700_000_000_000_000 + i}
         )
-        out.append(Record(i, 1_700_000_000_000_000 + i, 7, "p", 1, 1, buf.getvalue(), {"k": str(i)}))
+        out.append(Record(i, published_us + i, 7, "p", 1, 1, buf.getvalue(), {"k": str(i)}))
     return out
 
 
@@ -127,10 +129,17 @@ def test_compaction_rewrites_pyiceberg_snapshots(spark_catalog: dict[str, Any]) 
 
 @pytest.mark.spark
 def test_compacted_table_asset(spark_catalog: dict[str, Any], etcd_endpoints: list[str]) -> None:
+    """The asset compacts one (topic, day) partition: that day's two files become one, sorted
+    by _offset; the other day's files are not touched; a day with one file starts no Spark."""
     topic = TopicName("default", "asset_readings")
+    today = dt.datetime.now(dt.UTC).date()
+    yesterday = today - dt.timedelta(days=1)
     table = iceberg.ensure_table(spark_catalog["catalog"], topic, SCHEMA)
-    for start in (0, 10):
-        iceberg.append_records(table, _records(start, start + 9), SCHEMA, f"data-{start}-{start + 9}.dnb1")
+    for start, day in ((0, yesterday), (10, yesterday), (20, today), (30, today)):
+        published = int(dt.datetime.combine(day, dt.time(1), tzinfo=dt.UTC).timestamp() * 1_000_000)
+        iceberg.append_records(table, _records(start, start + 9, published_us=published), SCHEMA, f"data-{start}-{start + 9}.dnb1")
+    files_by_partition = {f["file_path"]: f["partition"]["_publish_time_day"] for f in table.inspect.files().to_pylist()}
+    today_files = {p for p, d in files_by_partition.items() if d == today}
 
     resources = {
         "etcd": EtcdResource(endpoints=",".join(etcd_endpoints)),  # a plain topic: no partitioned root
@@ -147,18 +156,36 @@ def test_compacted_table_asset(spark_catalog: dict[str, Any], etcd_endpoints: li
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("topics", [topic.partition_key])
         result = materialize(
-            [compacted_table], partition_key=topic.partition_key, resources=resources, instance=instance
+            [compacted_table],
+            partition_key=MultiPartitionKey({"topic": topic.partition_key, "day": yesterday.isoformat()}),
+            resources=resources,
+            instance=instance,
         )
-    assert result.success
+        assert result.success
+        compacted = spark_catalog["catalog"].load_table(("default", "asset_readings"))
+        again = materialize(
+            [compacted_table],
+            partition_key=MultiPartitionKey({"topic": topic.partition_key, "day": yesterday.isoformat()}),
+            resources=resources,
+            instance=instance,
+        )
     [mat] = result.asset_materializations_for_node("compacted_table")
     meta = {k: v.value for k, v in mat.metadata.items()}
-    assert meta["data_files_before"] == 2
-    assert meta["data_files_after"] == 1
-    assert meta["rewritten_data_files"] == 2
-    assert meta["committed_end_offset"] == 19
-    assert meta["row_count"] == 20
+    assert meta["day"] == yesterday.isoformat() and meta["partition_spec"] == "day(_publish_time)"
+    assert (meta["day_data_files_before"], meta["day_data_files_after"]) == (2, 1)
+    assert (meta["data_files_before"], meta["data_files_after"]) == (4, 3)
+    assert meta["rewritten_data_files"] == 2 and meta["day_rows"] == 20
+    assert meta["committed_end_offset"] == 39
+    assert meta["row_count"] == 40
     assert meta["snapshot_id"] == str(result_snapshot_id(spark_catalog, ("default", "asset_readings")))
-    assert iceberg.row_count(spark_catalog["catalog"].load_table(("default", "asset_readings"))) == 20
+    after = {f["file_path"]: f["partition"]["_publish_time_day"] for f in compacted.inspect.files().to_pylist()}
+    assert {p for p, d in after.items() if d == today} == today_files  # the other day: untouched
+    [merged] = [p for p, d in after.items() if d == yesterday]
+    offsets = spark_catalog["spark"].read.parquet(merged).select("_offset").collect()
+    assert [r["_offset"] for r in offsets] == list(range(20))  # sorted by _offset
+    assert iceberg.row_count(compacted) == 40
+    [skipped] = again.asset_materializations_for_node("compacted_table")
+    assert skipped.metadata["skipped"].value == "fewer than 2 data files"
 
 
 async def _produce_raw(address: str, topic: str, count: int, *, start: int = 0) -> int:

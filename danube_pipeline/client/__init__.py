@@ -207,6 +207,11 @@ class DanubeClient:
         receiver_queue_size: int = 1000,
         ack_batch_size: int = 500,
         ack_flush_ms: int = 100,
+        ack_timeout_ms: int | None = None,
+        nack_redelivery_delay_ms: int | None = None,
+        nack_redelivery_max_delay_ms: int | None = None,
+        max_redeliveries: int | None = None,
+        dead_letter_topic: str | None = None,
     ) -> Consumer:
         """A consumer of ``subscription`` on ``topic``; open it with ``async with``.
 
@@ -215,7 +220,11 @@ class DanubeClient:
                 consumer subscribes to every partition under ``subscription`` and merges
                 their messages (each names its partition; acks go back to it).
             subscription: the subscription name; its cursor lives on the broker.
-            subscription_type: Exclusive, Shared or Failover.
+            subscription_type: Exclusive, Shared, Failover or Key_Shared. Key_Shared sends
+                all messages of one ``key`` (given on ``send``) to one consumer, in order;
+                messages without a key count as the empty key. Keys move between consumers
+                when consumers join or leave, and a key's new consumer gets its messages only
+                after the old one acknowledged those it had.
             consumer_name: defaults to ``consumer-<random hex>``.
             initial_position: where a new subscription starts.
             receiver_queue_size: unacked messages the broker may have outstanding to this
@@ -224,13 +233,31 @@ class DanubeClient:
                 partitioned topic, per partition.
             ack_batch_size: acks buffered before they are sent.
             ack_flush_ms: longest time an ack stays buffered, in milliseconds.
+            ack_timeout_ms: the subscription redelivers a message unacknowledged this many
+                milliseconds after it was sent (``redelivery_count + 1``); 0 = never.
+            nack_redelivery_delay_ms: a message :meth:`Consumer.nack`-ed is redelivered after
+                this many milliseconds, doubled for each earlier redelivery (default 60,000).
+            nack_redelivery_max_delay_ms: the cap of that backoff (default 600,000).
+            max_redeliveries: a message is delivered at most ``1 + max_redeliveries`` times;
+                then it is published to the dead-letter topic and acknowledged. 0 = unlimited.
+            dead_letter_topic: ``"/{namespace}/{topic}"`` of the dead-letter topic; default
+                ``"{topic}-{subscription}-DLQ"``. Its messages carry the original key,
+                payload and attributes plus ``danube.dlq.topic``, ``danube.dlq.offset``,
+                ``danube.dlq.subscription``, ``danube.dlq.reason`` and
+                ``danube.dlq.redelivery_count``.
+
+            The five redelivery settings belong to the subscription (stored in its etcd value,
+            ``docs/etcd-layout.md`` §3.4): a consumer that gives any of them replaces them all
+            (those not given take their defaults) for every consumer of the subscription; one
+            that gives none keeps them.
 
         Returns:
             An unopened :class:`Consumer`.
 
         Raises:
             InvalidNameError: a name is malformed.
-            ValueError: a size or interval option is not positive.
+            ValueError: a size or interval option is not positive, or a redelivery setting is
+                negative (a time over 7 days too).
         """
         return Consumer(
             self._ctx,
@@ -242,6 +269,11 @@ class DanubeClient:
             receiver_queue_size=receiver_queue_size,
             ack_batch_size=ack_batch_size,
             ack_flush_ms=ack_flush_ms,
+            ack_timeout_ms=ack_timeout_ms,
+            nack_redelivery_delay_ms=nack_redelivery_delay_ms,
+            nack_redelivery_max_delay_ms=nack_redelivery_max_delay_ms,
+            max_redeliveries=max_redeliveries,
+            dead_letter_topic=dead_letter_topic,
         )
 
     @property

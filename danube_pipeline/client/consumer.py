@@ -72,6 +72,50 @@ def _ranges(offsets: list[int]) -> list[pb.OffsetRange]:
     return out
 
 
+_MAX_SETTING_MS = 7 * 24 * 3600 * 1000
+
+
+def _settings(
+    *,
+    ack_timeout_ms: int | None,
+    nack_redelivery_delay_ms: int | None,
+    nack_redelivery_max_delay_ms: int | None,
+    max_redeliveries: int | None,
+    dead_letter_topic: str | None,
+) -> pb.SubscriptionSettings | None:
+    """The redelivery settings to send on ``Subscribe``; ``None`` when none is given.
+
+    Raises:
+        ValueError: a time is negative or over 7 days, or ``max_redeliveries`` is negative.
+        InvalidNameError: ``dead_letter_topic`` is not a valid topic name.
+    """
+    given = (ack_timeout_ms, nack_redelivery_delay_ms, nack_redelivery_max_delay_ms, max_redeliveries, dead_letter_topic)
+    if all(v is None for v in given):
+        return None
+    for name, value in (
+        ("ack_timeout_ms", ack_timeout_ms),
+        ("nack_redelivery_delay_ms", nack_redelivery_delay_ms),
+        ("nack_redelivery_max_delay_ms", nack_redelivery_max_delay_ms),
+    ):
+        if value is not None and not 0 <= value <= _MAX_SETTING_MS:
+            raise ValueError(f"{name} must be from 0 to {_MAX_SETTING_MS} ms, not {value}")
+    if max_redeliveries is not None and max_redeliveries < 0:
+        raise ValueError(f"max_redeliveries must be >= 0, not {max_redeliveries}")
+    if (
+        nack_redelivery_delay_ms is not None
+        and nack_redelivery_max_delay_ms is not None
+        and nack_redelivery_max_delay_ms < nack_redelivery_delay_ms
+    ):
+        raise ValueError("nack_redelivery_max_delay_ms is below nack_redelivery_delay_ms")
+    return pb.SubscriptionSettings(
+        ack_timeout_ms=ack_timeout_ms or 0,
+        nack_redelivery_delay_ms=nack_redelivery_delay_ms or 0,
+        nack_redelivery_max_delay_ms=nack_redelivery_max_delay_ms or 0,
+        max_redeliveries=max_redeliveries or 0,
+        dead_letter_topic=TopicName.parse(dead_letter_topic).path if dead_letter_topic else "",
+    )
+
+
 def _reconnectable(exc: DanubeError) -> bool:
     # ConsumerNotFoundError: the broker forgot our consumer (restart); subscribing again fixes it.
     return exc.retriable or exc.invalid_metadata or isinstance(exc, ConsumerNotFoundError)
@@ -105,9 +149,21 @@ class Consumer:
         receiver_queue_size: int = 1000,
         ack_batch_size: int = 500,
         ack_flush_ms: int = 100,
+        ack_timeout_ms: int | None = None,
+        nack_redelivery_delay_ms: int | None = None,
+        nack_redelivery_max_delay_ms: int | None = None,
+        max_redeliveries: int | None = None,
+        dead_letter_topic: str | None = None,
     ) -> None:
         if receiver_queue_size <= 0 or ack_batch_size <= 0 or ack_flush_ms <= 0:
             raise ValueError("receiver_queue_size, ack_batch_size and ack_flush_ms must be > 0")
+        self._settings = _settings(
+            ack_timeout_ms=ack_timeout_ms,
+            nack_redelivery_delay_ms=nack_redelivery_delay_ms,
+            nack_redelivery_max_delay_ms=nack_redelivery_max_delay_ms,
+            max_redeliveries=max_redeliveries,
+            dead_letter_topic=dead_letter_topic,
+        )
         self._ctx = ctx
         self.topic = TopicName.parse(topic).path
         self.subscription = validate_part("subscription", subscription)
@@ -198,6 +254,7 @@ class Consumer:
         ]
         for index, inner in enumerate(inners):
             inner._partition = index
+            inner._settings = self._settings  # the subscription's settings on every partition
             inner._arrived = self._arrived  # a delivery to any partition wakes receive()
         results = await asyncio.gather(*(c.open() for c in inners), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -357,6 +414,7 @@ class Consumer:
             initial_position=self._initial_position.name,
             receiver_queue_size=self._receiver_queue_size,
             request_id=uuid.uuid4().hex,  # the same on every retry of this subscribe
+            settings=self._settings,
         )
 
         async def subscribe(stubs: Stubs) -> tuple[Stubs, pb.SubscribeResponse]:
@@ -455,6 +513,53 @@ class Consumer:
         self._acks.append(message.offset if isinstance(message, Message) else int(message))
         if len(self._acks) >= self._ack_batch_size:
             await self._flush_acks_quietly()
+
+    async def nack(self, message: Message, *, reason: str = "") -> None:
+        """Negatively acknowledge a message: processing it failed, deliver it again.
+
+        Sent at once (not buffered). The broker redelivers it, to this consumer or another,
+        after the subscription's ``nack_redelivery_delay_ms`` doubled for each earlier
+        redelivery (at most ``nack_redelivery_max_delay_ms``), with ``redelivery_count + 1``;
+        once it was redelivered ``max_redeliveries`` times (when set), the next nack sends it to
+        the dead-letter topic instead, with ``reason`` in its ``danube.dlq.reason`` attribute.
+        Pulsar's ``negativeAcknowledge``. Per-key order holds no more for a nacked message
+        (the messages after it may be processed first).
+
+        Args:
+            message: a :class:`Message` this consumer received and did not acknowledge.
+            reason: why processing failed (UTF-8 text, kept with a dead-lettered message).
+
+        Raises:
+            ConsumerClosedError: the consumer is not open.
+            ValueError: on a partitioned topic, a message of another topic.
+            InvalidAckError: the message is not this consumer's to nack (acknowledged or nacked
+                already, or redelivered elsewhere since a re-subscribe); nothing changed.
+            DanubeError: another refusal from the broker. A nack lost to a broken connection
+                is not raised: the broker redelivers every message of the old stream.
+        """
+        if self._state != "open":
+            raise ConsumerClosedError(f"consumer {self.consumer_name!r} is not open")
+        if self.partition_consumers:
+            inner = self._by_topic.get(message.topic)
+            if inner is None:
+                raise ValueError(f"message of {message.topic} is not of {self.topic}")
+            await inner.nack(message, reason=reason)
+            return
+        stubs = self._stubs
+        assert stubs is not None
+        request = pb.NackRequest(
+            consumer_id=self.consumer_id,
+            ranges=[pb.OffsetRange(first=message.offset, last=message.offset)],
+            reason=reason,
+        )
+        try:
+            with rpc_errors(stubs.address):
+                await stubs.consumer.Nack(request, timeout=self._ctx.request_timeout_s)
+        except DanubeError as exc:
+            if not _reconnectable(exc) or isinstance(exc, InvalidAckError):
+                raise
+            log.info("consumer %s: nack of %d not sent (%s); the broker redelivers it", self.consumer_name,
+                     message.offset, exc)
 
     async def _flush_acks(self) -> None:
         async with self._ack_lock:

@@ -7,7 +7,8 @@ one of the enums, frozen dataclasses and named tuples below. The
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
@@ -204,7 +205,8 @@ class Message(NamedTuple):
         producer_name: that producer's name.
         schema_id: global schema id; 0 = no schema.
         schema_version: version within the schema's subject; 0 = no schema.
-        redelivery_count: how many times the broker delivered it before without an ack.
+        redelivery_count: how many times the broker delivered it before without an ack
+            (it was nacked, its ack timeout passed, or its consumer left); counted per message.
         key: the routing key the producer gave, or ``None``.
         partition: for a consumer of a partitioned topic, the index ``i`` of the partition
             ``{topic}-part-{i}`` it came from (``topic`` is then that partition's name);
@@ -295,6 +297,8 @@ class SubscriptionInfo:
         skipped_below_retention: offsets jumped over because they expired.
         skipped_unavailable: offsets of unavailable ranges skipped (``--unavailable-range
             skip``, or the range was abandoned).
+        dispatch_throttled_ms: milliseconds dispatch waited for the topic's
+            ``max_subscription_dispatch_rate`` (``docs/etcd-layout.md`` §2.1).
     """
 
     name: str
@@ -305,6 +309,7 @@ class SubscriptionInfo:
     records_from_object_storage: int
     skipped_below_retention: int
     skipped_unavailable: int = 0
+    dispatch_throttled_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +352,13 @@ class TopicDescription:
         owner_epoch: its assignment key's create revision (``docs/etcd-layout.md`` §1.4).
         reserved_end_offset: the last offset of its reserved block (§5.4).
         unavailable_ranges: offsets failed owners may hold (§5.5), ascending.
+        delivery: the topic's delivery mode (§3.2).
+        publish_throttled_ms: milliseconds publishing waited for the topic's
+            ``max_publish_rate`` (§2.1).
+        dropped_messages: ``NonReliable`` only: messages dropped unread because the in-memory
+            buffer was full (oldest first).
+        buffered_messages: ``NonReliable`` only: messages held in memory now.
+        buffered_bytes: ``NonReliable`` only: batch bytes held in memory now.
     """
 
     first_local_offset: int
@@ -362,6 +374,11 @@ class TopicDescription:
     owner_epoch: int = 0
     reserved_end_offset: int = 0
     unavailable_ranges: list[UnavailableRangeInfo] = field(default_factory=list)
+    delivery: DeliveryMode = DeliveryMode.RELIABLE
+    publish_throttled_ms: int = 0
+    dropped_messages: int = 0
+    buffered_messages: int = 0
+    buffered_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +423,8 @@ def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery, partition: i
     first = delivery.first_offset
     skip = set(delivery.acked_offsets)
     count = delivery.redelivery_count
+    # per delivered record when they differ, else the batch's count for every record
+    counts: Iterator[int] = iter(delivery.redelivery_counts) if delivery.redelivery_counts else itertools.repeat(count)
     return [
         Message(
             topic=topic,
@@ -417,7 +436,7 @@ def _messages_from_delivery(topic: str, delivery: pb.BatchDelivery, partition: i
             producer_name=header.producer_name,
             schema_id=header.schema_id,
             schema_version=header.schema_version,
-            redelivery_count=count,
+            redelivery_count=next(counts, count),
             key=key,
             partition=partition,
         )
@@ -465,6 +484,7 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
                 records_from_object_storage=s.records_from_object_storage,
                 skipped_below_retention=s.skipped_below_retention,
                 skipped_unavailable=s.skipped_unavailable,
+                dispatch_throttled_ms=s.dispatch_throttled_ms,
             )
             for s in r.subscriptions
         ],
@@ -483,6 +503,11 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
             )
             for u in r.unavailable_ranges
         ],
+        delivery=DeliveryMode.from_wire(r.delivery),
+        publish_throttled_ms=r.publish_throttled_ms,
+        dropped_messages=r.dropped_messages,
+        buffered_messages=r.buffered_messages,
+        buffered_bytes=r.buffered_bytes,
     )
 
 

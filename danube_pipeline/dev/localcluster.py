@@ -36,14 +36,26 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 __all__ = [
+    "DEV_COMMIT_INTERVAL_S",
+    "DEV_SEGMENT_MAX_AGE_S",
     "BrokerProcess",
     "ChildProcess",
+    "ContinuousWriterProcess",
     "EtcdServer",
     "LocalCluster",
     "broker_data_dir",
     "etcd_binary",
     "free_port",
 ]
+
+DEV_SEGMENT_MAX_AGE_S = 10.0
+"""``make dev``'s broker ``--segment-max-age-s``: a non-empty WAL segment is sealed after 10 s
+even when the continuous writer is not running (the broker's own default is 60 s)."""
+
+DEV_COMMIT_INTERVAL_S = 5.0
+"""``make dev``'s continuous writer ``--commit-interval-s``: it seals a topic's active segment
+once it has held records for 5 s, then tiers and commits it (produce to queryable in about
+5-10 s; ``benchmarks/freshness.py``)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -541,6 +553,85 @@ class BrokerProcess(ChildProcess):
             return self._proc.pid
         return int(self._ready_value("pid"))
 
+
+class ContinuousWriterProcess(ChildProcess):
+    """The continuous writer (``python -m assets.continuous_writer``) as a child process.
+
+    It reads its endpoints from the ``DANUBE_*`` variables and its Dagster instance from
+    ``DAGSTER_HOME`` in ``env``; once connected (and the Dagster instance's storage opened) it
+    writes the ready file ``{"pid": int}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        env: Mapping[str, str],
+        commit_interval_s: float = DEV_COMMIT_INTERVAL_S,
+        poll_interval_s: float | None = None,
+        dagster: bool = True,
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """Args:
+        state_dir: where its ready file and (by default) its log go; created if missing.
+        env: the child's whole environment (``DANUBE_*``, ``DAGSTER_HOME``, ...).
+        commit_interval_s: seal an active segment whose records waited this many seconds.
+        poll_interval_s: seconds between passes over the topics (writer default if None).
+        dagster: record materializations in the Dagster instance of ``DAGSTER_HOME``.
+        log_path: the writer's output, appended; default ``state_dir / "continuous-writer.log"``.
+        extra_args: more CLI arguments appended as given (``--topic-refresh-interval-s 0.5``).
+        """
+        self.state_dir = Path(state_dir)
+        self.env = dict(env)
+        self.commit_interval_s = commit_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.dagster = dagster
+        self.log_path = log_path or self.state_dir / "continuous-writer.log"
+        self.ready_file = self.state_dir / "continuous-writer.ready.json"
+        self.extra_args = list(extra_args)
+        super().__init__()
+
+    def command(self) -> list[str]:
+        """The writer's command line."""
+        cmd = [sys.executable, "-m", "assets.continuous_writer", "--commit-interval-s", str(self.commit_interval_s),
+               "--ready-file", str(self.ready_file)]
+        if self.poll_interval_s is not None:
+            cmd += ["--poll-interval-s", str(self.poll_interval_s)]
+        if not self.dagster:
+            cmd.append("--no-dagster")
+        return cmd + self.extra_args
+
+    def start(self, *, timeout_s: float = 60.0) -> None:
+        """Spawn the writer and wait for its ready file.
+
+        Raises:
+            RuntimeError: the writer exited first or was not ready within ``timeout_s``; the
+                message carries its log tail.
+        """
+        if self.running:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        self.spawn_and_wait(
+            self.command(),
+            what="continuous writer",
+            ready=self.ready_file.is_file,
+            timeout_s=timeout_s,
+            on_timeout=self.kill,
+            env={**self.env, "PYTHONUNBUFFERED": "1"},
+        )
+
+    @property
+    def pid(self) -> int:
+        """The writer's process id.
+
+        Raises:
+            RuntimeError: if not started.
+        """
+        if self._proc is None:
+            raise RuntimeError("the continuous writer is not started")
+        return self._proc.pid
 
 
 def broker_data_dir(root: Path, index: int) -> Path:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
@@ -95,7 +97,7 @@ def arrow_table_for_records(
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
 
     n = len(records)
-    data = metadata_data(records, partition)
+    data: dict[str, Any] = dict(metadata_data(records, partition, arrow_schema))
     if columns is None:
         data[PAYLOAD_COLUMN] = [r.payload for r in records]
     else:
@@ -140,19 +142,49 @@ def arrow_table_for_records(
     return assemble(arrow_schema, data, n)
 
 
-def metadata_data(records: Sequence[Record], partition: int | None) -> dict[str, list[Any]]:
-    """The metadata columns' values (``_offset``... ``_attributes``, and ``_partition``)."""
-    data: dict[str, list[Any]] = {
-        "_offset": [r.offset for r in records],
-        "_publish_time": [r.publish_time_us for r in records],
-        "_producer_id": [_as_signed64(r.producer_id) for r in records],
-        "_producer_name": [r.producer_name for r in records],
-        "_schema_id": [r.schema_id for r in records],
-        "_schema_version": [r.schema_version for r in records],
-        "_attributes": [list(r.attributes.items()) for r in records],
+def metadata_data(records: Sequence[Record], partition: int | None, arrow_schema: pa.Schema) -> dict[str, pa.Array]:
+    """The metadata columns (``_offset``... ``_attributes``, and ``_partition``) of ``records``,
+    as arrays of the types ``arrow_schema`` gives them.
+
+    One pass per column over the records, no per-record Python object: the ids through numpy
+    (a u64 producer id becomes the int64 with the same bits, :func:`_as_signed64`), the
+    attributes as one map array built from flat key and value lists.
+
+    Args:
+        records: the records, in row order.
+        partition: the partition index for ``_partition``, or ``None`` (no such column).
+        arrow_schema: the table's Arrow schema (pyiceberg's ``schema_to_pyarrow``).
+
+    Returns:
+        ``{column name: array}`` of ``len(records)`` values each.
+    """
+    n = len(records)
+
+    def column(name: str) -> list[Any]:
+        return list(map(attrgetter(name), records))
+
+    attributes = column("attributes")
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.array(list(map(len, attributes)), dtype=np.int32), out=offsets[1:])
+    attributes_type = arrow_schema.field("_attributes").type
+    data: dict[str, pa.Array] = {
+        "_offset": pa.array(column("offset"), type=pa.int64()),
+        "_publish_time": pa.array(column("publish_time_us"), type=pa.int64())
+        .view(pa.timestamp("us"))
+        .cast(arrow_schema.field("_publish_time").type),
+        "_producer_id": pa.array(np.array(column("producer_id"), dtype=np.uint64).view(np.int64)),
+        "_producer_name": pa.array(column("producer_name"), type=arrow_schema.field("_producer_name").type),
+        "_schema_id": pa.array(column("schema_id"), type=pa.int64()),
+        "_schema_version": pa.array(column("schema_version"), type=pa.int32()),
+        "_attributes": pa.MapArray.from_arrays(
+            pa.array(offsets),
+            pa.array([k for a in attributes for k in a], type=attributes_type.key_type),
+            pa.array([v for a in attributes for v in a.values()], type=attributes_type.item_type),
+            type=attributes_type,
+        ),
     }
     if partition is not None:
-        data[PARTITION_COLUMN] = [partition] * len(records)
+        data[PARTITION_COLUMN] = pa.array(np.full(n, partition, dtype=np.int32))
     return data
 
 

@@ -2,7 +2,8 @@
 
 A topic ``/{ns}/{topic}`` maps to the Iceberg table ``(ns, topic)`` (Iceberg namespace = Danube
 namespace) in the SQL catalog that pyiceberg's ``SqlCatalog`` and Spark's ``JdbcCatalog`` both
-use (see :mod:`danube_pipeline.spark`). The partitions ``{topic}-part-{i}`` of a partitioned
+use (see :mod:`danube_pipeline.spark`): an embedded SQLite file by default, or a PostgreSQL
+database that several hosts share (:func:`load_catalog`). The partitions ``{topic}-part-{i}`` of a partitioned
 topic (``docs/etcd-layout.md`` §3.1) all map to the partitioned topic's table, whose
 ``_partition`` column tells them apart; the functions reading offsets take the ``partition`` to
 read (``None``: every row).
@@ -11,7 +12,9 @@ read (``None``: every row).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sqlite3
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +23,20 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlalchemy.exc
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import DataScan, Table
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from danube_pipeline import settings
 from danube_pipeline.iceberg.evolution import evolve_table
+from danube_pipeline.iceberg.layout import DEFAULT_LAYOUT, partition_spec, sort_order
 from danube_pipeline.iceberg.schema import PARTITION_COLUMN, PAYLOAD_COLUMN, iceberg_schema_for_avro
+from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 
 __all__ = [
@@ -61,10 +68,17 @@ def load_catalog(
 ) -> SqlCatalog:
     """Open the shared pyiceberg ``SqlCatalog`` (creating the SQLite file's directory).
 
+    The catalog database is an embedded SQLite file (one host) or a PostgreSQL database
+    (several hosts: brokers' tiering runs, Dagster, Spark). Either way pyiceberg creates the
+    catalog tables (``iceberg_tables``, ``iceberg_namespace_properties``) when they are missing;
+    Iceberg's ``JdbcCatalog`` in Spark uses the same tables (:func:`danube_pipeline.spark.spark_conf`).
+
     Args:
         name: catalog name; Spark uses the same one (``spark.sql.catalog.<name>``). Defaults to
             ``settings.catalog_name()``.
-        uri: SQLAlchemy URI, e.g. ``sqlite:////abs/catalog.db``. Defaults to
+        uri: SQLAlchemy URI: ``sqlite:////abs/catalog.db``, or
+            ``postgresql+psycopg2://user:password@host:5432/database`` (``postgresql://`` means
+            the same driver; user and password percent-encoded). Defaults to
             ``settings.catalog_uri()``.
         warehouse: warehouse URL, e.g. ``file:///abs/warehouse``. Defaults to
             ``settings.warehouse_url()``.
@@ -73,7 +87,11 @@ def load_catalog(
         The catalog; its SQLite file (if any) is in WAL journal mode.
 
     Raises:
+        DatabaseUrlError: ``uri`` is neither SQLite nor PostgreSQL, or PostgreSQL's driver
+            (``psycopg2``, the ``postgres`` extra) is not installed.
         sqlite3.Error: the SQLite catalog file cannot be opened.
+        sqlalchemy.exc.OperationalError: the PostgreSQL server refused or did not answer (wrong
+            host, port, credentials or database).
         OSError: the catalog's or the warehouse's directory cannot be created.
     """
     name = name or settings.catalog_name()
@@ -84,10 +102,44 @@ def load_catalog(
         if db_path and db_path != ":memory:":
             Path(db_path).parent.mkdir(parents=True, exist_ok=True)
             _use_sqlite_wal(db_path)
+    elif settings.is_postgres_url(uri):
+        uri = _postgres_sqlalchemy_uri(uri)
+    else:
+        raise settings.DatabaseUrlError(
+            uri, "the Iceberg catalog must be sqlite:///<path> or postgresql+psycopg2://user:password@host:port/db"
+        )
     parsed = urlparse(warehouse)
     if parsed.scheme in ("", "file"):
         Path(parsed.path or warehouse).mkdir(parents=True, exist_ok=True)
+    if not settings.is_postgres_url(uri):
+        return SqlCatalog(name, uri=uri, warehouse=warehouse)
+    # Hosts opening a new PostgreSQL catalog at once all create its two tables; a loser's CREATE
+    # TABLE fails on the winner's table (IntegrityError or ProgrammingError). Open it again once
+    # the winner is done.
+    for attempt in range(1, _CATALOG_CREATE_ATTEMPTS):
+        try:
+            return SqlCatalog(name, uri=uri, warehouse=warehouse)
+        except (IntegrityError, ProgrammingError):
+            time.sleep(0.05 * attempt)
     return SqlCatalog(name, uri=uri, warehouse=warehouse)
+
+
+_CATALOG_CREATE_ATTEMPTS = 5
+"""Tries to open a PostgreSQL catalog whose tables other hosts are creating at the same time."""
+
+
+def _postgres_sqlalchemy_uri(uri: str) -> str:
+    """A PostgreSQL URI SQLAlchemy opens with psycopg2 (:func:`settings.sqlalchemy_postgres_url`).
+
+    Raises:
+        DatabaseUrlError: it names no host or database, or psycopg2 is not installed.
+    """
+    uri = settings.sqlalchemy_postgres_url(uri)
+    if importlib.util.find_spec("psycopg2") is None:
+        raise settings.DatabaseUrlError(
+            uri, "PostgreSQL's driver psycopg2 is not installed: pip install 'danube-pipeline[postgres]'"
+        )
+    return uri
 
 
 def _use_sqlite_wal(db_path: str) -> None:
@@ -122,6 +174,7 @@ def ensure_table(
     avro_schema: Mapping[str, Any] | str | None,
     *,
     partitioned: bool = False,
+    layout: TableLayout = DEFAULT_LAYOUT,
 ) -> Table:
     """Load the topic's table, creating its namespace and the table when missing.
 
@@ -135,6 +188,8 @@ def ensure_table(
         topic: the topic whose table it is (for a partition, the partitioned topic).
         avro_schema: the topic's Avro schema, or ``None`` for a ``_payload`` table.
         partitioned: the table of a partitioned topic, with the ``_partition`` column.
+        layout: a new table's partitioning (``docs/etcd-layout.md`` §3.9; default
+            ``day(_publish_time)``), as :func:`ensure_table_for_schema`.
 
     Returns:
         The table, loaded after any schema change.
@@ -146,7 +201,7 @@ def ensure_table(
             :func:`~danube_pipeline.iceberg.evolution.incompatible_changes`).
     """
     wanted = iceberg_schema_for_avro(avro_schema, partitioned=partitioned)
-    table = ensure_table_for_schema(catalog, topic, wanted)
+    table = ensure_table_for_schema(catalog, topic, wanted, layout=layout)
     if avro_schema is not None and PAYLOAD_COLUMN not in {f.name for f in table.schema().fields}:
         evolve_table(table, wanted)
     return table
@@ -158,8 +213,9 @@ def ensure_table_for_schema(
     schema: Schema,
     *,
     properties: Mapping[str, str] | None = None,
+    layout: TableLayout = DEFAULT_LAYOUT,
 ) -> Table:
-    """Load the topic's table, or create it (and its namespace) with ``schema``.
+    """Load the topic's table, or create it (and its namespace) with ``schema`` and ``layout``.
 
     Args:
         catalog: the shared catalog.
@@ -167,6 +223,9 @@ def ensure_table_for_schema(
         schema: the new table's schema (the metadata columns and the payload columns, e.g.
             ``WriterSchema.iceberg_schema()``); not applied to an existing table.
         properties: extra properties of a new table.
+        layout: a new table's partitioning (``docs/etcd-layout.md`` §3.9; default
+            ``day(_publish_time)``); it is sorted by ``_offset``. An existing table is evolved
+            to its topic's layout by :func:`~danube_pipeline.iceberg.layout.apply_layout`.
 
     Returns:
         The table.
@@ -175,12 +234,26 @@ def ensure_table_for_schema(
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
-        catalog.create_namespace_if_not_exists(topic.namespace)
+        _create_namespace(catalog, topic.namespace)
         return catalog.create_table_if_not_exists(
             identifier,
             schema=schema,
+            partition_spec=partition_spec(schema, layout),
+            sort_order=sort_order(schema),
             properties={**(properties or {}), "danube.topic": topic.path, "format-version": "2"},
         )
+
+
+def _create_namespace(catalog: Catalog, namespace: str) -> None:
+    """``create_namespace_if_not_exists``, safe when another writer creates it at the same
+    moment: the SQL catalog checks, then inserts, so the loser of that race gets the
+    database's unique-constraint error (``sqlalchemy.exc.IntegrityError``) instead of
+    ``NamespaceAlreadyExistsError``; once the namespace exists, that is success."""
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except sqlalchemy.exc.IntegrityError:
+        if (namespace,) not in {tuple(n) for n in catalog.list_namespaces()}:
+            raise
 
 
 def data_file_count(table: Table) -> int:

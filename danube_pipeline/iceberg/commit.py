@@ -31,6 +31,7 @@ from pyiceberg.table import Table
 from danube_pipeline.errors import SchemaEvolutionError
 from danube_pipeline.iceberg.append import AppendResult, append_rows, committed_end_offset, pending_records
 from danube_pipeline.iceberg.catalog import ensure_table_for_schema
+from danube_pipeline.iceberg.layout import DEFAULT_LAYOUT
 from danube_pipeline.iceberg.dead_letter import (
     DeadLetterReason,
     append_dead_letters,
@@ -48,6 +49,7 @@ from danube_pipeline.iceberg.evolution import (
 from danube_pipeline.iceberg.rows import BoundWriter, table_rows
 from danube_pipeline.iceberg.schema import PAYLOAD_COLUMN, RESERVED_COLUMNS, PayloadColumn, schema_from_columns
 from danube_pipeline.iceberg.writer import WriterSchema, renamed_columns
+from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.records import Record
 
@@ -166,6 +168,7 @@ def commit_object(
     recorded: RegisteredWriter | None = None,
     first_offset: int | None = None,
     partition: int | None = None,
+    layout: TableLayout = DEFAULT_LAYOUT,
 ) -> ObjectCommit:
     """Commit one object's records to the topic's table, exactly once (module docstring).
 
@@ -182,6 +185,8 @@ def commit_object(
             ``writers``.
         first_offset: as :func:`~danube_pipeline.iceberg.append.append_records`.
         partition: the partition index, for a partition of a partitioned topic.
+        layout: the partitioning of the table if it is created here (``docs/etcd-layout.md``
+            §3.9; :mod:`~danube_pipeline.iceberg.layout`).
 
     Returns:
         An :class:`ObjectCommit`.
@@ -204,9 +209,12 @@ def commit_object(
                 table_topic,
                 schema_from_columns(columns, partitioned=partitioned),
                 properties=_schema_properties(first) if first is not None else None,
+                layout=layout,
             )
         else:
-            table = ensure_table_for_schema(catalog, table_topic, schema_from_columns(None, partitioned=partitioned))
+            table = ensure_table_for_schema(
+                catalog, table_topic, schema_from_columns(None, partitioned=partitioned), layout=layout
+            )
         created = True
     where = f"{topic} {object_id}"
     committed, pending = pending_records(table, records, where=where, first_offset=first_offset, partition=partition)

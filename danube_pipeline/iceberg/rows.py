@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from danube_pipeline.iceberg.arrow import assemble, metadata_data
+from danube_pipeline.iceberg.avro_batch import AvroBatchDecoder
 from danube_pipeline.iceberg.dead_letter import DeadLetter, DeadLetterReason
 from danube_pipeline.iceberg.evolution import is_identity, value_converter
 from danube_pipeline.iceberg.schema import PAYLOAD_COLUMN, RESERVED_COLUMNS
-from danube_pipeline.iceberg.writer import PayloadDecodeError, ValueDoesNotFitError, WriterSchema
+from danube_pipeline.iceberg.writer import (
+    PayloadDecodeError,
+    ValueDoesNotFitError,
+    WriterSchema,
+)
 from danube_pipeline.records import Record
 
 __all__ = ["BoundWriter", "TableRows", "table_rows"]
@@ -58,12 +65,14 @@ _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError
 class _Fitter:
     """A bound writer's columns, each with the table column it lands in and its converter."""
 
-    def __init__(self, bound: BoundWriter, columns: Mapping[str, Any]) -> None:
+    def __init__(self, bound: BoundWriter, columns: Mapping[str, Any], arrow_schema: pa.Schema) -> None:
         self.error = bound.error
         self.description = bound.description
         self.writer = bound.writer
         self.parts: list[tuple[str, str, Any]] = []
         self.direct = False  # a decoded payload is already the row: same names, nothing to convert
+        self.batch: AvroBatchDecoder | None = None  # the columnar path (.avro_batch), when it applies
+        self.targets: dict[str, pa.DataType] = {}
         if self.writer is None or self.error is not None:
             return
         for c in self.writer.columns:
@@ -82,6 +91,56 @@ class _Fitter:
         self.direct = len(self.parts) == len(self.writer.columns) and all(
             source == target and is_identity(conv) for source, target, conv in self.parts
         )
+        batch = self.writer.batch
+        if batch is not None and all(is_identity(conv) for _, _, conv in self.parts):
+            # Identity converters only: equal types or Iceberg promotions, which an Arrow cast
+            # makes exactly (int to long, float to double).
+            self.batch = batch
+            self.targets = {target: arrow_schema.field(target).type for _, target, _ in self.parts}
+
+    def decode(self, record: Record, columns: Mapping[str, Any], required: Sequence[str]) -> dict[str, Any] | str:
+        """One record's row, or the ``_error`` of its dead letter (the per-record path)."""
+        assert self.writer is not None
+        try:
+            decoded = self.writer.decode(record.payload)
+        except ValueDoesNotFitError as exc:
+            return f"{DeadLetterReason.VALUE_DOES_NOT_FIT}: {exc} ({self.description})"
+        except PayloadDecodeError as exc:
+            return f"{DeadLetterReason.CORRUPT_PAYLOAD}: does not decode with {self.description}: {exc}"
+        row: dict[str, Any] = decoded if self.direct else {}
+        for source, target, conv in () if self.direct else self.parts:
+            value = decoded.get(source)
+            if value is not None:
+                try:
+                    value = conv(value)
+                except Exception as exc:  # noqa: BLE001 - any conversion failure is a misfit
+                    return _misfit(target, columns[target].field_type, exc)
+            row[target] = value
+        missing = [name for name in required if row.get(name) is None]
+        if missing:
+            return _misfit(missing[0], columns[missing[0]].field_type, "null in a required column")
+        return row
+
+    def decode_batch(self, records: Sequence[Record], required: Sequence[str]) -> dict[str, pa.Array] | None:
+        """The table columns of ``records`` decoded as one batch (:mod:`.avro_batch`), or
+        ``None`` when they must be decoded one by one (a payload or value the batch path
+        leaves to the per-record path, or a required column that would hold a null)."""
+        if self.batch is None:
+            return None
+        decoded = self.batch.decode([r.payload for r in records])
+        if decoded is None:
+            return None
+        out: dict[str, pa.Array] = {}
+        try:
+            for source, target, _ in self.parts:
+                array = decoded[source]
+                wanted = self.targets[target]
+                out[target] = array if array.type == wanted else array.cast(wanted)
+        except _ARROW_ERRORS:
+            return None
+        if any(name not in out or out[name].null_count for name in required):
+            return None
+        return out
 
 
 def table_rows(
@@ -105,6 +164,11 @@ def table_rows(
     be null (``value does not fit: ...``: found by the decoder, by the conversion to the
     column's type, or by pyarrow when a whole column does not convert, then value by value).
 
+    The records of each Avro writer version whose columns land unconverted (equal types or
+    Iceberg promotions) are first decoded together into Arrow columns
+    (:mod:`~danube_pipeline.iceberg.avro_batch`); when that batch is refused, its records take
+    the per-record path, which finds the bad ones. Both give the same rows.
+
     Args:
         records: the records, in offset order.
         iceberg_schema: the table's schema, as evolved for these writers.
@@ -119,17 +183,17 @@ def table_rows(
     arrow_schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
     names = {f.name for f in iceberg_schema.fields}
     if PAYLOAD_COLUMN in names:
-        data = metadata_data(records, partition)
-        data[PAYLOAD_COLUMN] = [r.payload for r in records]
+        data: dict[str, Any] = dict(metadata_data(records, partition, arrow_schema))
+        data[PAYLOAD_COLUMN] = pa.array([r.payload for r in records], type=arrow_schema.field(PAYLOAD_COLUMN).type)
         return TableRows(assemble(arrow_schema, data, len(records)), [])
 
     columns = {f.name: f for f in iceberg_schema.fields if f.name not in RESERVED_COLUMNS}
     required = [f.name for f in columns.values() if f.required]
     fitters: dict[tuple[int, int], _Fitter] = {}
     dead: dict[int, DeadLetter] = {}
-    good: list[Record] = []
-    rows: list[dict[str, Any]] = []
-    for r in records:
+    batches: dict[tuple[int, int], list[int]] = {}
+    keys = set(zip(map(attrgetter("schema_id"), records), map(attrgetter("schema_version"), records), strict=True))
+    for i, r in enumerate(records) if len(keys) != 1 else enumerate(records[:1]):
         if r.schema_id == 0:
             dead[r.offset] = DeadLetter(r, raw_error or f"{DeadLetterReason.RAW_MESSAGE} on a topic with a schema")
             continue
@@ -140,43 +204,41 @@ def table_rows(
                 f"schema id {key[0]} version {key[1]}",
                 error=f"{DeadLetterReason.UNKNOWN_SCHEMA}: schema id {key[0]} version {key[1]}",
             )
-            fitter = fitters[key] = _Fitter(bound, columns)
+            fitter = fitters[key] = _Fitter(bound, columns, arrow_schema)
         if fitter.error is not None or fitter.writer is None:
             dead[r.offset] = DeadLetter(r, fitter.error or f"{DeadLetterReason.UNKNOWN_SCHEMA}: {fitter.description}")
             continue
-        try:
-            decoded = fitter.writer.decode(r.payload)
-        except ValueDoesNotFitError as exc:
-            dead[r.offset] = DeadLetter(r, f"{DeadLetterReason.VALUE_DOES_NOT_FIT}: {exc} ({fitter.description})")
-            continue
-        except PayloadDecodeError as exc:
-            dead[r.offset] = DeadLetter(
-                r, f"{DeadLetterReason.CORRUPT_PAYLOAD}: does not decode with {fitter.description}: {exc}"
-            )
-            continue
-        row: dict[str, Any] = decoded if fitter.direct else {}
-        error = None
-        for source, target, conv in () if fitter.direct else fitter.parts:
-            value = decoded.get(source)
-            if value is not None:
-                try:
-                    value = conv(value)
-                except Exception as exc:  # noqa: BLE001 - any conversion failure is a misfit
-                    error = _misfit(target, columns[target].field_type, exc)
-                    break
-            row[target] = value
-        if error is None:
-            missing = [name for name in required if row.get(name) is None]
-            if missing:
-                error = _misfit(missing[0], columns[missing[0]].field_type, "null in a required column")
-        if error is not None:
-            dead[r.offset] = DeadLetter(r, error)
-            continue
-        good.append(r)
-        rows.append(row)
+        batches.setdefault(key, []).append(i)
+    if len(keys) == 1:  # one writer version (the usual case): what holds for the first holds for all
+        if batches:
+            batches[next(iter(batches))] = list(range(len(records)))
+        else:
+            error = dead[records[0].offset].error
+            dead.update((r.offset, DeadLetter(r, error)) for r in records[1:])
 
     payload_fields = [f for f in arrow_schema if f.name in columns]
-    while True:
+    pieces: list[tuple[list[int], dict[str, pa.Array]]] = []
+    good: list[int] = []  # records decoded one by one, then turned into arrays below
+    rows: list[dict[str, Any]] = []
+    for key, indices in batches.items():
+        fitter = fitters[key]
+        arrays_of_batch = fitter.decode_batch([records[i] for i in indices], required)
+        if arrays_of_batch is not None:
+            pieces.append((indices, arrays_of_batch))
+            continue
+        for i in indices:
+            outcome = fitter.decode(records[i], columns, required)
+            if isinstance(outcome, str):
+                dead[records[i].offset] = DeadLetter(records[i], outcome)
+            else:
+                good.append(i)
+                rows.append(outcome)
+    if batches and len(batches) > 1 and rows:
+        order = sorted(range(len(good)), key=good.__getitem__)
+        good = [good[j] for j in order]
+        rows = [rows[j] for j in order]
+
+    while rows:
         arrays: dict[str, pa.Array] = {}
         bad: dict[int, str] = {}
         for f in payload_fields:
@@ -184,21 +246,44 @@ def table_rows(
             try:
                 arrays[f.name] = pa.array(values, type=f.type)
             except _ARROW_ERRORS:
-                for i, v in enumerate(values):
+                for j, v in enumerate(values):
                     try:
                         pa.array([v], type=f.type)
                     except _ARROW_ERRORS as exc:
-                        bad.setdefault(i, _misfit(f.name, columns[f.name].field_type, exc))
+                        bad.setdefault(j, _misfit(f.name, columns[f.name].field_type, exc))
                 if not bad:
                     raise
         if not bad:
+            pieces.append((good, arrays))
             break
-        for i in bad:
-            dead[good[i].offset] = DeadLetter(good[i], bad[i])
-        good = [r for i, r in enumerate(good) if i not in bad]
-        rows = [row for i, row in enumerate(rows) if i not in bad]
-    columns_data: dict[str, Any] = {**metadata_data(good, partition), **arrays}
-    return TableRows(assemble(arrow_schema, columns_data, len(good)), [dead[o] for o in sorted(dead)])
+        for j in bad:
+            r = records[good[j]]
+            dead[r.offset] = DeadLetter(r, bad[j])
+        good = [g for j, g in enumerate(good) if j not in bad]
+        rows = [row for j, row in enumerate(rows) if j not in bad]
+
+    indices, payload = _combine(pieces, payload_fields)
+    kept = [records[i] for i in indices] if len(indices) != len(records) else list(records)
+    columns_data: dict[str, Any] = {**metadata_data(kept, partition, arrow_schema), **payload}
+    return TableRows(assemble(arrow_schema, columns_data, len(kept)), [dead[o] for o in sorted(dead)])
+
+
+def _combine(
+    pieces: Sequence[tuple[Sequence[int], Mapping[str, pa.Array]]], fields: Sequence[pa.Field]
+) -> tuple[list[int], dict[str, pa.Array]]:
+    """The pieces' rows as one set of columns in record order: ``(record indices, columns)``;
+    a column a piece lacks is null there."""
+    if len(pieces) == 1:
+        indices, arrays = pieces[0]
+        n = len(indices)
+        return list(indices), {f.name: arrays.get(f.name, pa.nulls(n, type=f.type)) for f in fields}
+    indices = [i for piece_indices, _ in pieces for i in piece_indices]
+    order = pa.array(np.argsort(np.asarray(indices, dtype=np.int64), kind="stable"))
+    out: dict[str, pa.Array] = {}
+    for f in fields:
+        parts = [arrays.get(f.name, pa.nulls(len(piece_indices), type=f.type)) for piece_indices, arrays in pieces]
+        out[f.name] = pa.concat_arrays(parts).take(order) if parts else pa.nulls(0, type=f.type)
+    return sorted(indices), out
 
 
 def _misfit(column: str, column_type: Any, detail: Any) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import fastavro
 from pyiceberg.schema import Schema
 
+from danube_pipeline.iceberg.avro_batch import AvroBatchDecoder, batch_decoder
 from danube_pipeline.iceberg.schema import (
     VALUE_COLUMN,
     PayloadColumn,
@@ -73,6 +74,9 @@ class WriterSchema:
             column's type; a column left out is null). Raises :class:`PayloadDecodeError`.
         aliases: Avro only: column name to the field's ``aliases``.
         field_numbers: Protobuf only: column name to the field number.
+        batch: Avro only: the columnar decoder of runs of payloads
+            (:mod:`~danube_pipeline.iceberg.avro_batch`), when the schema's types allow it;
+            it gives the same values as :attr:`decode`, or refuses the run.
     """
 
     schema_type: str
@@ -80,6 +84,7 @@ class WriterSchema:
     decode: Decoder
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     field_numbers: Mapping[str, int] = field(default_factory=dict)
+    batch: AvroBatchDecoder | None = None
 
     def iceberg_schema(self, *, partitioned: bool = False) -> Schema:
         """The table schema of a topic written with this schema alone: the metadata columns,
@@ -93,6 +98,8 @@ def avro_writer(avro_schema: Mapping[str, Any] | str) -> WriterSchema:
     Payloads are decoded with ``fastavro.schemaless_reader`` and this schema as the writer's
     schema; a payload with bytes left over after the datum is refused (Avro spec, "Binary
     Encoding": a datum is exactly its encoding, so leftover bytes mean another schema wrote it).
+    Runs of payloads are decoded into Arrow columns by
+    :func:`~danube_pipeline.iceberg.avro_batch.batch_decoder` when the schema's types allow it.
 
     Args:
         avro_schema: parsed JSON, JSON text, or a bare primitive name.
@@ -135,7 +142,7 @@ def avro_writer(avro_schema: Mapping[str, Any] | str) -> WriterSchema:
         for f in schema.get("fields", ())
         if is_record and f.get("aliases")
     }
-    return WriterSchema(AVRO, columns, decode, aliases=aliases)
+    return WriterSchema(AVRO, columns, decode, aliases=aliases, batch=batch_decoder(schema))
 
 
 def renamed_columns(

@@ -127,6 +127,12 @@ def topic_policy(topic: TopicName) -> str:
     return f"{topic_root(topic)}/policy"
 
 
+def topic_table(topic: TopicName) -> str:
+    """§3.9 ``/topics/{namespace}/{topic}/table``; value :class:`TableLayout`, how the topic's
+    Iceberg table is partitioned (written by operators or ``danube-admin topics set-table-layout``)."""
+    return f"{topic_root(topic)}/table"
+
+
 def topic_producers_prefix(topic: TopicName) -> str:
     """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
     return f"{topic_root(topic)}/producers/"

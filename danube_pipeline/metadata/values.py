@@ -227,14 +227,35 @@ class ProducerMetadata(JsonRecord):
 class SubscriptionMetadata(JsonRecord):
     """§3.4 ``/topics/{ns}/{topic}/subscriptions/{name}``.
 
-    ``subscription_type``: 0 Exclusive, 1 Shared, 2 Failover. ``consumer_id`` is ``None`` in
-    a new subscription; the broker writes the active consumer's id when one is attached.
+    ``subscription_type``: 0 Exclusive, 1 Shared, 2 Failover, 3 Key_Shared. ``consumer_id`` is
+    ``None`` in a new subscription; the broker writes the active consumer's id when one is
+    attached. The redelivery settings (``ack_timeout_ms`` ... ``dead_letter_topic``, §3.4) are
+    optional in a stored value: absent ones read as their defaults.
     """
 
     consumer_id: int | None
     consumer_name: str
     subscription_name: str
     subscription_type: int
+    ack_timeout_ms: int = 0
+    nack_redelivery_delay_ms: int = 60_000
+    nack_redelivery_max_delay_ms: int = 600_000
+    max_redeliveries: int = 0
+    dead_letter_topic: str | None = None
+
+    _SETTINGS: ClassVar[tuple[str, ...]] = (
+        "ack_timeout_ms", "nack_redelivery_delay_ms", "nack_redelivery_max_delay_ms", "max_redeliveries",
+        "dead_letter_topic",
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The four Danube fields, then each redelivery setting that differs from its default
+        (a subscription with default settings stores exactly Danube's value)."""
+        out = JsonRecord.to_json(self)
+        for f in dataclasses.fields(self):
+            if f.name in self._SETTINGS and out[f.name] == f.default:
+                del out[f.name]
+        return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -391,6 +412,40 @@ class LocalRetention(JsonRecord):
             v = getattr(value, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < -1:
                 raise ValueError(f"LocalRetention: {name} must be an integer >= -1, got {v!r}")
+        return value  # type: ignore[no-any-return]
+
+
+PARTITION_TRANSFORMS = ("hour", "day", "month", "year", "none")
+"""The values of :attr:`TableLayout.partition_transform`: an Iceberg time transform of
+``_publish_time`` (Iceberg spec, "Partition Transforms"), or ``"none"`` for an unpartitioned table."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableLayout(JsonRecord):
+    """§3.9 ``/topics/{ns}/{topic}/table``: how the topic's Iceberg table is laid out.
+
+    Attributes:
+        partition_transform: the table is partitioned by this transform of ``_publish_time``:
+            one of :data:`PARTITION_TRANSFORMS` (default ``"day"``; ``"none"``: unpartitioned).
+            The table is always sorted by ``_offset``.
+    """
+
+    partition_transform: str = "day"
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: ``data`` is not an object, or ``partition_transform`` is not one of
+                :data:`PARTITION_TRANSFORMS`.
+        """
+        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        if value.partition_transform not in PARTITION_TRANSFORMS:
+            raise ValueError(
+                f"TableLayout: partition_transform must be one of {', '.join(PARTITION_TRANSFORMS)}, "
+                f"got {value.partition_transform!r}"
+            )
         return value  # type: ignore[no-any-return]
 
 

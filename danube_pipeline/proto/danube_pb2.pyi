@@ -17,6 +17,7 @@ class SubscriptionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXCLUSIVE: _ClassVar[SubscriptionType]
     SHARED: _ClassVar[SubscriptionType]
     FAILOVER: _ClassVar[SubscriptionType]
+    KEY_SHARED: _ClassVar[SubscriptionType]
 
 class InitialPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +34,7 @@ NON_RELIABLE: DeliveryMode
 EXCLUSIVE: SubscriptionType
 SHARED: SubscriptionType
 FAILOVER: SubscriptionType
+KEY_SHARED: SubscriptionType
 LATEST: InitialPosition
 EARLIEST: InitialPosition
 AVRO: SchemaType
@@ -88,16 +90,18 @@ class SendBatchRequest(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., sequence_id: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
-    __slots__ = ("first_offset", "last_offset", "sequence_id", "error")
+    __slots__ = ("first_offset", "last_offset", "sequence_id", "error", "throttled_ms")
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_MS_FIELD_NUMBER: _ClassVar[int]
     first_offset: int
     last_offset: int
     sequence_id: int
     error: ErrorStatus
-    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ...) -> None: ...
+    throttled_ms: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., throttled_ms: _Optional[int] = ...) -> None: ...
 
 class ErrorStatus(_message.Message):
     __slots__ = ("code", "message", "error_class", "fields")
@@ -122,7 +126,7 @@ class CloseProducerResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size", "request_id")
+    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size", "request_id", "settings")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +134,7 @@ class SubscribeRequest(_message.Message):
     INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
     RECEIVER_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     subscription: str
     subscription_type: SubscriptionType
@@ -137,7 +142,22 @@ class SubscribeRequest(_message.Message):
     initial_position: InitialPosition
     receiver_queue_size: int
     request_id: str
-    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    settings: SubscriptionSettings
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ..., request_id: _Optional[str] = ..., settings: _Optional[_Union[SubscriptionSettings, _Mapping]] = ...) -> None: ...
+
+class SubscriptionSettings(_message.Message):
+    __slots__ = ("ack_timeout_ms", "nack_redelivery_delay_ms", "nack_redelivery_max_delay_ms", "max_redeliveries", "dead_letter_topic")
+    ACK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    NACK_REDELIVERY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    NACK_REDELIVERY_MAX_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REDELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ack_timeout_ms: int
+    nack_redelivery_delay_ms: int
+    nack_redelivery_max_delay_ms: int
+    max_redeliveries: int
+    dead_letter_topic: str
+    def __init__(self, ack_timeout_ms: _Optional[int] = ..., nack_redelivery_delay_ms: _Optional[int] = ..., nack_redelivery_max_delay_ms: _Optional[int] = ..., max_redeliveries: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
     __slots__ = ("consumer_id", "broker_id")
@@ -154,16 +174,18 @@ class ReceiveRequest(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ...) -> None: ...
 
 class BatchDelivery(_message.Message):
-    __slots__ = ("batch", "first_offset", "acked_offsets", "redelivery_count")
+    __slots__ = ("batch", "first_offset", "acked_offsets", "redelivery_count", "redelivery_counts")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_COUNTS_FIELD_NUMBER: _ClassVar[int]
     batch: bytes
     first_offset: int
     acked_offsets: _containers.RepeatedScalarFieldContainer[int]
     redelivery_count: int
-    def __init__(self, batch: _Optional[bytes] = ..., first_offset: _Optional[int] = ..., acked_offsets: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+    redelivery_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch: _Optional[bytes] = ..., first_offset: _Optional[int] = ..., acked_offsets: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ..., redelivery_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Deliveries(_message.Message):
     __slots__ = ("batches",)
@@ -190,6 +212,20 @@ class AckRequest(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class AckResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("consumer_id", "ranges", "reason")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    reason: str
+    def __init__(self, consumer_id: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NackResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
@@ -384,7 +420,7 @@ class DescribeTopicRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class SubscriptionState(_message.Message):
-    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention", "skipped_unavailable")
+    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention", "skipped_unavailable", "dispatch_throttled_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +429,7 @@ class SubscriptionState(_message.Message):
     RECORDS_FROM_OBJECT_STORAGE_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_BELOW_RETENTION_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    DISPATCH_THROTTLED_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: SubscriptionType
     cursor: int
@@ -401,10 +438,11 @@ class SubscriptionState(_message.Message):
     records_from_object_storage: int
     skipped_below_retention: int
     skipped_unavailable: int
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ...) -> None: ...
+    dispatch_throttled_ms: int
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ..., dispatch_throttled_ms: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
-    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges")
+    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges", "delivery", "publish_throttled_ms", "dropped_messages", "buffered_messages", "buffered_bytes")
     FIRST_LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -418,6 +456,11 @@ class DescribeTopicResponse(_message.Message):
     OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESERVED_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_RANGES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_THROTTLED_MS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     first_local_offset: int
     next_offset: int
     wal_bytes: int
@@ -431,7 +474,12 @@ class DescribeTopicResponse(_message.Message):
     owner_epoch: int
     reserved_end_offset: int
     unavailable_ranges: _containers.RepeatedCompositeFieldContainer[UnavailableRange]
-    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., broker_id: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., reserved_end_offset: _Optional[int] = ..., unavailable_ranges: _Optional[_Iterable[_Union[UnavailableRange, _Mapping]]] = ...) -> None: ...
+    delivery: DeliveryMode
+    publish_throttled_ms: int
+    dropped_messages: int
+    buffered_messages: int
+    buffered_bytes: int
+    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., broker_id: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., reserved_end_offset: _Optional[int] = ..., unavailable_ranges: _Optional[_Iterable[_Union[UnavailableRange, _Mapping]]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., publish_throttled_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., buffered_messages: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "delivery", "request_id", "partitions")

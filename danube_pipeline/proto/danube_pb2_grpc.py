@@ -270,6 +270,11 @@ class ConsumerServiceStub:
                 request_serializer=danube__pb2.CloseConsumerRequest.SerializeToString,
                 response_deserializer=danube__pb2.CloseConsumerResponse.FromString,
                 _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/danube.v1.ConsumerService/Nack',
+                request_serializer=danube__pb2.NackRequest.SerializeToString,
+                response_deserializer=danube__pb2.NackResponse.FromString,
+                _registered_method=True)
 
 
 class ConsumerServiceServicer:
@@ -303,6 +308,15 @@ class ConsumerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Nack(self, request, context):
+        """Negative acknowledgement: the offsets (sent to this consumer, not acknowledged) go back for
+        redelivery after the subscription's nack delay, with exponential backoff by redelivery
+        count; refused like an Ack (InvalidAckError) for offsets that are not the consumer's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsumerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -325,6 +339,11 @@ def add_ConsumerServiceServicer_to_server(servicer, server):
                     servicer.CloseConsumer,
                     request_deserializer=danube__pb2.CloseConsumerRequest.FromString,
                     response_serializer=danube__pb2.CloseConsumerResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=danube__pb2.NackRequest.FromString,
+                    response_serializer=danube__pb2.NackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +456,33 @@ class ConsumerService:
             '/danube.v1.ConsumerService/CloseConsumer',
             danube__pb2.CloseConsumerRequest.SerializeToString,
             danube__pb2.CloseConsumerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.ConsumerService/Nack',
+            danube__pb2.NackRequest.SerializeToString,
+            danube__pb2.NackResponse.FromString,
             options,
             channel_credentials,
             insecure,

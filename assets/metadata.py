@@ -1,0 +1,89 @@
+"""The metadata of the tiering assets' materializations, shared by their Dagster runs
+(:mod:`assets.assets`) and the continuous writer's runless reports
+(:mod:`assets.continuous_writer`), so the UI shows the same entries whichever path committed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import MetadataValue
+
+from danube_pipeline.names import TopicName
+from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.tiering import TableReport, TieringReport
+
+__all__ = ["iceberg_table_metadata", "known", "segment_objects_metadata"]
+
+
+def known(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without the entries whose value is ``None`` (unknown, so not shown rather
+    than written as a sentinel)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def segment_objects_metadata(report: TieringReport, objects: ObjectStore, topic: TopicName) -> dict[str, Any]:
+    """The metadata of a ``segment_objects`` materialization, as the asset's runs record it.
+
+    Args:
+        report: what :func:`~danube_pipeline.tiering.tier_sealed_segments` did.
+        objects: the object store written to.
+        topic: the topic.
+
+    Returns:
+        Metadata entries; unknown values (no descriptor yet) are left out.
+    """
+    return known(
+        {
+            "topic": topic.path,
+            "sealed_segments": report.sealed_segments,
+            "objects_written": report.objects_written,
+            "objects_skipped": report.objects_skipped,
+            "bytes_written": MetadataValue.int(report.bytes_written),
+            "records_written": report.records_written,
+            "first_offset": report.first_offset,
+            "last_offset": report.last_offset,
+            "descriptors_total": report.descriptors_total,
+            "objects_cur": report.cursor,
+            "object_ids_written": MetadataValue.json(report.object_ids_written),
+            "object_store": objects.url(f"topics/{topic.namespace}/{topic.topic}"),
+        }
+    )
+
+
+def iceberg_table_metadata(report: TableReport, catalog_name: str) -> dict[str, Any]:
+    """The metadata of an ``iceberg_table`` materialization, as the asset's runs record it.
+
+    Args:
+        report: what :func:`~danube_pipeline.tiering.commit_objects_to_table` did.
+        catalog_name: the Iceberg catalog's name (``danube``).
+
+    Returns:
+        Metadata entries (rows, bytes, offsets, snapshot ids, data files); unknown values are
+        left out.
+    """
+    return known(
+        {
+            "table": f"{catalog_name}.{report.table}",
+            "partition": report.partition,
+            "row_count": MetadataValue.int(report.row_count) if report.row_count is not None else None,
+            "rows_appended": MetadataValue.int(report.rows_appended),
+            "objects_appended": report.objects_appended,
+            "objects_skipped": report.objects_skipped,
+            "snapshot_id": MetadataValue.text(str(report.snapshot_id)) if report.snapshot_id else None,
+            "snapshots_created": MetadataValue.json([str(s) for s in report.snapshots]),
+            "committed_end_offset": report.committed_end_offset,
+            "first_offset": report.first_offset,
+            "last_offset": report.last_offset,
+            "bytes_read": MetadataValue.int(report.bytes_read),
+            "data_files": report.data_files,
+            "data_files_before": report.data_files_before,
+            "data_files_after": report.data_files,
+            "partition_spec": report.partition_spec,
+            "layout_changes": MetadataValue.json(report.layout_changes) if report.layout_changes else None,
+            "schema_ids": MetadataValue.json(report.schema_ids),
+            "dead_letter_records": MetadataValue.int(report.dead_letter_records),
+            "dead_letter_table": report.dead_letter_table,
+            "schema_changes": MetadataValue.json(report.schema_changes),
+        }
+    )
