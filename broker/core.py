@@ -58,6 +58,7 @@ from danube_pipeline.schema_registry import SchemaRegistry
 
 from broker.config import BrokerConfig
 from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
+from broker.dead_letter_forwarding import forward_dead_letter
 from broker.expiry import ExpiringKeys
 from broker.ownership import commit_takeover, plan_takeover, record_last_written, wal_has_records
 from broker.idempotency import RecentRequests
@@ -1301,15 +1302,27 @@ class Broker:
         ``topic_path``, creating the topic if needed; a batch written already (same producer
         name and sequence) answers its first offsets instead (:mod:`broker.idempotence`).
 
+        When another broker owns the dead-letter topic, the batch is forwarded to it over gRPC
+        under the same producer name and base sequence, so its idempotence check dedups a
+        repeat too (:mod:`broker.dead_letter_forwarding`).
+
         Returns:
             ``(first_offset, last_offset)`` once durable.
 
         Raises:
-            NotServedHereError: another broker owns the dead-letter topic (the messages wait and
-                are tried again).
+            NotServedHereError: the dead-letter topic moved while it was being looked up (the
+                messages wait and are tried again).
+            BrokerUnavailableError: its owner could not be reached (retriable, likewise).
             DanubeError: the batch was refused or the topic could not be created.
         """
-        topic = await self.topic_for(TopicName.parse(topic_path), create=True)
+        name = TopicName.parse(topic_path)
+        try:
+            topic = await self.topic_for(name, create=True)
+        except NotServedHereError:
+            owner = await self.lookup(name)
+            if owner.broker_id == self.broker_id:  # assigned here meanwhile: the next try loads it
+                raise
+            return await forward_dead_letter(owner.address, name.path, producer_name, batch)
         producer = Producer(id=0, name=producer_name, access_mode=0, topic=topic)
         return await topic.publish(producer, batch)
 
