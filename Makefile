@@ -18,7 +18,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh | $(BIN)/python
+$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh danube_pipeline/_framing.c | $(BIN)/python
 	bash scripts/install-system-deps.sh
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@

@@ -9,27 +9,34 @@ size, 8 MiB) in batches of ``--batch-records`` (the client's default, 1,000). Th
 object, single process, it commits them the way tiering does into a real pyiceberg
 ``SqlCatalog`` (SQLite) on a temporary warehouse directory, timing each stage:
 
-* ``framing``: segment bytes → records (:func:`~danube_pipeline.segments.decode_segment`:
-  every CRC and the record framing checked);
+* ``framing``: segment bytes → record columns
+  (:func:`~danube_pipeline.segment_columns.decode_segment_columns`: every CRC and the record
+  framing checked, the records walked in C);
 * ``decode``: records → the table's Arrow rows
   (:func:`~danube_pipeline.iceberg.rows.table_rows`, in
   :func:`~danube_pipeline.iceberg.commit_object`; Avro payloads in columnar batches,
   :mod:`danube_pipeline.iceberg.avro_batch`);
-* ``parquet``: pyiceberg's Parquet write of those rows (``pyiceberg.io.pyarrow.write_file``);
+* ``parquet``: the Parquet write of those rows and their statistics
+  (:func:`~danube_pipeline.iceberg.data_files.write_parquet_files` for an object in one
+  partition, else ``pyiceberg.io.pyarrow.write_file``);
 * ``commit``: everything else in :func:`~danube_pipeline.iceberg.commit_object`: the offset
   checks, the manifest and metadata files and the catalog commit.
 
 The stages are measured by wrapping those functions, on the real path. One core: polars',
 pyarrow's and pyiceberg's thread pools are set to one thread before they start, and every
 figure is **CPU time of this process** (``time.process_time``), so other work on a shared
-machine does not count; wall time is printed beside it. ``--compare`` also decodes the first
-object record by record (the per-record path) and checks both give the same table.
+machine does not count directly (it still slows this process's caches; hence several runs).
+Wall time is printed beside it. Each of ``--runs`` runs (default 5) commits every object into
+a new table of a new catalog. The stages of the best run are printed, as ``timeit`` reports
+the minimum (other work on the machine only adds time), and the median run's rate beside it
+(the first run also pays one-time imports). ``--compare`` also decodes the first object record by record (the
+per-record path) and checks both give the same table.
 
     .venv/bin/python benchmarks/tiering.py               # all 336,776 flights
     .venv/bin/python benchmarks/tiering.py --rows 100000
 
 It ends with one line: ``tiering: mib_per_s_per_core=X rows_per_s=X`` (payload MiB, and
-rows, per CPU second of the four stages together).
+rows, per CPU second of the four stages together, in the best run).
 """
 
 from __future__ import annotations
@@ -61,11 +68,12 @@ from danube_pipeline.dev.flights import (  # noqa: E402
     iter_flights,
 )
 from danube_pipeline.iceberg import commit as commit_module  # noqa: E402
+from danube_pipeline.iceberg import data_files as data_files_module  # noqa: E402
 from danube_pipeline.iceberg.rows import BoundWriter, table_rows  # noqa: E402
 from danube_pipeline.iceberg.writer import avro_writer  # noqa: E402
 from danube_pipeline.names import TopicName  # noqa: E402
 from danube_pipeline.records import SegmentHeader, object_id  # noqa: E402
-from danube_pipeline.segments import decode_segment  # noqa: E402
+from danube_pipeline.segment_columns import decode_segment_columns, native_framing  # noqa: E402
 
 SCHEMA_ID = 1
 PRODUCER_ID = 0xDA7B_E000_0000_0001
@@ -150,13 +158,16 @@ def timed(stage: Stage) -> Iterator[None]:
         stage.wall_s += time.perf_counter() - wall
 
 
-def wrap(module: Any, name: str, stage: Stage) -> Callable[[], None]:
-    """Time every call of ``module.name`` into ``stage``; returns the undo."""
+def wrap(module: Any, name: str, stage: Stage, *, drain: bool = False) -> Callable[[], None]:
+    """Time every call of ``module.name`` into ``stage``; returns the undo. With ``drain`` the
+    call's result is an iterator run to its end inside the timing (pyiceberg's ``write_file``
+    returns the lazy results of its thread pool)."""
     original = getattr(module, name)
 
     def timed_call(*args: Any, **kwargs: Any) -> Any:
         with timed(stage):
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            return iter(list(result)) if drain else result
 
     setattr(module, name, timed_call)
     return lambda: setattr(module, name, original)
@@ -164,7 +175,7 @@ def wrap(module: Any, name: str, stage: Stage) -> Callable[[], None]:
 
 def compare(segment: Segment) -> None:
     """Check the batch path and the per-record path give the same rows for ``segment``."""
-    records = decode_segment(segment.data).records
+    records = decode_segment_columns(segment.data).records
     writer = avro_writer(FLIGHT_AVRO_SCHEMA)
     schema = writer.iceberg_schema()
     fast = table_rows(records, schema, {(SCHEMA_ID, 1): BoundWriter("flights", writer=writer)})
@@ -179,47 +190,30 @@ def compare(segment: Segment) -> None:
     print(f"compare: both paths equal on {len(records):,} rows; per-record decode {mib / slow_s:.1f} MiB/s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rows", type=int, default=None, help="flights to use (default: all 336,776)")
-    parser.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024, help="segment object size")
-    parser.add_argument("--batch-records", type=int, default=1000, help="records per producer batch")
-    parser.add_argument("--compare", action="store_true", help="check against the per-record path first")
-    args = parser.parse_args()
-    pa.set_cpu_count(1)
-    pa.set_io_thread_count(1)
-
-    started = time.perf_counter()
-    segments = build_segments(args.rows, args.segment_bytes, args.batch_records)
-    rows = segments[-1].end_offset + 1
-    payload = sum(s.payload_bytes for s in segments)
-    size = sum(len(s.data) for s in segments)
-    print(
-        f"input: {rows:,} flights, {payload / 2**20:.1f} MiB of Avro payload in {len(segments)} segment objects "
-        f"({size / 2**20:.1f} MiB), built in {time.perf_counter() - started:.1f} s"
-    )
-    if args.compare:
-        compare(segments[0])
-
+def run(segments: list[Segment], rows: int) -> tuple[Stages, Stage]:
+    """Commit every segment object into a new table of a new catalog, timing the stages;
+    returns the stages and the total."""
     stages = Stages()
     writer = avro_writer(FLIGHT_AVRO_SCHEMA)
     registered = iceberg.RegisteredWriter(SCHEMA_ID, 1, subject="flights", schema_type="Avro", writer=writer)
     topic = TopicName.parse(FLIGHTS_TOPIC)
     undo = [
         wrap(commit_module, "table_rows", stages.decode),
-        wrap(pyiceberg_arrow, "write_file", stages.parquet),
+        wrap(pyiceberg_arrow, "write_file", stages.parquet, drain=True),
+        wrap(data_files_module, "write_file", stages.parquet, drain=True),
+        wrap(data_files_module, "write_parquet_files", stages.parquet, drain=True),
     ]
+    total = Stage()
     try:
         with tempfile.TemporaryDirectory(prefix="danube-tiering-bench-") as tmp:
             catalog = iceberg.load_catalog(
                 name="bench", uri=f"sqlite:///{Path(tmp) / 'catalog.db'}", warehouse=f"file://{Path(tmp) / 'wh'}"
             )
             table = None
-            total = Stage()
             for segment in segments:
                 with timed(total):
                     with timed(stages.framing):
-                        records = decode_segment(segment.data).records
+                        records = decode_segment_columns(segment.data).records
                     result = iceberg.commit_object(
                         catalog,
                         topic,
@@ -241,8 +235,40 @@ def main() -> None:
             u()
     stages.commit.cpu_s = total.cpu_s - stages.framing.cpu_s - stages.decode.cpu_s - stages.parquet.cpu_s
     stages.commit.wall_s = total.wall_s - stages.framing.wall_s - stages.decode.wall_s - stages.parquet.wall_s
+    return stages, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rows", type=int, default=None, help="flights to use (default: all 336,776)")
+    parser.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024, help="segment object size")
+    parser.add_argument("--batch-records", type=int, default=1000, help="records per producer batch")
+    parser.add_argument("--runs", type=int, default=5, help="runs, each into a new table; the best is reported")
+    parser.add_argument("--compare", action="store_true", help="check against the per-record path first")
+    args = parser.parse_args()
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+
+    started = time.perf_counter()
+    segments = build_segments(args.rows, args.segment_bytes, args.batch_records)
+    rows = segments[-1].end_offset + 1
+    payload = sum(s.payload_bytes for s in segments)
+    size = sum(len(s.data) for s in segments)
+    print(
+        f"input: {rows:,} flights, {payload / 2**20:.1f} MiB of Avro payload in {len(segments)} segment objects "
+        f"({size / 2**20:.1f} MiB), built in {time.perf_counter() - started:.1f} s"
+    )
+    print(f"records walked by the C extension: {'yes' if native_framing() else 'NO (pure-Python decoder)'}")
+    if args.compare:
+        compare(segments[0])
 
     mib = payload / 2**20
+    runs = sorted((run(segments, rows) for _ in range(max(1, args.runs))), key=lambda r: r[1].cpu_s)
+    print("runs (cpu s, sorted): " + " ".join(f"{t.cpu_s:.3f}" for _, t in runs))
+    median = runs[len(runs) // 2][1]
+    print(f"median run: {mib / median.cpu_s:.1f} MiB/s per core, {rows / median.cpu_s:.0f} rows/s")
+    stages, total = runs[0]
+    print(f"best run of {len(runs)}:")
     print(f"{'stage':<10} {'cpu s':>8} {'wall s':>8} {'MiB/s (cpu)':>12} {'rows/s (cpu)':>13}")
     for name in ("framing", "decode", "parquet", "commit"):
         s: Stage = getattr(stages, name)

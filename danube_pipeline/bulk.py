@@ -16,7 +16,7 @@ registry so that dead-lettered records decode again:
    :func:`danube_pipeline.iceberg.commit_object` does per object.
 3. **Decode.** A second ``mapInArrow`` job reads each object from the object store
    (:class:`~danube_pipeline.objectstore.ObjectStore`), checks it against its descriptor
-   (size, MD5 etag, offsets), parses it (:func:`~danube_pipeline.segments.decode_segment`) and
+   (size, MD5 etag, offsets), parses it (:func:`~danube_pipeline.segment_columns.decode_segment_columns`) and
    turns its records into the table's Arrow rows with the incremental path's own
    :func:`~danube_pipeline.iceberg.rows.table_rows`. Records that cannot be rows come out of
    the same job as dead letters.
@@ -101,7 +101,7 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.partitions import partition_of
 from danube_pipeline.records import Record
-from danube_pipeline.segments import decode_segment
+from danube_pipeline.segment_columns import decode_segment_columns, schema_keys
 from danube_pipeline.spark import spark_table_name
 from danube_pipeline.tiering import SchemaLookup, SchemaParser, default_schema_parser
 
@@ -345,7 +345,7 @@ def _objects_of(batches: Iterable[pa.RecordBatch]) -> Iterator[BulkObject]:
             yield BulkObject(**{name: row[name] for name in _OBJECT_FIELDS})
 
 
-def _read_records(task: _Task, store: ObjectStore, obj: BulkObject) -> list[Record]:
+def _read_records(task: _Task, store: ObjectStore, obj: BulkObject) -> Sequence[Record]:
     """The object's records from ``task.start_offset`` on, checked against the descriptor.
 
     Raises:
@@ -358,7 +358,7 @@ def _read_records(task: _Task, store: ObjectStore, obj: BulkObject) -> list[Reco
         raise CorruptRecordError(where, len(data), f"object is {len(data)} bytes, descriptor says {obj.size_bytes}")
     if obj.etag and hashlib.md5(data).hexdigest() != obj.etag:
         raise CorruptRecordError(where, 0, f"MD5 does not match the descriptor's etag {obj.etag}")
-    records = decode_segment(data, where=where).records
+    records = decode_segment_columns(data, where=where).records
     if not records or records[0].offset != obj.start_offset or records[-1].offset != obj.end_offset:
         raise CorruptRecordError(where, 0, f"offsets differ from the descriptor's {obj.start_offset}-{obj.end_offset}")
     skip = max(0, task.start_offset - obj.start_offset)
@@ -372,7 +372,7 @@ def _schema_keys(task: _Task) -> Callable[[Iterable[pa.RecordBatch]], Iterator[p
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         store = ObjectStore(task.root_url, storage_options=task.storage_options)
         for obj in _objects_of(batches):
-            pairs = sorted({(r.schema_id, r.schema_version) for r in _read_records(task, store, obj)})
+            pairs = schema_keys(_read_records(task, store, obj))
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array([obj.object_id] * len(pairs), pa.string()),

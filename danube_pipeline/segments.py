@@ -9,8 +9,9 @@ A segment is a :class:`~danube_pipeline.records.SegmentHeader` followed by recor
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from danube_pipeline import batches
 from danube_pipeline.errors import CorruptRecordError, MalformedRequestError, OffsetRangeError
@@ -163,13 +164,18 @@ def iter_stored_batches(
         pos += total
 
 
+RecordsT = TypeVar("RecordsT", bound=Sequence[Record])
+
+
 @dataclass(frozen=True, slots=True)
-class DecodedSegment:
+class DecodedSegment(Generic[RecordsT]):
     """A whole segment, checked.
 
     Attributes:
         header: the segment header.
-        records: every record, offsets contiguous from ``header.start_offset``.
+        records: every record, offsets contiguous from ``header.start_offset``: a list of
+            :class:`~danube_pipeline.records.Record` (:func:`decode_segment`), or columns
+            (:func:`~danube_pipeline.segment_columns.decode_segment_columns`).
         offset_index: sparse ``[offset, byte_position]`` pairs (``docs/etcd-layout.md`` §5.1
             ``offset_index``): the first record, then the first record of the batch (version 2)
             or the record (version 1) that follows each ``index_interval_records`` records.
@@ -177,7 +183,7 @@ class DecodedSegment:
     """
 
     header: SegmentHeader
-    records: list[Record]
+    records: RecordsT
     offset_index: list[list[int]]
     size_bytes: int
 
@@ -188,14 +194,14 @@ class DecodedSegment:
     @property
     def end_offset(self) -> int:
         """Inclusive end offset. Raises ValueError on an empty segment."""
-        if not self.records:
+        if not len(self.records):
             raise ValueError("empty segment has no end offset")
         return self.records[-1].offset
 
 
 def decode_segment(
     data: bytes | memoryview, *, where: str = "segment", index_interval_records: int = 1000
-) -> DecodedSegment:
+) -> DecodedSegment[list[Record]]:
     """Decode and verify a complete segment of either version (header, every CRC, contiguous
     offsets, and in version 2 every batch's record framing, as
     :func:`~danube_pipeline.batches.validate_batch` checks it).

@@ -48,7 +48,7 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.partitions import partition_count, partition_of
 from danube_pipeline.records import Record, object_id
-from danube_pipeline.segments import decode_segment
+from danube_pipeline.segment_columns import decode_segment_columns, schema_keys
 
 if TYPE_CHECKING:
     from danube_pipeline.client.types import SegmentInfo
@@ -205,7 +205,7 @@ async def tier_sealed_segments(
     For each: check contiguity (its start is the previous descriptor's end + 1, or it is offset
     0 / the first sealed segment when no descriptor exists); put its descriptor with
     ``completed=false``; fetch its bytes through the broker admin API; verify them with
-    :func:`~danube_pipeline.segments.decode_segment` (which also builds the sparse offset
+    :func:`~danube_pipeline.segment_columns.decode_segment_columns` (which also builds the sparse offset
     index); write the object ``topics/{ns}/{topic}/data-{start}-{end}.dnb1``; then put the
     descriptor with ``completed=true``, size, etag and offset index together with
     ``objects/cur`` in one etcd transaction.
@@ -323,7 +323,9 @@ async def tier_sealed_segments(
                 ),
             )
         data = await admin.read_segment_bytes(topic.path, seg.start_offset, address=sources.get(seg.start_offset))
-        decoded = decode_segment(data, where=f"{topic.path}/{oid}", index_interval_records=OFFSET_INDEX_INTERVAL_RECORDS)
+        decoded = decode_segment_columns(
+            data, where=f"{topic.path}/{oid}", index_interval_records=OFFSET_INDEX_INTERVAL_RECORDS
+        )
         if not decoded.records:
             raise CorruptRecordError(f"{topic.path}/{oid}", 0, "segment listed as non-empty holds no records")
         if decoded.start_offset != seg.start_offset or decoded.end_offset != seg.end_offset:
@@ -440,7 +442,7 @@ async def _schemas_for(
     (:func:`~danube_pipeline.iceberg.widen_avro_schema`) and each ``(schema_id, version)``'s
     writer schema, for :func:`~danube_pipeline.iceberg.append_records`. Tiering itself resolves
     writers of every format with :func:`_writers_for` instead."""
-    pairs = sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0})
+    pairs = [k for k in schema_keys(records) if k[0] != 0]
     if not pairs:
         return None, {}
     writers: dict[tuple[int, int], dict[str, Any]] = {}
@@ -519,7 +521,7 @@ async def _writers_for(
     schema_version)`` of ``records`` that has a schema, asking the registry once per pair
     (``cache``). An id the registry lacks is not an error: its records are dead-lettered."""
     out: dict[tuple[int, int], iceberg.RegisteredWriter] = {}
-    for key in sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0}):
+    for key in [k for k in schema_keys(records) if k[0] != 0]:
         if key not in cache:
             cache[key] = await _writer_for(key, registry, parse)
         out[key] = cache[key]
@@ -605,7 +607,7 @@ async def commit_objects_to_table(
             raise CorruptRecordError(where, len(data), f"object is {len(data)} bytes, descriptor says {d.size}")
         if d.etag and hashlib.md5(data).hexdigest() != d.etag:
             raise CorruptRecordError(where, 0, f"MD5 does not match the descriptor's etag {d.etag}")
-        decoded = decode_segment(data, where=where)
+        decoded = decode_segment_columns(data, where=where)
         records = decoded.records
         if not records or records[0].offset != d.start_offset or records[-1].offset != d.end_offset:
             raise OffsetRangeError(d.start_offset, records[0].offset if records else -1, where)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what pip cannot: Java 17 (for Spark), the SQLite and PostgreSQL JDBC drivers (for
 # Iceberg's JdbcCatalog in Spark), the PostgreSQL server (its initdb and postgres binaries: the
-# tests run their own server for the shared-catalog tests), plus python3-venv when missing.
+# tests run their own server for the shared-catalog tests), plus python3-venv, a C compiler and
+# Python's headers when missing.
 # Idempotent: installs only what is missing. Uses apt when running as root; otherwise prints
 # exactly what to install and fails.
 set -euo pipefail
@@ -22,6 +23,12 @@ for bindir in ${DANUBE_POSTGRES_BINDIR:-} /usr/lib/postgresql/*/bin; do
   if [ -x "${bindir}/initdb" ] && [ -x "${bindir}/postgres" ]; then need_postgres=0; break; fi
 done
 need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
+# A C compiler and Python's headers build the record walker (danube_pipeline/_framing.c);
+# without them the install still works, with the slower pure-Python decoder.
+need_cc=0; command -v cc >/dev/null 2>&1 || need_cc=1
+need_headers=0
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  >/dev/null 2>&1 || need_headers=1
 
 pkgs=()
 [ "${need_java}" = 1 ] && pkgs+=(openjdk-17-jre-headless)
@@ -29,6 +36,8 @@ pkgs=()
 [ "${need_pg_jdbc}" = 1 ] && pkgs+=(libpostgresql-jdbc-java)
 [ "${need_postgres}" = 1 ] && pkgs+=(postgresql)
 [ "${need_venv}" = 1 ] && pkgs+=(python3-venv)
+[ "${need_cc}" = 1 ] && pkgs+=(gcc libc6-dev)
+[ "${need_headers}" = 1 ] && pkgs+=(python3-dev)
 [ "${#pkgs[@]}" = 0 ] && exit 0
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

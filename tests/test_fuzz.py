@@ -120,6 +120,30 @@ def test_segment_with_recomputed_crc_raises_only_documented_errors(data: bytes, 
     fz.check_segment_bytes(data, container, strict=False)
 
 
+@pytest.mark.unit
+@settings(DECODER, max_examples=150)
+@given(fz.segments() | fz.segments_v2(tierable=True), fz.containers)
+def test_segment_columns_equal_the_reference_decoder(case: fz.SegmentCase, container: str) -> None:
+    fz.check_segment_columns(case.data, container)
+
+
+@pytest.mark.unit
+@settings(DECODER, max_examples=300)
+@given(fz.mutated_segments(tierable=True))
+def test_segment_columns_refuse_mutations_as_the_reference_decoder(case: tuple[fz.SegmentCase, fz.Mutation]) -> None:
+    segment, mutation = case
+    fz.check_segment_columns(mutation.apply(segment.data))
+
+
+@pytest.mark.unit
+@settings(DECODER, max_examples=300)
+@given(fz.crafted_segments(), fz.containers)
+@example(_segment_with_key_length(-2), "bytes")
+@example(_segment_with_key_length(1000), "memoryview")
+def test_segment_columns_on_crafted_segments(data: bytes, container: str) -> None:
+    fz.check_segment_columns(data, container)
+
+
 # ------------------------------------------------------------------ requests, real broker
 
 RPCS = fz.rpcs()

@@ -15,6 +15,8 @@ Decoders and their documented errors:
   :class:`OffsetRangeError`; :func:`~danube_pipeline.segments.iter_stored_batches`,
   :func:`~danube_pipeline.records.iter_records`, :meth:`SegmentHeader.decode`:
   :class:`CorruptRecordError`.
+* :func:`~danube_pipeline.segment_columns.decode_segment_columns`: the same errors as
+  ``decode_segment``, with the same messages (:func:`check_segment_columns`).
 * :func:`~danube_pipeline.segments.scan_segment`: :class:`CorruptRecordError` for an unusable
   header only; after a valid header it never raises and its ``valid_length`` is a prefix whose
   records all decode.
@@ -197,10 +199,15 @@ _payloads = st.one_of(st.binary(max_size=48), st.binary(min_size=200, max_size=1
 _attributes = st.dictionaries(utf8_text(8), utf8_text(16), max_size=3)
 
 
+INT64_SAFE_MAX = 2**62
+"""Largest offset or timestamp drawn for ``tierable`` segments: their rows fit Iceberg's int64."""
+
+
 @st.composite
-def batch_specs(draw: st.DrawFn, max_records: int = 6) -> BatchSpec:
+def batch_specs(draw: st.DrawFn, max_records: int = 6, *, tierable: bool = False) -> BatchSpec:
     """Any batch: 1..``max_records`` records with non-decreasing timestamps within 4295 s,
-    payloads incl. empty, optional keys, attributes of any text, any u64/u32/i64 header field."""
+    payloads incl. empty, optional keys, attributes of any text, any u64/u32/i64 header field
+    (``tierable``: a first timestamp below :data:`INT64_SAFE_MAX`)."""
     n = draw(st.integers(1, max_records))
     deltas = sorted(draw(st.lists(st.integers(0, MAX_DELTA_US), min_size=n, max_size=n)))
     deltas = [d - deltas[0] for d in deltas]
@@ -213,7 +220,7 @@ def batch_specs(draw: st.DrawFn, max_records: int = 6) -> BatchSpec:
             key = draw(st.none() | utf8_text(16))
             records.append(RecordSpec(payload, delta, key, draw(_attributes), plain=False))
     return BatchSpec(
-        first_timestamp_us=draw(st.integers(0, U64_MAX - MAX_DELTA_US)),
+        first_timestamp_us=draw(st.integers(0, INT64_SAFE_MAX if tierable else U64_MAX - MAX_DELTA_US)),
         producer_id=draw(st.integers(0, U64_MAX)),
         producer_name=draw(utf8_text(24)),
         schema_id=draw(st.integers(0, U64_MAX)),
@@ -234,10 +241,11 @@ def batch_cases(draw: st.DrawFn, max_records: int = 6) -> BatchCase:
 
 
 @st.composite
-def segments_v2(draw: st.DrawFn, max_batches: int = 4) -> SegmentCase:
-    """A version 2 segment of 0..``max_batches`` batches with contiguous offsets."""
-    specs = draw(st.lists(batch_specs(max_records=4), max_size=max_batches))
-    start = draw(st.integers(0, U64_MAX - 4 * max_batches))
+def segments_v2(draw: st.DrawFn, max_batches: int = 4, *, tierable: bool = False) -> SegmentCase:
+    """A version 2 segment of 0..``max_batches`` batches with contiguous offsets
+    (``tierable``: offsets and timestamps below :data:`INT64_SAFE_MAX`, as tiering takes them)."""
+    specs = draw(st.lists(batch_specs(max_records=4, tierable=tierable), max_size=max_batches))
+    start = draw(st.integers(0, INT64_SAFE_MAX if tierable else U64_MAX - 4 * max_batches))
     out = bytearray(SegmentHeader(start, draw(st.integers(0, U64_MAX))).encode())
     records: list[Record] = []
     boundaries = [len(out)]
@@ -294,9 +302,9 @@ def mutated_batches(draw: st.DrawFn) -> tuple[BatchCase, Mutation]:
 
 
 @st.composite
-def mutated_segments(draw: st.DrawFn) -> tuple[SegmentCase, Mutation]:
-    """A segment and one mutation of it."""
-    case = draw(segments())
+def mutated_segments(draw: st.DrawFn, *, tierable: bool = False) -> tuple[SegmentCase, Mutation]:
+    """A segment and one mutation of it (``tierable``: of :func:`segments_v2` ``tierable``)."""
+    case = draw(segments_v2(tierable=True) if tierable else segments())
     return case, draw(mutations(len(case.data)))
 
 
@@ -552,6 +560,41 @@ def check_segment_mutation(case_and_mutation: tuple[SegmentCase, Mutation]) -> N
     assert scan.valid_length == want, f"{m}: scan kept {scan.valid_length} bytes, expected {want} ({scan.error})"
     prefix = decode_segment(data[:want])
     assert prefix.records == list(case.records[: case.records_before(want)])
+
+
+def check_segment_columns(data: bytes, container: str = "bytes") -> None:
+    """Any bytes: :func:`~danube_pipeline.segment_columns.decode_segment_columns` agrees with
+    :func:`~danube_pipeline.segments.decode_segment`. Both refuse the bytes with the same error
+    (type and message), or both read them: the same header, offset index and records, and the
+    columns equal the reference's records made columns. A record whose offset or publish time
+    does not fit an int64 (the format's u64 allows it) is refused with ``OverflowError``."""
+    import numpy as np  # noqa: PLC0415 - the pipeline extra: only this check needs it
+
+    from danube_pipeline.segment_columns import RecordColumns, decode_segment_columns  # noqa: PLC0415
+
+    buf = _CONTAINERS[container](data)
+    ref, ref_err = outcome("decode_segment", SEGMENT_ERRORS, lambda: decode_segment(buf, index_interval_records=2))
+    if ref is not None and any(r.publish_time_us >= 1 << 63 or r.offset >= 1 << 63 for r in ref.records):
+        _, err = outcome("decode_segment_columns", (OverflowError,), lambda: decode_segment_columns(buf))
+        assert isinstance(err, OverflowError), "an offset or publish time beyond int64 was not refused"
+        return
+    got, got_err = outcome(
+        "decode_segment_columns", SEGMENT_ERRORS, lambda: decode_segment_columns(buf, index_interval_records=2)
+    )
+    if ref is None:
+        assert got is None, f"decode_segment_columns accepted what decode_segment refuses: {ref_err!r}"
+        assert (type(got_err), str(got_err)) == (type(ref_err), str(ref_err)), f"{got_err!r} != {ref_err!r}"
+        return
+    assert got is not None, f"decode_segment_columns refused what decode_segment reads: {got_err!r}"
+    assert (got.header, got.offset_index, got.size_bytes) == (ref.header, ref.offset_index, ref.size_bytes)
+    assert list(got.records) == ref.records
+    expected = RecordColumns.from_records(ref.records)
+    for name in RecordColumns.__slots__:
+        mine, theirs = getattr(got.records, name), getattr(expected, name)
+        if isinstance(mine, np.ndarray):
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), f"column {name} differs"
+        else:
+            assert mine.equals(theirs), f"column {name} differs: {mine} != {theirs}"
 
 
 # =========================================================================== requests
@@ -960,6 +1003,11 @@ def decoder_properties() -> list[Property]:
         Property("segment_any_bytes", st.tuples(any_segment, containers), _unpacked(check_segment_bytes)),
         Property("segment_mutated", mutated_segments(), check_segment_mutation),
         Property("segment_crafted", st.tuples(crafted_segments(), containers), _unpacked(check_segment_bytes, strict=False)),
+        Property("segment_columns", st.tuples((segments() | segments_v2(tierable=True)).map(lambda c: c.data),
+                                               containers), _unpacked(check_segment_columns)),
+        Property("segment_columns_mutated", mutated_segments(tierable=True).map(lambda cm: cm[1].apply(cm[0].data)),
+                 lambda data: check_segment_columns(data)),
+        Property("segment_columns_crafted", st.tuples(crafted_segments(), containers), _unpacked(check_segment_columns)),
     ]
 
 

@@ -50,7 +50,9 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from danube_pipeline.errors import OffsetRangeError
 from danube_pipeline.iceberg.arrow import arrow_table_for_records
+from danube_pipeline.iceberg.data_files import MetadataCachingTransaction, append_table
 from danube_pipeline.records import Record
+from danube_pipeline.segment_columns import RecordColumns
 
 __all__ = [
     "COMMITTED_END_OFFSET_PROPERTY",
@@ -188,6 +190,8 @@ def _without_commit_retries(table: Table) -> Table:
 def _check_contiguous(records: Sequence[Record], where: str) -> None:
     if not records:
         return
+    if isinstance(records, RecordColumns) and records.is_contiguous():
+        return
     first = records[0].offset
     for i, r in enumerate(records):
         if r.offset != first + i:
@@ -304,9 +308,9 @@ def append_rows(
         handle = _without_commit_retries(table)
         try:
             # One commit: the snapshot and the property, on top of the snapshot read above.
-            with handle.transaction() as transaction:
+            with MetadataCachingTransaction(handle) as transaction:
                 transaction.set_properties({committed_end_offset_property(partition): str(end)})
-                transaction.append(df, snapshot_properties=properties)
+                append_table(transaction, df, handle.io, properties)
         except CommitFailedException:
             if attempt == max_attempts:
                 raise

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import Any
 
 import fastavro
@@ -27,18 +26,9 @@ from danube_pipeline.iceberg.schema import (
     schema_from_columns,
 )
 from danube_pipeline.records import Record
+from danube_pipeline.segment_columns import RecordColumns
 
 __all__ = ["arrow_table_for_records", "assemble", "metadata_data"]
-
-
-_U64_SIGN = 1 << 63
-
-
-def _as_signed64(value: int) -> int:
-    """A u64 (Danube producer ids are random u64s, ``docs/etcd-layout.md`` §3.3) as the int64
-    with the same 64 bits, since Iceberg's ``long`` is signed. ``value & (2**64 - 1)`` reverses
-    it."""
-    return value - (1 << 64) if value >= _U64_SIGN else value
 
 
 class _ParsedSchemas:
@@ -146,9 +136,10 @@ def metadata_data(records: Sequence[Record], partition: int | None, arrow_schema
     """The metadata columns (``_offset``... ``_attributes``, and ``_partition``) of ``records``,
     as arrays of the types ``arrow_schema`` gives them.
 
-    One pass per column over the records, no per-record Python object: the ids through numpy
-    (a u64 producer id becomes the int64 with the same bits, :func:`_as_signed64`), the
-    attributes as one map array built from flat key and value lists.
+    Taken from the records' columns (:class:`~danube_pipeline.segment_columns.RecordColumns`,
+    made from any other sequence first) without a Python object per record. A u64 producer id
+    (``docs/etcd-layout.md`` §3.3) becomes the int64 with the same bits, since Iceberg's
+    ``long`` is signed; ``value & (2**64 - 1)`` reverses it.
 
     Args:
         records: the records, in row order.
@@ -157,31 +148,25 @@ def metadata_data(records: Sequence[Record], partition: int | None, arrow_schema
 
     Returns:
         ``{column name: array}`` of ``len(records)`` values each.
+
+    Raises:
+        pyarrow.ArrowInvalid: a schema id beyond the int64 range, or a version beyond int32.
     """
-    n = len(records)
+    columns = RecordColumns.from_records(records)
+    n = len(columns)
 
-    def column(name: str) -> list[Any]:
-        return list(map(attrgetter(name), records))
+    def typed(name: str, array: pa.Array) -> pa.Array:
+        wanted = arrow_schema.field(name).type
+        return array if array.type == wanted else array.cast(wanted)
 
-    attributes = column("attributes")
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.array(list(map(len, attributes)), dtype=np.int32), out=offsets[1:])
-    attributes_type = arrow_schema.field("_attributes").type
     data: dict[str, pa.Array] = {
-        "_offset": pa.array(column("offset"), type=pa.int64()),
-        "_publish_time": pa.array(column("publish_time_us"), type=pa.int64())
-        .view(pa.timestamp("us"))
-        .cast(arrow_schema.field("_publish_time").type),
-        "_producer_id": pa.array(np.array(column("producer_id"), dtype=np.uint64).view(np.int64)),
-        "_producer_name": pa.array(column("producer_name"), type=arrow_schema.field("_producer_name").type),
-        "_schema_id": pa.array(column("schema_id"), type=pa.int64()),
-        "_schema_version": pa.array(column("schema_version"), type=pa.int32()),
-        "_attributes": pa.MapArray.from_arrays(
-            pa.array(offsets),
-            pa.array([k for a in attributes for k in a], type=attributes_type.key_type),
-            pa.array([v for a in attributes for v in a.values()], type=attributes_type.item_type),
-            type=attributes_type,
-        ),
+        "_offset": pa.array(columns.offset, type=pa.int64()),
+        "_publish_time": typed("_publish_time", pa.array(columns.publish_time_us).view(pa.timestamp("us"))),
+        "_producer_id": pa.array(columns.producer_id.view(np.int64)),
+        "_producer_name": typed("_producer_name", columns.producer_name),
+        "_schema_id": pa.array(columns.schema_id, type=pa.int64()),
+        "_schema_version": pa.array(columns.schema_version, type=pa.int32()),
+        "_attributes": typed("_attributes", columns.attributes),
     }
     if partition is not None:
         data[PARTITION_COLUMN] = pa.array(np.full(n, partition, dtype=np.int32))

@@ -163,7 +163,10 @@ def _varint(value: int) -> bytes:
 def _varint_sizes(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     """Bytes of the base-128 varint of each (already zig-zagged) value."""
     sizes = np.ones(z.shape, dtype=np.int64)
+    top = int(z.max()) if z.size else 0
     for bits in range(7, 64, 7):
+        if top < 1 << bits:  # no value has this many bits: neither has any larger threshold
+            break
         sizes += z >= np.uint64(1 << bits)
     return sizes
 
@@ -173,7 +176,14 @@ def _zigzag(v: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
 
 
 def _ints(array: pa.Array) -> npt.NDArray[np.int64]:
-    return np.asarray(pc.fill_null(array, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    """An integer array's values as int64, without a copy for an ``int64`` array. A null slot
+    holds an arbitrary value: callers mask them with the validity."""
+    if array.type != pa.int64():
+        array = array.cast(pa.int64())
+    values = array.buffers()[1]
+    if values is None:
+        return np.zeros(len(array), dtype=np.int64)
+    return np.frombuffer(values, dtype=np.int64, count=len(array), offset=array.offset * 8)
 
 
 class AvroBatchDecoder:
@@ -218,11 +228,34 @@ class AvroBatchDecoder:
         lengths = np.array(list(map(len, payloads)), dtype=np.int64)
         return self._decode(body, lengths)
 
-    def _decode(self, body: bytes, lengths: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
+    def decode_array(self, payloads: pa.Array) -> dict[str, pa.Array] | None:
+        """:meth:`decode` for payloads held in an Arrow ``binary`` or ``large_binary`` array
+        (:attr:`~danube_pipeline.segment_columns.RecordColumns.payload`): its data buffer is the
+        block's body as is, and its offsets give the lengths, with no Python object per payload.
+
+        Raises:
+            TypeError: ``payloads`` is not a binary array.
+        """
+        n = len(payloads)
+        if n == 0:
+            return None
+        if payloads.type == pa.binary():
+            payloads = payloads.cast(pa.large_binary())
+        if payloads.type != pa.large_binary():
+            raise TypeError(f"payloads of type {payloads.type}, expected large_binary")
+        if payloads.null_count:
+            return None
+        offsets_buffer, data_buffer = payloads.buffers()[1:3]
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[payloads.offset : payloads.offset + n + 1]
+        start, end = int(offsets[0]), int(offsets[-1])
+        body = memoryview(data_buffer)[start:end] if data_buffer is not None else memoryview(b"")
+        return self._decode(body, np.diff(offsets))
+
+    def _decode(self, body: bytes | memoryview, lengths: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
         import polars as pl  # noqa: PLC0415 - a heavy import, needed only here
 
         n = len(lengths)
-        data = self._header + _varint(n) + _varint(len(body)) + body + _SYNC
+        data = b"".join((self._header, _varint(n), _varint(len(body)), body, _SYNC))
         try:
             frame = pl.read_avro(io.BytesIO(data))
         except Exception:  # noqa: BLE001 - any failure: decode record by record instead
@@ -286,14 +319,14 @@ class AvroBatchDecoder:
         low, high = _INT32 if _LOGICAL_BASE.get(kind, kind) == "int" else _LONG_SAFE
         if live.size and (live.min() < low or live.max() > high):
             return sizes, None
-        if kind == "int":
-            return sizes, array.cast(pa.int32())
+        if kind == "int":  # within 32 bits, checked above: the unchecked cast is exact
+            return sizes, pc.cast(array, pa.int32(), safe=False)
         if kind == "long":
             return sizes, array
         if kind == "date":
             if live.size and (live.min() < _MIN_DAYS or live.max() > _MAX_DAYS):
                 return sizes, None
-            return sizes, array.cast(pa.int32()).view(pa.date32())
+            return sizes, pc.cast(array, pa.int32(), safe=False).view(pa.date32())
         scale = 1000 if kind.endswith("millis") else 1
         if live.size and (live.min() < _MIN_US // scale or live.max() > _MAX_US // scale):
             return sizes, None

@@ -52,6 +52,7 @@ from danube_pipeline.iceberg.writer import WriterSchema, renamed_columns
 from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.records import Record
+from danube_pipeline.segment_columns import schema_keys
 
 __all__ = ["ObjectCommit", "RegisteredWriter", "commit_object", "recorded_schema"]
 
@@ -197,7 +198,7 @@ def commit_object(
         InvalidNameError: a table named like the dead-letter table is not one.
     """
     partitioned = partition is not None
-    keys = sorted({(r.schema_id, r.schema_version) for r in records if r.schema_id != 0})
+    keys = [k for k in schema_keys(records) if k[0] != 0]
     usable = [writers[k] for k in keys if k in writers and writers[k].writer is not None]
     created = False
     if table is None:
@@ -227,7 +228,7 @@ def commit_object(
         recorded = writers[ids]
     changes: list[SchemaChange] = []
     bound: dict[tuple[int, int], BoundWriter] = {}
-    pending_keys = sorted({(r.schema_id, r.schema_version) for r in pending if r.schema_id != 0})
+    pending_keys = [k for k in schema_keys(pending) if k[0] != 0]
     if not payload_table:
         for key in pending_keys:
             w = writers.get(key) or RegisteredWriter(

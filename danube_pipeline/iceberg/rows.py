@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from danube_pipeline.iceberg.writer import (
     WriterSchema,
 )
 from danube_pipeline.records import Record
+from danube_pipeline.segment_columns import RecordColumns, schema_keys
 
 __all__ = ["BoundWriter", "TableRows", "table_rows"]
 
@@ -121,13 +121,13 @@ class _Fitter:
             return _misfit(missing[0], columns[missing[0]].field_type, "null in a required column")
         return row
 
-    def decode_batch(self, records: Sequence[Record], required: Sequence[str]) -> dict[str, pa.Array] | None:
+    def decode_batch(self, records: RecordColumns, required: Sequence[str]) -> dict[str, pa.Array] | None:
         """The table columns of ``records`` decoded as one batch (:mod:`.avro_batch`), or
         ``None`` when they must be decoded one by one (a payload or value the batch path
         leaves to the per-record path, or a required column that would hold a null)."""
         if self.batch is None:
             return None
-        decoded = self.batch.decode([r.payload for r in records])
+        decoded = self.batch.decode_array(records.payload)
         if decoded is None:
             return None
         out: dict[str, pa.Array] = {}
@@ -182,9 +182,11 @@ def table_rows(
     """
     arrow_schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
     names = {f.name for f in iceberg_schema.fields}
+    records = RecordColumns.from_records(records)
     if PAYLOAD_COLUMN in names:
         data: dict[str, Any] = dict(metadata_data(records, partition, arrow_schema))
-        data[PAYLOAD_COLUMN] = pa.array([r.payload for r in records], type=arrow_schema.field(PAYLOAD_COLUMN).type)
+        payload_type = arrow_schema.field(PAYLOAD_COLUMN).type
+        data[PAYLOAD_COLUMN] = records.payload if records.payload.type == payload_type else records.payload.cast(payload_type)
         return TableRows(assemble(arrow_schema, data, len(records)), [])
 
     columns = {f.name: f for f in iceberg_schema.fields if f.name not in RESERVED_COLUMNS}
@@ -192,29 +194,26 @@ def table_rows(
     fitters: dict[tuple[int, int], _Fitter] = {}
     dead: dict[int, DeadLetter] = {}
     batches: dict[tuple[int, int], list[int]] = {}
-    keys = set(zip(map(attrgetter("schema_id"), records), map(attrgetter("schema_version"), records), strict=True))
-    for i, r in enumerate(records) if len(keys) != 1 else enumerate(records[:1]):
-        if r.schema_id == 0:
-            dead[r.offset] = DeadLetter(r, raw_error or f"{DeadLetterReason.RAW_MESSAGE} on a topic with a schema")
-            continue
-        key = (r.schema_id, r.schema_version)
-        fitter = fitters.get(key)
-        if fitter is None:
+    keys = schema_keys(records)
+    for key in keys:  # each writer version's records, in offset order
+        if len(keys) == 1:
+            indices = list(range(len(records)))
+        else:
+            mask = (records.schema_id == key[0]) & (records.schema_version == key[1])
+            indices = np.flatnonzero(mask).tolist()
+        if key[0] == 0:
+            error = raw_error or f"{DeadLetterReason.RAW_MESSAGE} on a topic with a schema"
+        else:
             bound = writers.get(key) or BoundWriter(
                 f"schema id {key[0]} version {key[1]}",
                 error=f"{DeadLetterReason.UNKNOWN_SCHEMA}: schema id {key[0]} version {key[1]}",
             )
             fitter = fitters[key] = _Fitter(bound, columns, arrow_schema)
-        if fitter.error is not None or fitter.writer is None:
-            dead[r.offset] = DeadLetter(r, fitter.error or f"{DeadLetterReason.UNKNOWN_SCHEMA}: {fitter.description}")
-            continue
-        batches.setdefault(key, []).append(i)
-    if len(keys) == 1:  # one writer version (the usual case): what holds for the first holds for all
-        if batches:
-            batches[next(iter(batches))] = list(range(len(records)))
-        else:
-            error = dead[records[0].offset].error
-            dead.update((r.offset, DeadLetter(r, error)) for r in records[1:])
+            if fitter.error is None and fitter.writer is not None:
+                batches[key] = indices
+                continue
+            error = fitter.error or f"{DeadLetterReason.UNKNOWN_SCHEMA}: {fitter.description}"
+        dead.update((r.offset, DeadLetter(r, error)) for r in (records if len(keys) == 1 else records.take(indices)))
 
     payload_fields = [f for f in arrow_schema if f.name in columns]
     pieces: list[tuple[list[int], dict[str, pa.Array]]] = []
@@ -222,7 +221,8 @@ def table_rows(
     rows: list[dict[str, Any]] = []
     for key, indices in batches.items():
         fitter = fitters[key]
-        arrays_of_batch = fitter.decode_batch([records[i] for i in indices], required)
+        run = records if len(indices) == len(records) else records.take(indices)
+        arrays_of_batch = fitter.decode_batch(run, required)
         if arrays_of_batch is not None:
             pieces.append((indices, arrays_of_batch))
             continue
@@ -263,7 +263,7 @@ def table_rows(
         rows = [row for j, row in enumerate(rows) if j not in bad]
 
     indices, payload = _combine(pieces, payload_fields)
-    kept = [records[i] for i in indices] if len(indices) != len(records) else list(records)
+    kept = records.take(indices) if len(indices) != len(records) else records
     columns_data: dict[str, Any] = {**metadata_data(kept, partition, arrow_schema), **payload}
     return TableRows(assemble(arrow_schema, columns_data, len(kept)), [dead[o] for o in sorted(dead)])
 
