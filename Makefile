@@ -18,7 +18,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh danube_pipeline/_framing.c | $(BIN)/python
+$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh danube_pipeline/lake/_framing.c | $(BIN)/python
 	bash scripts/install-system-deps.sh
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@
@@ -48,7 +48,7 @@ bench-peers: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/peers.py
 
 typecheck: $(VENV)/.installed-dev
-	$(BIN)/python -m mypy danube_pipeline broker assets benchmarks
+	$(BIN)/python -m mypy danube_pipeline broker assets benchmarks tests
 
 proto: $(VENV)/.installed-dev
 	cd danube_pipeline/proto && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. danube.proto

@@ -42,20 +42,20 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from danube_pipeline import iceberg
-from danube_pipeline.iceberg.layout import data_files_by_day, describe_spec
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.iceberg.layout import data_files_by_day, describe_spec
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import PartitionOf, partition_of
-from danube_pipeline.retention import RetentionReport, apply_retention
-from danube_pipeline.rewrite import (
+from danube_pipeline.lake.retention import RetentionReport, apply_retention
+from danube_pipeline.lake.rewrite import (
     RewriteError,
     RewriteReport,
     read_rewrite_spec,
     rewrite_table,
 )
-from danube_pipeline.schema_registry import SchemaRegistry
-from danube_pipeline.spark import compact_table
-from danube_pipeline.tiering import (
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.lake.spark import compact_table
+from danube_pipeline.lake.tiering import (
     TableReport,
     TieringReport,
     commit_objects_to_table,
@@ -173,7 +173,7 @@ def compacted_table(
     spark: SparkResource,
 ) -> MaterializeResult:
     """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table, limited to the
-    partition's day (:func:`danube_pipeline.spark.compact_table`).
+    partition's day (:func:`danube_pipeline.lake.spark.compact_table`).
 
     Spark starts only when the day has two data files or more, or a file written under an
     older partition spec (which is then moved into the current one). The partitions
@@ -269,7 +269,7 @@ def retention(
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
 ) -> MaterializeResult:
-    """:func:`danube_pipeline.retention.apply_retention` on the topic, its row deletion
+    """:func:`danube_pipeline.lake.retention.apply_retention` on the topic, its row deletion
     limited to the partition's day; Spark starts only when the table has something to delete
     or expire. The descriptor, object and WAL steps are the topic's (idempotent: a run for
     another day finds them done)."""
@@ -366,7 +366,7 @@ def schema_rewrite(
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
 ) -> MaterializeResult:
-    """:func:`danube_pipeline.rewrite.rewrite_table` on the topic's table for the partition's
+    """:func:`danube_pipeline.lake.rewrite.rewrite_table` on the topic's table for the partition's
     day. Spark starts only when the table declares a rewrite.
 
     The partitions ``{topic}-part-{i}`` of a partitioned topic share one table: partition 0's

@@ -3,7 +3,7 @@
 Run on demand, from the UI's "Materialize" with a run config, for what is too big for
 ``iceberg_table``'s one-snapshot-per-object loop: the first load of a topic with a long
 history, a replay into a new table after a schema rewrite or after fixing the registry (dead
-letters decode again), a backfill from an offset. :func:`danube_pipeline.bulk.bulk_load` does
+letters decode again), a backfill from an offset. :func:`danube_pipeline.lake.bulk.bulk_load` does
 the work, exactly once with ``iceberg_table`` (each continues after the other's committed end
 offset). Its Spark master is the ``spark`` resource's (``$DANUBE_SPARK_MASTER``, default
 ``local[*]``).
@@ -32,9 +32,9 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from danube_pipeline.bulk import BulkLoadReport, bulk_load
+from danube_pipeline.lake.bulk import BulkLoadReport, bulk_load
 from danube_pipeline.names import TopicName
-from danube_pipeline.schema_registry import SchemaRegistry
+from danube_pipeline.schemas.registry import SchemaRegistry
 
 __all__ = ["BulkLoadConfig", "bulk_metadata", "bulk_table"]
 
@@ -60,7 +60,7 @@ class BulkLoadConfig(Config):
 
 
 def bulk_metadata(report: BulkLoadReport, catalog_name: str) -> dict[str, Any]:
-    """The materialization metadata of a :class:`~danube_pipeline.bulk.BulkLoadReport`: rows,
+    """The materialization metadata of a :class:`~danube_pipeline.lake.bulk.BulkLoadReport`: rows,
     bytes, offsets, snapshot id, files before and after (unknown values left out)."""
     values: dict[str, Any] = {
         "table": f"{catalog_name}.{report.table}",

@@ -19,11 +19,11 @@ says what disagrees:
       each, the first one cut at the table's first offset: retention deletes the table's
       oldest rows before it deletes a descriptor, and keeps a descriptor until all its records
       expired), less the records from that offset on that went to the dead-letter table
-      ``{topic}__dlq`` (:mod:`danube_pipeline.iceberg.dead_letter`).
+      ``{topic}__dlq`` (:mod:`danube_pipeline.lake.iceberg.dead_letter`).
     * ``no_duplicate_offsets``: no ``_offset`` is held by two rows of the table and its
       dead-letter table together.
     * ``fresh``: every record the broker took more than ``DANUBE_FRESHNESS_LIMIT_S`` seconds
-      ago (default 120) is queryable in the table (:mod:`danube_pipeline.freshness`; severity
+      ago (default 120) is queryable in the table (:mod:`danube_pipeline.lake.freshness`; severity
       WARN). ``freshness_sensor`` measures it every minute and runs it (``freshness_check_job``)
       when a topic turns stale or fresh again, so a table whose tiering stopped is reported.
 
@@ -56,13 +56,13 @@ from pyiceberg.table import Table
 from assets.assets import iceberg_table, segment_objects
 from assets.partitions import topics_partitions
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
-from danube_pipeline import iceberg
-from danube_pipeline.freshness import DEFAULT_FRESHNESS_LIMIT_S, Freshness, table_freshness
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.freshness import DEFAULT_FRESHNESS_LIMIT_S, Freshness, table_freshness
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_of
-from danube_pipeline.tiering import (
+from danube_pipeline.lake.tiering import (
     completed_descriptors,
     descriptor_gaps,
     descriptor_record_count,
@@ -218,7 +218,7 @@ def row_count_matches_descriptors(
     """The table holds as many rows as the completed descriptors cover from the table's first
     offset on.
 
-    Retention (:mod:`danube_pipeline.retention`) deletes the table's rows below its retained
+    Retention (:mod:`danube_pipeline.lake.retention`) deletes the table's rows below its retained
     start first and a descriptor only once all its records expired, so the table may start
     inside the first descriptor. Where it starts is the smallest ``_offset`` it holds; a table
     whose rows all expired starts after its committed end offset. Records of the dead-letter
@@ -293,7 +293,7 @@ FRESHNESS_CHECK = "fresh"
 
 def freshness_limit_s() -> float:
     """The ``fresh`` check's limit in seconds: ``DANUBE_FRESHNESS_LIMIT_S``, default
-    :data:`~danube_pipeline.freshness.DEFAULT_FRESHNESS_LIMIT_S`.
+    :data:`~danube_pipeline.lake.freshness.DEFAULT_FRESHNESS_LIMIT_S`.
 
     Raises:
         ValueError: the variable is not a positive number.
@@ -310,7 +310,7 @@ def freshness_limit_s() -> float:
 def measure_freshness(
     topic: TopicName, etcd: EtcdResource, broker: BrokerResource, iceberg_catalog: IcebergCatalogResource
 ) -> Freshness:
-    """:func:`danube_pipeline.freshness.table_freshness` of the topic with the resources."""
+    """:func:`danube_pipeline.lake.freshness.table_freshness` of the topic with the resources."""
     catalog = iceberg_catalog.load()
 
     async def run() -> Freshness:
@@ -352,7 +352,7 @@ def fresh(
     iceberg_catalog: IcebergCatalogResource,
 ) -> AssetCheckResult:
     """Every record the broker took more than the limit ago is queryable in the table
-    (:mod:`danube_pipeline.freshness`); a stale table is a warning, not an error."""
+    (:mod:`danube_pipeline.lake.freshness`); a stale table is a warning, not an error."""
     passed, metadata, description = freshness_result(measure_freshness(_topic(context), etcd, broker, iceberg_catalog))
     return AssetCheckResult(passed=passed, metadata=metadata, description=description, severity=AssetCheckSeverity.WARN)
 

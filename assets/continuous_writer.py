@@ -2,16 +2,16 @@
 
 ``make dev`` runs it beside Dagster (``python -m assets.continuous_writer``). It does what a
 ``tiering_job`` run does, without the run: for each topic (discovered in etcd with
-:func:`danube_pipeline.tiering.list_topic_roots`, ``docs/etcd-layout.md`` §3.1) it
+:func:`danube_pipeline.lake.tiering.list_topic_roots`, ``docs/etcd-layout.md`` §3.1) it
 
 1. seals the topic's active WAL segment through the broker's admin API
    (``SealActiveSegment``) once the segment has held records for ``commit_interval_s``
    seconds or holds ``commit_max_records`` records: the time and size thresholds of a commit.
    A broker with a shorter ``--segment-max-age-s`` or ``--segment-max-bytes`` seals first on
    its own;
-2. tiers the sealed segments (:func:`~danube_pipeline.tiering.tier_sealed_segments`: objects
+2. tiers the sealed segments (:func:`~danube_pipeline.lake.tiering.tier_sealed_segments`: objects
    plus completed descriptors, §5.1, §5.2) and appends the new objects to the topic's table
-   (:func:`~danube_pipeline.tiering.commit_objects_to_table`: one snapshot per object, exactly
+   (:func:`~danube_pipeline.lake.tiering.commit_objects_to_table`: one snapshot per object, exactly
    once);
 3. records each step that changed something as a runless ``AssetMaterialization`` of
    ``segment_objects`` or ``iceberg_table`` for the topic's partition, in the Dagster instance
@@ -26,7 +26,7 @@ It coexists with the sensor path (``sealed_segments_sensor`` → ``tiering_job``
 are idempotent. A completed descriptor or a committed end offset makes the other writer skip
 what is done, and an Iceberg commit that loses the catalog's compare-and-swap to the other
 writer is retried on the refreshed table, which skips the offsets already committed
-(:func:`danube_pipeline.iceberg.append_rows`; Iceberg spec, "Optimistic Concurrency"). A
+(:func:`danube_pipeline.lake.iceberg.append_rows`; Iceberg spec, "Optimistic Concurrency"). A
 pass that fails (broker, etcd, catalog) is logged and retried with a backoff; it never
 stops the other topics.
 """
@@ -57,9 +57,9 @@ from assets.resources import IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline import settings
 from danube_pipeline.errors import DanubeError, TopicNotFoundError
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.schema_registry import SchemaRegistry
-from danube_pipeline.tiering import (
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.lake.tiering import (
     TableReport,
     TieringReport,
     commit_objects_to_table,
@@ -386,8 +386,8 @@ class ContinuousWriter:
 
         Raises:
             TopicNotFoundError: the brokers do not know the topic.
-            DanubeError: as :func:`~danube_pipeline.tiering.tier_sealed_segments` and
-                :func:`~danube_pipeline.tiering.commit_objects_to_table`, or a broker or etcd
+            DanubeError: as :func:`~danube_pipeline.lake.tiering.tier_sealed_segments` and
+                :func:`~danube_pipeline.lake.tiering.commit_objects_to_table`, or a broker or etcd
                 request failed.
             CommitFailedException: an Iceberg commit kept conflicting.
         """

@@ -10,8 +10,8 @@ from typing import Any
 from dagster import MetadataValue
 
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.tiering import TableReport, TieringReport
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.tiering import TableReport, TieringReport
 
 __all__ = ["iceberg_table_metadata", "known", "segment_objects_metadata"]
 
@@ -26,7 +26,7 @@ def segment_objects_metadata(report: TieringReport, objects: ObjectStore, topic:
     """The metadata of a ``segment_objects`` materialization, as the asset's runs record it.
 
     Args:
-        report: what :func:`~danube_pipeline.tiering.tier_sealed_segments` did.
+        report: what :func:`~danube_pipeline.lake.tiering.tier_sealed_segments` did.
         objects: the object store written to.
         topic: the topic.
 
@@ -55,7 +55,7 @@ def iceberg_table_metadata(report: TableReport, catalog_name: str) -> dict[str, 
     """The metadata of an ``iceberg_table`` materialization, as the asset's runs record it.
 
     Args:
-        report: what :func:`~danube_pipeline.tiering.commit_objects_to_table` did.
+        report: what :func:`~danube_pipeline.lake.tiering.commit_objects_to_table` did.
         catalog_name: the Iceberg catalog's name (``danube``).
 
     Returns:

@@ -29,7 +29,7 @@ topic_days_partitions = MultiPartitionsDefinition({"topic": topics_partitions, "
 a key such as ``MultiPartitionKey({"topic": "default.flights", "day": "2026-11-20"})``, written
 ``2026-11-20|default.flights`` (dimensions in name order) on the command line. The day is the
 UTC day of the rows' ``_publish_time``, which the tables are partitioned by
-(:mod:`danube_pipeline.iceberg.layout`): a run reads and rewrites only that day's table
+(:mod:`danube_pipeline.lake.iceberg.layout`): a run reads and rewrites only that day's table
 partitions. Backfilling a range of days for one topic runs one run per day."""
 
 

@@ -20,9 +20,9 @@ from pydantic import Field
 from pyiceberg.catalog.sql import SqlCatalog
 
 from danube_pipeline import settings
-from danube_pipeline.iceberg import load_catalog
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.spark import build_spark_session, spark_conf
+from danube_pipeline.lake.iceberg import load_catalog
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.spark import build_spark_session, spark_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -142,7 +142,7 @@ class ObjectStoreResource(ConfigurableResource):
 
 
 class IcebergCatalogResource(ConfigurableResource):
-    """The Iceberg SQL catalog shared by pyiceberg and Spark (see :mod:`danube_pipeline.spark`)."""
+    """The Iceberg SQL catalog shared by pyiceberg and Spark (see :mod:`danube_pipeline.lake.spark`)."""
 
     name: str | None = Field(default=None, description="Catalog name; default $DANUBE_CATALOG_NAME or danube.")
     uri: str | None = Field(
@@ -168,7 +168,7 @@ class IcebergCatalogResource(ConfigurableResource):
         """Open the catalog.
 
         Returns:
-            The pyiceberg ``SqlCatalog`` (see :func:`danube_pipeline.iceberg.load_catalog`).
+            The pyiceberg ``SqlCatalog`` (see :func:`danube_pipeline.lake.iceberg.load_catalog`).
         """
         return load_catalog(name=self.catalog_name(), uri=self.catalog_uri(), warehouse=self.warehouse_url())
 
@@ -177,8 +177,8 @@ class SparkResource(ConfigurableResource):
     """A local Spark session with Iceberg's ``SparkCatalog`` on the shared JDBC catalog.
 
     Catalog fields default like :class:`IcebergCatalogResource`'s, so both see the same tables.
-    Jars come from :func:`danube_pipeline.spark.iceberg_spark_runtime_jar` and
-    :func:`danube_pipeline.spark.sqlite_jdbc_jar` (``DANUBE_ICEBERG_SPARK_JAR``,
+    Jars come from :func:`danube_pipeline.lake.spark.iceberg_spark_runtime_jar` and
+    :func:`danube_pipeline.lake.spark.sqlite_jdbc_jar` (``DANUBE_ICEBERG_SPARK_JAR``,
     ``DANUBE_SQLITE_JDBC_JAR``).
     """
 
@@ -200,7 +200,7 @@ class SparkResource(ConfigurableResource):
         """The Spark configuration.
 
         Returns:
-            :func:`danube_pipeline.spark.spark_conf` of this resource's fields.
+            :func:`danube_pipeline.lake.spark.spark_conf` of this resource's fields.
 
         Raises:
             SparkSetupError: a jar Spark needs is missing.

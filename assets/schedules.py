@@ -19,11 +19,11 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 from assets.jobs import compaction_job, retention_job
 from assets.partitions import TOPICS_PARTITIONS_NAME, in_day_range, topic_day_key
 from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
-from danube_pipeline import iceberg
-from danube_pipeline.iceberg.layout import data_files_by_day
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.iceberg.layout import data_files_by_day
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_of
-from danube_pipeline.retention import days_with_expired_rows
+from danube_pipeline.lake.retention import days_with_expired_rows
 
 COMPACTION_MIN_FILES = 2
 """A day is compacted when it has at least this many data files (or one written under an older
@@ -104,7 +104,7 @@ def retention_schedule(
     iceberg_catalog: IcebergCatalogResource,
 ) -> Iterator[RunRequest | SkipReason]:
     """One ``retention_job`` run per (topic, day) with rows below the retained start
-    (:func:`danube_pipeline.retention.days_with_expired_rows`)."""
+    (:func:`danube_pipeline.lake.retention.days_with_expired_rows`)."""
     today = _today(context)
     catalog = iceberg_catalog.load()
     objects = object_store.store()

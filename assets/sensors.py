@@ -20,7 +20,7 @@ from assets.partitions import TOPICS_PARTITIONS_NAME, topics_partitions
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.names import TopicName
-from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering
+from danube_pipeline.lake.tiering import list_topic_roots, segments_needing_tiering
 
 #: Tags of every run the sealed-segment sensor requests.
 TOPIC_TAG = "danube/topic"
@@ -132,7 +132,7 @@ def sealed_segments_sensor(
     minimum_interval_seconds=60,
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        "Every minute, measures every topic table's freshness (danube_pipeline.freshness: the "
+        "Every minute, measures every topic table's freshness (danube_pipeline.lake.freshness: the "
         "age of the oldest record not yet queryable, against DANUBE_FRESHNESS_LIMIT_S) and, when "
         "a topic turns stale or fresh again, requests a freshness_check_job run that records the "
         "iceberg_table check `fresh` for it."

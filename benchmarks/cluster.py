@@ -73,15 +73,15 @@ import faults_scenarios as fs
 import load_manager_sim
 from faults import broker_flags, say
 
-from broker.load_manager import coefficient_of_variation
+from broker.cluster.load_manager import coefficient_of_variation
 from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType
 from danube_pipeline.dev.localcluster import BrokerProcess, LocalCluster, free_port
 from danube_pipeline.errors import DanubeError, ProducerClosedError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.tiering import tier_sealed_segments
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.tiering import tier_sealed_segments
 
 LOAD_TOPIC = "/default/load"
 """The topic the producers and the consumer use; it is the one moved and whose owner is killed."""
@@ -441,7 +441,7 @@ class Load:
 
 class Tiering:
     """What the sealed-segments sensor does, every second: tier the sealed segments of
-    ``topic`` (the owner's and those earlier owners kept, ``danube_pipeline/tiering.py``)."""
+    ``topic`` (the owner's and those earlier owners kept, ``danube_pipeline/lake/tiering.py``)."""
 
     def __init__(self, addresses: list[str], etcd_endpoints: list[str], objects_url: str, topic: str) -> None:
         self.addresses = addresses

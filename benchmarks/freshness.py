@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.client import AvroSchema, DanubeClient
 from danube_pipeline.dev import flights
 from danube_pipeline.dev.cli import DAGSTER_STORAGE_ENV, DevStack, dagster_home

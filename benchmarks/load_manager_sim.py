@@ -1,4 +1,4 @@
-"""Simulated rebalancing rounds of the load manager (``broker/load_manager.py``) at scale.
+"""Simulated rebalancing rounds of the load manager (``broker/cluster/load_manager.py``) at scale.
 
 No server runs: a seeded model of a cluster stands in for the load reports
 (``docs/etcd-layout.md`` §1.6). Topics get skewed traffic (msg/s lognormal, σ 1.2; message size
@@ -8,7 +8,7 @@ topics with weight 1/k^0.8, Zipf). Each round:
 1. every broker "reports": its topics, their msg/s and bytes/s, CPU % = 5 + 40 × its msg/s over
    the mean (capped at 400), memory % = 15 + 20 × its topics over the mean + 20 × its bytes/s
    over the mean (capped at 100), both rounded to integers as §1.6 writes them;
-2. :func:`~broker.load_manager.plan_rebalance` plans (the only step timed);
+2. :func:`~broker.cluster.load_manager.plan_rebalance` plans (the only step timed);
 3. the moves are applied, moved topics remember the time, and the clock advances by the round
    cool-down, so the next round may move again (topics wait out their own, longer cool-down).
 
@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from broker.load_manager import (
+from broker.cluster.load_manager import (
     REASON_BELOW_THRESHOLD,
     BrokerLoad,
     RebalanceAggressiveness,

@@ -36,8 +36,8 @@ from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, free_port
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.tiering import tier_sealed_segments
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.tiering import tier_sealed_segments
 
 TOPIC = "/bench/replay"
 

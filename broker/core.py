@@ -1,7 +1,7 @@
 """The broker core: the topics this broker serves, their producers and consumers.
 
 :class:`Broker` owns the process-wide bookkeeping and every operation the gRPC servicers
-(:mod:`broker.services`) translate to: creating and closing producers, publishing,
+(:mod:`broker.rpc.services`) translate to: creating and closing producers, publishing,
 subscribing, acknowledging, creating and looking up topics. It reads metadata from the
 :class:`~danube_pipeline.metadata.cache.LocalCache` and writes it through the
 :class:`~danube_pipeline.metadata.store.MetadataStore` (``docs/etcd-layout.md``).
@@ -16,7 +16,7 @@ later. So when a creation or a close could not be written (``CreateProducer``, `
 :data:`RECONCILE_PASSES` passes succeeded: a producer key of a topic served here that says
 ``status: true`` for a producer not open here is marked closed, and the keys of a subscription
 whose first ``Subscribe`` failed are deleted unless it was created since. Closed producers' keys
-expire on their own (:class:`broker.expiry.ExpiringKeys`, §3.3). Other writes that must happen
+expire on their own (:class:`broker.topics.producer_expiry.ExpiringKeys`, §3.3). Other writes that must happen
 (the active consumer of a subscription) are retried by :class:`broker.tasks.BackgroundWrites`.
 """
 
@@ -51,28 +51,28 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType, remaining_budget_s
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import TopicName, validate_part
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.records import SEGMENT_HEADER_SIZE
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.format.records import SEGMENT_HEADER_SIZE
 from danube_pipeline.outages import OutageLog
-from danube_pipeline.schema_registry import SchemaRegistry
+from danube_pipeline.schemas.registry import SchemaRegistry
 
 from broker.config import BrokerConfig
-from broker.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
-from broker.dead_letter_forwarding import forward_dead_letter
-from broker.expiry import ExpiringKeys
-from broker.ownership import commit_takeover, plan_takeover, record_last_written, wal_has_records
-from broker.idempotency import RecentRequests
-from broker.memory_log import MemoryLog
-from broker.producer import Producer
-from broker.redelivery import RedeliverySettings
-from broker.remote import ObjectCache, RemoteLog
-from broker.retention import LocalRetention, RetentionLimits, RetentionOutcome
-from broker.schema_policy import check_producer_schema
-from broker.storage import DiskMonitor
+from broker.dispatch.consumer import DEFAULT_RECEIVER_QUEUE_SIZE, Consumer
+from broker.dispatch.dead_letter_forwarding import forward_dead_letter
+from broker.topics.producer_expiry import ExpiringKeys
+from broker.cluster.ownership import commit_takeover, plan_takeover, record_last_written, wal_has_records
+from broker.rpc.request_ids import RecentRequests
+from broker.storage.memory_log import MemoryLog
+from broker.topics.producer import Producer
+from broker.dispatch.redelivery import RedeliverySettings
+from broker.storage.remote import ObjectCache, RemoteLog
+from broker.storage.local_retention import LocalRetention, RetentionLimits, RetentionOutcome
+from broker.topics.schema_policy import check_producer_schema
+from broker.storage.disk import DiskMonitor
 from broker.tasks import BackgroundWrites, spawn
-from broker.topic import Topic
-from broker.wal import WriteAheadLog
-from broker.wal.segment import SEALED_NAME_RE
+from broker.topics.topic import Topic
+from broker.storage.wal import WriteAheadLog
+from broker.storage.wal.segment import SEALED_NAME_RE
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Broker:
         registry: the schema registry.
         on_topics_changed: called whenever a topic is loaded or unloaded (the load report).
         on_storage_full: called with ``True`` when the WAL disk fills up and ``False`` when
-            it takes writes again (:class:`broker.storage.DiskMonitor`).
+            it takes writes again (:class:`broker.storage.disk.DiskMonitor`).
 
     Attributes:
         disk: the storage-full state.
@@ -302,7 +302,7 @@ class Broker:
     async def apply_local_retention(
         self, topic: Topic, *, retention_bytes: int | None = None, retention_ms: int | None = None
     ) -> RetentionOutcome:
-        """Apply local WAL retention to ``topic`` now (:mod:`broker.retention`).
+        """Apply local WAL retention to ``topic`` now (:mod:`broker.storage.local_retention`).
 
         Args:
             topic: a topic served here.
@@ -529,7 +529,7 @@ class Broker:
 
     async def _open_memory_topic(self, name: TopicName) -> Topic:
         """Open a ``NonReliable`` topic (``docs/etcd-layout.md`` §3.2): an empty in-memory log
-        (:mod:`broker.memory_log`) whose offsets continue past every offset handed out before
+        (:mod:`broker.storage.memory_log`) whose offsets continue past every offset handed out before
         (the reservation, §5.4, and the sealed state, §5.3). No WAL, no object store: nothing
         of the topic is on disk, so nothing is unavailable (§5.5) when an owner dies."""
         cfg = self.config
@@ -578,7 +578,7 @@ class Broker:
         return topic
 
     def _restore_sequences(self, topic: Topic) -> None:
-        """Rebuild the idempotent producers' state (:mod:`broker.idempotence`): the previous
+        """Rebuild the idempotent producers' state (:mod:`broker.topics.producer_sequences`): the previous
         owner's handover (§5.6), then the batch headers of the WAL's newest sealed segment and
         its active segment."""
         handover = self.cache.get(keys.producer_sequences(topic.name))
@@ -1079,7 +1079,7 @@ class Broker:
     ) -> Producer:
         """Register a producer on a topic, creating the topic if needed (§3.3).
 
-        The topic's schema settings apply first (:mod:`broker.schema_policy`, §3.7): a producer
+        The topic's schema settings apply first (:mod:`broker.topics.schema_policy`, §3.7): a producer
         with a schema records the topic's subject (if it has none yet) and the topic in the
         subject's ``topics_using`` (§4.2); one without a schema is refused on a topic with a
         subject unless raw messages are allowed.
@@ -1298,13 +1298,13 @@ class Broker:
         return consumer.subscription.nack_ranges(consumer, ranges, reason=reason)
 
     async def publish_dead_letter(self, topic_path: str, producer_name: str, batch: bytes) -> tuple[int, int]:
-        """Append a dead-letter batch (producer id 0, :mod:`broker.dead_letter_topic`) to
+        """Append a dead-letter batch (producer id 0, :mod:`broker.dispatch.dead_letter_topic`) to
         ``topic_path``, creating the topic if needed; a batch written already (same producer
-        name and sequence) answers its first offsets instead (:mod:`broker.idempotence`).
+        name and sequence) answers its first offsets instead (:mod:`broker.topics.producer_sequences`).
 
         When another broker owns the dead-letter topic, the batch is forwarded to it over gRPC
         under the same producer name and base sequence, so its idempotence check dedups a
-        repeat too (:mod:`broker.dead_letter_forwarding`).
+        repeat too (:mod:`broker.dispatch.dead_letter_forwarding`).
 
         Returns:
             ``(first_offset, last_offset)`` once durable.

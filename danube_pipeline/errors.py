@@ -10,7 +10,7 @@ two behaviour flags read by the client's retry and metadata-refresh logic (the a
   stale and must be refreshed before retrying.
 
 gRPC status codes are mapped to these classes in exactly one place on each side of the RPC:
-``broker.status`` (server, with :func:`encode_error_metadata`) and
+``broker.rpc.status`` (server, with :func:`encode_error_metadata`) and
 ``danube_pipeline.client._status`` (client, with :func:`error_from_status`). The error's class
 name and constructor arguments travel in trailing metadata, so the client rebuilds the same
 typed error with the same fields.
@@ -222,7 +222,7 @@ class SchemaEvolutionError(DanubeError, ValueError):
 
 class IncompatibleSchemaError(DanubeError):
     """A new schema version breaks its subject's compatibility mode (``docs/etcd-layout.md`` §4.2
-    ``compatibility_mode``; rules in :mod:`danube_pipeline.schema_compat`). Nothing is written.
+    ``compatibility_mode``; rules in :mod:`danube_pipeline.schemas.compatibility`). Nothing is written.
 
     Args:
         subject: the subject.
@@ -377,7 +377,7 @@ class PositionBelowRetentionError(DanubeError):
 class SegmentQuarantinedError(DanubeError):
     """A topic's WAL found corruption in the middle of a segment, with valid, acknowledged
     batches after it, and quarantined the segment: appends are refused until an operator
-    decides (``python -m broker.wal.repair``, see :mod:`broker.wal.recovery`).
+    decides (``python -m broker.storage.wal.repair``, see :mod:`broker.storage.wal.recovery`).
 
     Not retriable: the condition lasts until the broker is stopped and the WAL repaired.
 
@@ -398,7 +398,7 @@ class SegmentQuarantinedError(DanubeError):
         super().__init__(
             f"WAL segment {bounded(path)} is quarantined: corrupt data at byte {position} after offset "
             f"{last_good_offset}, with valid batches from offset {next_valid_offset} after it; appends are "
-            "refused until an operator repairs the WAL (python -m broker.wal.repair)"
+            "refused until an operator repairs the WAL (python -m broker.storage.wal.repair)"
         )
 
 
@@ -427,7 +427,7 @@ class PartitionedTopicError(DanubeError):
 class DuplicateSequenceError(DanubeError):
     """A producer sent sequence numbers the topic's owner has written already, in a batch it
     does not remember as such (an old resend, or one overlapping the last batch in part); the
-    batch is not written (idempotent produce, ``broker/idempotence.py``)."""
+    batch is not written (idempotent produce, ``broker/topics/producer_sequences.py``)."""
 
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -6,7 +6,7 @@ topic's root holds 0), and its N partitions are ordinary topics named ``{topic}-
 ``i`` in ``0..N-1``, each with its own root (value 0), owner, WAL, subscriptions and object
 descriptors, assigned and moved on their own. Producers route messages to the partitions,
 consumers subscribe to all of them, and tiering writes every partition into the one Iceberg
-table of the partitioned topic (``_partition`` column, :mod:`danube_pipeline.iceberg`).
+table of the partitioned topic (``_partition`` column, :mod:`danube_pipeline.lake.iceberg`).
 
 A name alone does not say whether a topic is a partition: ``orders-part-0`` may be a plain
 topic. It is partition ``0`` of ``orders`` only while ``/topics/{ns}/orders`` holds a count

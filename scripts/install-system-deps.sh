@@ -23,7 +23,7 @@ for bindir in ${DANUBE_POSTGRES_BINDIR:-} /usr/lib/postgresql/*/bin; do
   if [ -x "${bindir}/initdb" ] && [ -x "${bindir}/postgres" ]; then need_postgres=0; break; fi
 done
 need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
-# A C compiler and Python's headers build the record walker (danube_pipeline/_framing.c);
+# A C compiler and Python's headers build the record walker (danube_pipeline/lake/_framing.c);
 # without them the install still works, with the slower pure-Python decoder.
 need_cc=0; command -v cc >/dev/null 2>&1 || need_cc=1
 need_headers=0

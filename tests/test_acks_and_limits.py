@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 import pytest_asyncio
 
-from danube_pipeline.batches import BatchBuilder, parse_header
+from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._status import rpc_errors

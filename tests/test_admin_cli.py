@@ -1,4 +1,4 @@
-"""``danube-admin`` (``danube_pipeline/admin_cli.py``), run as the installed script against a
+"""``danube-admin`` (``danube_pipeline/admin/cli.py``), run as the installed script against a
 real etcd and real brokers; every answer is checked against etcd (``docs/etcd-layout.md``) or
 the client library."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import click
 import pytest
 
-from danube_pipeline.admin_cli import update_namespace_policy
+from danube_pipeline.admin.cli import update_namespace_policy
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import MessageTooLargeError

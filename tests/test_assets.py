@@ -44,7 +44,7 @@ from assets.sensors import (
     sealed_segments_sensor,
     topic_partitions_sensor,
 )
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.dev import flights
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
@@ -52,7 +52,7 @@ from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
 
 TOPIC = TopicName.parse(flights.FLIGHTS_TOPIC)
 REPO = Path(__file__).resolve().parents[1]
@@ -543,9 +543,9 @@ async def test_field_removed_by_a_later_schema_keeps_its_old_values(etcd_endpoin
 
     import fastavro
 
-    from danube_pipeline.records import Record
-    from danube_pipeline.schema_registry import SchemaRegistry
-    from danube_pipeline.tiering import _schemas_for
+    from danube_pipeline.format.records import Record
+    from danube_pipeline.schemas.registry import SchemaRegistry
+    from danube_pipeline.lake.tiering import _schemas_for
 
     v1 = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}, {"name": "b", "type": "string"}]}
     v2 = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}

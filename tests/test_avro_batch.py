@@ -1,4 +1,4 @@
-"""The columnar Avro path (danube_pipeline/iceberg/avro_batch.py) against the per-record path.
+"""The columnar Avro path (danube_pipeline/lake/iceberg/avro_batch.py) against the per-record path.
 
 Every test decodes the same records both ways, through ``table_rows`` with the writer's batch
 decoder and with it removed, and requires equal rows and equal dead letters; the tricky cases
@@ -18,11 +18,11 @@ import pyarrow as pa
 import pytest
 
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA, encode_flight, iter_flights
-from danube_pipeline.iceberg.avro_batch import batch_decoder
-from danube_pipeline.iceberg.rows import BoundWriter, TableRows, table_rows
-from danube_pipeline.iceberg.schema import schema_from_columns
-from danube_pipeline.iceberg.writer import WriterSchema, avro_writer
-from danube_pipeline.records import Record
+from danube_pipeline.lake.iceberg.avro_batch import batch_decoder
+from danube_pipeline.lake.iceberg.rows import BoundWriter, TableRows, table_rows
+from danube_pipeline.lake.iceberg.schema import schema_from_columns
+from danube_pipeline.lake.iceberg.writer import WriterSchema, avro_writer
+from danube_pipeline.format.records import Record
 
 TRICKY: dict[str, Any] = {
     "type": "record",

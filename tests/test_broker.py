@@ -20,8 +20,8 @@ import pytest
 
 from helpers import eventually_sync, stays_sync
 
-from danube_pipeline.batches import BatchBuilder
-from danube_pipeline.records import crc32c
+from danube_pipeline.format.batches import BatchBuilder
+from danube_pipeline.format.records import crc32c
 from danube_pipeline.client.types import Message, _messages_from_delivery
 from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
 from danube_pipeline.dev.localcluster import BrokerProcess
@@ -30,7 +30,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
-from danube_pipeline.segments import decode_segment
+from danube_pipeline.format.segments import decode_segment
 
 pytestmark = pytest.mark.integration
 

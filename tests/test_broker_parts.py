@@ -14,7 +14,7 @@ import grpc
 import pytest
 from helpers import eventually
 
-from danube_pipeline.batches import BatchBuilder, batch_records
+from danube_pipeline.format.batches import BatchBuilder, batch_records
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.values import JsonRecord, JsonValue
 from danube_pipeline.modes import SubscriptionType
@@ -69,21 +69,21 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     would persist after the gap and a client resending from N would duplicate and reorder. Every
     batch is answered, errors as data, and the broker does not end the stream first.
 
-    FAKE fault injection: ``os.fdatasync`` (as used by broker.wal) raises ENOSPC on its second
+    FAKE fault injection: ``os.fdatasync`` (as used by broker.storage.wal) raises ENOSPC on its second
     call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
     """
-    import broker.wal.log as walmod
-    from broker.producer import Producer
-    from broker.services import ProducerServicer
-    from broker.topic import Topic
-    from broker.wal import WriteAheadLog
+    import broker.storage.wal.log as walmod
+    from broker.topics.producer import Producer
+    from broker.rpc.services import ProducerServicer
+    from broker.topics.topic import Topic
+    from broker.storage.wal import WriteAheadLog
 
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
     topic = Topic(TopicName.parse("/ns/t"), wal, store=_RecordingStore(), cache=_DictCache(), background=_background())
     producer = Producer(id=1, name="p", access_mode=0, topic=topic)
 
     class OneTopicBroker:
-        """A :class:`broker.services.ProducerBroker` with one producer on one topic."""
+        """A :class:`broker.rpc.services.ProducerBroker` with one producer on one topic."""
 
         broker_id = 1
 
@@ -151,8 +151,8 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
     """A stored cursor older than the WAL start (e.g. after a topic move the WAL starts at
     last_committed_offset + 1): the ack floor must follow the read position, so the cursor
     advances and acked offsets are not kept forever."""
-    from broker.subscription import Subscription
-    from broker.wal import WriteAheadLog
+    from broker.dispatch.subscription import Subscription
+    from broker.storage.wal import WriteAheadLog
 
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)
     stored: list[int] = []
@@ -190,8 +190,8 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
 
 
 async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start(tmp_path: Path) -> None:
-    from broker.topic import Topic
-    from broker.wal import WriteAheadLog
+    from broker.topics.topic import Topic
+    from broker.storage.wal import WriteAheadLog
 
     name = TopicName.parse("/ns/t")
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0, initial_offset=100)

@@ -1,4 +1,4 @@
-"""Bulk loads on Spark (:mod:`danube_pipeline.bulk`), against real etcd descriptors, real
+"""Bulk loads on Spark (:mod:`danube_pipeline.lake.bulk`), against real etcd descriptors, real
 segment objects, a real SQLite Iceberg catalog and a real Spark: ``local[*]`` and, in the last
 test, a standalone master and worker started from pyspark's ``spark-class``.
 
@@ -26,8 +26,8 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from danube_pipeline import iceberg
-from danube_pipeline.bulk import (
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.bulk import (
     SUMMARY_ENGINE,
     BulkLoadError,
     BulkLoadReport,
@@ -43,8 +43,8 @@ from danube_pipeline.metadata.values import (
     UnavailableRange,
 )
 from danube_pipeline.names import TopicName
-from danube_pipeline.records import Record
-from danube_pipeline.spark import build_spark_session, spark_conf, spark_master
+from danube_pipeline.format.records import Record
+from danube_pipeline.lake.spark import build_spark_session, spark_conf, spark_master
 
 CATALOG = "danube"
 V1 = avro({"name": "sensor", "type": "string"}, {"name": "value", "type": ["null", "double"]})

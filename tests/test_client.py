@@ -23,7 +23,7 @@ from danube_pipeline.client import (
     InitialPosition,
     Message,
 )
-from danube_pipeline.batches import RECORD_OVERHEAD_BYTES
+from danube_pipeline.format.batches import RECORD_OVERHEAD_BYTES
 from danube_pipeline.client._accumulator import Accumulator, Batch
 from danube_pipeline.client._status import from_rpc_error
 from danube_pipeline.errors import (
@@ -39,7 +39,7 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
-from danube_pipeline.segments import decode_segment
+from danube_pipeline.format.segments import decode_segment
 
 TOPIC = "/default/client_test"
 

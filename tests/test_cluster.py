@@ -16,7 +16,7 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.leader import assign_topic
+from broker.cluster.leader import assign_topic
 
 from helpers import eventually
 
@@ -117,8 +117,8 @@ async def test_a_move_under_load_loses_and_duplicates_nothing(
     """Unload a topic while a producer sends and a consumer acks: the leader assigns it to the
     other broker, which continues the offsets; the earlier owner's untiered segments are
     tiered from it; the log holds every acked message exactly once."""
-    from danube_pipeline.objectstore import ObjectStore
-    from danube_pipeline.tiering import tier_sealed_segments
+    from danube_pipeline.storage.objectstore import ObjectStore
+    from danube_pipeline.lake.tiering import tier_sealed_segments
 
     url = (tmp_path / "objects").as_uri()
     args = ["--object-store-url", url, "--local-retention-check-s", "0.5"]
@@ -271,8 +271,8 @@ async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_
     wrote; tiering fills the range and every acked message reads back exactly once, at the
     offset it was acked with (``docs/etcd-layout.md`` §5.4, §5.5)."""
     from danube_pipeline.errors import DanubeError
-    from danube_pipeline.objectstore import ObjectStore
-    from danube_pipeline.tiering import tier_sealed_segments
+    from danube_pipeline.storage.objectstore import ObjectStore
+    from danube_pipeline.lake.tiering import tier_sealed_segments
 
     url = (tmp_path / "objects").as_uri()
     args = ["--object-store-url", url, "--lease-ttl-s", "2", "--offset-block", "1000"]
@@ -331,13 +331,13 @@ async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_
 async def test_a_resent_batch_is_written_once_across_a_restart_and_a_move(
     etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
 ) -> None:
-    """Idempotent produce (``broker/idempotence.py``): a batch sent again with the same
+    """Idempotent produce (``broker/topics/producer_sequences.py``): a batch sent again with the same
     producer name and sequence numbers gets the offsets it was written at, on the same owner,
     after the owner restarts (rebuilt from its WAL) and after the topic moved (handed over,
     ``docs/etcd-layout.md`` §5.6); sequences written already in another batch are refused."""
     import grpc
 
-    from danube_pipeline.batches import BatchBuilder
+    from danube_pipeline.format.batches import BatchBuilder
     from danube_pipeline.proto import danube_pb2 as pb
     from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 

@@ -17,15 +17,16 @@ from dagster import AssetKey, DagsterInstance
 from helpers import eventually_sync
 
 from assets.continuous_writer import ContinuousWriter, WriterConfig, WriterConfigError
-from danube_pipeline import iceberg, settings
+from danube_pipeline import settings
+from danube_pipeline.lake import iceberg
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.dev.cli import DevStack
 from danube_pipeline.dev.localcluster import BrokerProcess, ContinuousWriterProcess
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.schema_registry import SchemaRegistry
-from danube_pipeline.tiering import commit_objects_to_table, tier_sealed_segments
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = TopicName("default", "fresh")
@@ -218,7 +219,7 @@ def test_writer_and_sensor_path_together_commit_each_offset_once(
 
     async def check_descriptors() -> None:
         from danube_pipeline.metadata.descriptors import read_descriptors
-        from danube_pipeline.tiering import descriptor_gaps
+        from danube_pipeline.lake.tiering import descriptor_gaps
 
         async with await MetadataStore.connect(etcd_endpoints) as store:
             descriptors, _ = await read_descriptors(store, TOPIC)

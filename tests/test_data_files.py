@@ -1,4 +1,4 @@
-"""Appending to a table without pyiceberg's per-partition copy (danube_pipeline/iceberg/data_files.py):
+"""Appending to a table without pyiceberg's per-partition copy (danube_pipeline/lake/iceberg/data_files.py):
 the same data files as pyiceberg's own ``Transaction.append``, on real SQL catalogs."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import Table
 
-from danube_pipeline import iceberg
-from danube_pipeline.iceberg.data_files import (
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.iceberg.data_files import (
     PLAIN_COLUMNS,
     MetadataCachingTransaction,
     append_table,
     single_partition_key,
 )
-from danube_pipeline.iceberg.rows import table_rows
-from danube_pipeline.iceberg.schema import schema_from_columns
+from danube_pipeline.lake.iceberg.rows import table_rows
+from danube_pipeline.lake.iceberg.schema import schema_from_columns
 from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
-from danube_pipeline.records import Record
+from danube_pipeline.format.records import Record
 
 pytestmark = pytest.mark.unit
 

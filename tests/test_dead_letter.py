@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from pyiceberg.types import DecimalType
 
-from danube_pipeline import iceberg
-from danube_pipeline.iceberg import commit as commit_module
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.iceberg import commit as commit_module
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName

@@ -2,7 +2,7 @@
 two real broker processes.
 
 The source topic's owner forwards the dead-letter batch to the dead-letter topic's owner over
-``ProducerService`` (``broker/dead_letter_forwarding.py``): the message lands there once, with
+``ProducerService`` (``broker/dispatch/dead_letter_forwarding.py``): the message lands there once, with
 its origin attributes, and is acknowledged on its topic. The same batch forwarded again is
 recognised by the owner's idempotent-produce check (producer name plus sequence) and answered
 with the offsets it was written at.
@@ -20,8 +20,8 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.dead_letter_forwarding import forward_dead_letter
-from broker.dead_letter_topic import (
+from broker.dispatch.dead_letter_forwarding import forward_dead_letter
+from broker.dispatch.dead_letter_topic import (
     ATTR_OFFSET,
     ATTR_REASON,
     ATTR_REDELIVERY_COUNT,

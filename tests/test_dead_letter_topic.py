@@ -2,7 +2,7 @@
 
 * After ``max_redeliveries`` redeliveries, the next failed delivery publishes the message to
   ``{topic}-{subscription}-DLQ`` with its key, payload and attributes plus the origin
-  attributes (``broker/dead_letter_topic.py``), then acknowledges it on its topic.
+  attributes (``broker/dispatch/dead_letter_topic.py``), then acknowledges it on its topic.
 * Crash safety: a broker SIGKILLed right after the dead-letter publish and before the ack
   (fault injection point ``DANUBE_FAULT_AFTER_DLQ_PUBLISH``) redelivers the message after its
   restart; when it runs out of redeliveries again, the publish is recognised as written
@@ -22,7 +22,7 @@ from danube_pipeline.client import DanubeClient, InitialPosition, Message, Subsc
 from danube_pipeline.client.consumer import Consumer
 from danube_pipeline.errors import BrokerUnavailableError
 
-from broker.dead_letter_topic import (
+from broker.dispatch.dead_letter_topic import (
     ATTR_OFFSET,
     ATTR_REASON,
     ATTR_REDELIVERY_COUNT,

@@ -21,7 +21,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from danube_pipeline.batches import BatchBuilder
+from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._status import rpc_errors

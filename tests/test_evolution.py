@@ -29,12 +29,12 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.errors import SchemaEvolutionError
-from danube_pipeline.iceberg.writer import PayloadDecodeError
+from danube_pipeline.lake.iceberg.writer import PayloadDecodeError
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.tiering import commit_objects_to_table
+from danube_pipeline.lake.tiering import commit_objects_to_table
 
 from tiering_helpers import Env, Protos, avro, avro_records, make_env, put_object, record
 
@@ -275,7 +275,7 @@ async def test_older_writer_values_fit_a_column_a_rewrite_widened(env: Env) -> N
 async def test_registry_avro_versions_through_the_real_registry(env: Env) -> None:
     """The two bugs of issue 11 with schemas registered in the real registry (etcd) and parsed
     by its own parser."""
-    from danube_pipeline.schema_registry import SchemaRegistry
+    from danube_pipeline.schemas.registry import SchemaRegistry
 
     v1 = avro({"name": "a", "type": "int"}, {"name": "b", "type": "string"})
     v2 = avro({"name": "a", "type": "long"})
@@ -573,7 +573,7 @@ async def test_protobuf_through_tiering_with_the_registry_parser(env: Env) -> No
     """Protobuf ``.proto`` texts parsed by the registry's own parser (``protoc``), a nested
     message, a repeated field, a map and a Timestamp written and read back."""
     pytest.importorskip("grpc_tools")
-    pytest.importorskip("danube_pipeline.schema_formats")
+    pytest.importorskip("danube_pipeline.schemas.formats")
     v1 = """syntax = "proto3";
 package flights;
 import "google/protobuf/timestamp.proto";
@@ -592,7 +592,7 @@ message Flight {
     )
     env.registry.add(4, 1, "Protobuf", v1, "flights-value")
     env.registry.add(4, 2, "Protobuf", v2, "flights-value")
-    from danube_pipeline.schema_formats import parse_schema
+    from danube_pipeline.schemas.formats import parse_schema
 
     d1 = parse_schema("Protobuf", v1, subject="flights-value").message_descriptor
     d2 = parse_schema("Protobuf", v2, subject="flights-value").message_descriptor
@@ -617,9 +617,9 @@ message Flight {
 
 
 def test_without_the_registry_parser_avro_and_json_schema_still_parse(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where ``danube_pipeline.schema_formats`` is missing, tiering parses Avro and JSON Schema
+    """Where ``danube_pipeline.schemas.formats`` is missing, tiering parses Avro and JSON Schema
     texts itself; a Protobuf schema cannot be read (its records would be dead-lettered)."""
-    from danube_pipeline import tiering
+    from danube_pipeline.lake import tiering
     from danube_pipeline.errors import InvalidSchemaError
 
     def missing(name: str) -> Any:

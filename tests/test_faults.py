@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import eventually, eventually_sync
 from test_broker import Collector, Stubs, batch_request, create_producer, error_class, subscribe
 
-from danube_pipeline.batches import BatchBuilder
+from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 from danube_pipeline.errors import (

@@ -18,11 +18,11 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from danube_pipeline.batches import BATCH_HEADER_SIZE, BatchBuilder
+from danube_pipeline.format.batches import BATCH_HEADER_SIZE, BatchBuilder
 from danube_pipeline.dev import fuzzing as fz
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 from danube_pipeline.proto import danube_pb2 as pb
-from danube_pipeline.records import SegmentHeader, crc32c
+from danube_pipeline.format.records import SegmentHeader, crc32c
 
 pytestmark = pytest.mark.fuzz
 

@@ -22,11 +22,11 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.errors import OffsetRangeError, SchemaMismatchError
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore, segment_object_path
-from danube_pipeline.records import Record
+from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.format.records import Record
 
 pytestmark = pytest.mark.unit
 

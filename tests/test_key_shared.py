@@ -5,7 +5,7 @@
 * Every message is delivered and acknowledged exactly once (nothing is redelivered while no
   consumer leaves, nacks or times out), and the cursor ends at the last offset.
 * Key_Shared rebalancing on join keeps per-key order: a key's new consumer gets its messages
-  only after the old consumer acknowledged the ones it had (``broker/key_shared.py``).
+  only after the old consumer acknowledged the ones it had (``broker/dispatch/key_shared.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from danube_pipeline.client import DanubeClient, InitialPosition, Message, Subsc
 from danube_pipeline.client.consumer import Consumer
 from danube_pipeline.errors import SubscriptionBusyError
 
-from broker.key_shared import AutoSplitHashRanges, sticky_key_hash
+from broker.dispatch.key_shared import AutoSplitHashRanges, sticky_key_hash
 from helpers import eventually, stays
 
 KEYS = [f"key-{i}" for i in range(12)]

@@ -1,4 +1,4 @@
-"""The load manager's pure decisions (``broker.load_manager``): scores and broker choice per
+"""The load manager's pure decisions (``broker.cluster.load_manager``): scores and broker choice per
 strategy, draining brokers, the CV, the gates of a rebalancing round (threshold, cool-downs,
 ``max_moves``), convergence from a skewed start, determinism, and the ``/cluster/load_balance``
 value (``docs/etcd-layout.md`` §1.8)."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.load_manager import (
+from broker.cluster.load_manager import (
     REASON_BELOW_THRESHOLD,
     REASON_COOL_DOWN,
     REASON_NO_ACTIVE_BROKER,

@@ -1,4 +1,4 @@
-"""Time-partitioned tables (``danube_pipeline.iceberg.layout``), the maintenance schedules that
+"""Time-partitioned tables (``danube_pipeline.lake.iceberg.layout``), the maintenance schedules that
 find the (topic, day) partitions needing work, the ``fresh`` check, and the schedules and
 sensors as the Dagster daemon loads them: real etcd, real segment objects, a real catalog."""
 
@@ -32,13 +32,13 @@ from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import freshness_sensor
-from danube_pipeline import iceberg
-from danube_pipeline.iceberg.layout import apply_layout, data_files_by_day, describe_spec, layout_of
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.iceberg.layout import apply_layout, data_files_by_day, describe_spec, layout_of
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import NamespacePolicy, TableLayout
 from danube_pipeline.names import TopicName
-from danube_pipeline.records import Record
+from danube_pipeline.format.records import Record
 
 SCHEMA = avro({"name": "n", "type": "long"}, {"name": "s", "type": "string"})
 
@@ -324,7 +324,7 @@ def test_freshness_sensor_runs_the_check_when_a_table_turns_stale_or_fresh(
     the ``fresh`` check, which fails with the backlog in its metadata; an unchanged state
     requests nothing; once tiered, the next run of the check passes."""
     from danube_pipeline.client import DanubeClient
-    from danube_pipeline.tiering import tier_sealed_segments
+    from danube_pipeline.lake.tiering import tier_sealed_segments
 
     broker = start_broker(segment_max_age_s=600.0)
     asyncio.run(_produce(broker.address, env.topic.path, 5, seal=True))
@@ -441,7 +441,7 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
     from dagster._daemon.backfill import execute_backfill_iteration
     from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-    from danube_pipeline.spark import build_spark_session
+    from danube_pipeline.lake.spark import build_spark_session
 
     days = [_today() - dt.timedelta(days=d) for d in (2, 1, 0)]
     for day in days:
@@ -498,8 +498,8 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
 def test_retention_of_one_day_touches_only_that_days_files(env: _Env) -> None:
     """``apply_retention(day=d)`` deletes the expired rows of day d only: the other expired
     day keeps its rows and its very data files until its own run."""
-    from danube_pipeline.retention import apply_retention
-    from danube_pipeline.spark import build_spark_session
+    from danube_pipeline.lake.retention import apply_retention
+    from danube_pipeline.lake.spark import build_spark_session
 
     older, old = _today() - dt.timedelta(days=3), _today() - dt.timedelta(days=2)
     for day in (older, old, _today()):

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from danube_pipeline.batches import BatchBuilder, parse_header
+from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._status import rpc_errors
@@ -29,9 +29,9 @@ from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.proto import danube_pb2 as pb
-from danube_pipeline.tiering import list_topic_roots, segments_needing_tiering, tier_sealed_segments
+from danube_pipeline.lake.tiering import list_topic_roots, segments_needing_tiering, tier_sealed_segments
 
 from helpers import eventually
 
@@ -255,7 +255,7 @@ def _batch(*payloads: bytes) -> bytes:
 @pytest.mark.unit
 @pytest.mark.asyncio
 async def test_memory_log_keeps_the_newest_within_both_bounds_and_counts_unread_evictions() -> None:
-    from broker.memory_log import MemoryLog
+    from broker.storage.memory_log import MemoryLog
 
     size = len(_batch(b"aa", b"bb"))
     memory = MemoryLog("/t/t", initial_offset=7, max_messages=100, max_bytes=3 * size)

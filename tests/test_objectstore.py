@@ -15,14 +15,14 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from danube_pipeline.tiering import tier_sealed_segments
+from danube_pipeline.lake.tiering import tier_sealed_segments
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.dev.localcluster import BrokerProcess, free_port
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.storage.objectstore import ObjectStore
 
 BUCKET = "danube-test"
 

@@ -1,4 +1,4 @@
-"""Owner epochs and reserved offset blocks (``broker/ownership.py``, ``docs/etcd-layout.md``
+"""Owner epochs and reserved offset blocks (``broker/cluster/ownership.py``, ``docs/etcd-layout.md``
 §1.4, §5.4, §5.5) against a real etcd and a real WAL: an owner whose assignment changed hands
 cannot reserve offsets, store cursors or write batches past its block."""
 
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from danube_pipeline.batches import BatchBuilder
+from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.errors import NotServedHereError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.ownership import commit_takeover, plan_takeover, record_last_written
-from broker.wal import WriteAheadLog
+from broker.cluster.ownership import commit_takeover, plan_takeover, record_last_written
+from broker.storage.wal import WriteAheadLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

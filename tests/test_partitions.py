@@ -17,7 +17,7 @@ import grpc
 import pytest
 from helpers import eventually
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.client import DanubeClient, InitialPosition, Message, MessageId
 from danube_pipeline.client._partitioner import Partitioner, murmur2
 from danube_pipeline.dev.localcluster import BrokerProcess
@@ -29,7 +29,7 @@ from danube_pipeline.errors import (
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.partitions import (
     partition_name,
     partition_names,
@@ -38,9 +38,9 @@ from danube_pipeline.partitions import (
 )
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
-from danube_pipeline.records import Record
-from danube_pipeline.schema_registry import SchemaRegistry
-from danube_pipeline.tiering import (
+from danube_pipeline.format.records import Record
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.lake.tiering import (
     commit_objects_to_table,
     list_topic_roots,
     tier_sealed_segments,

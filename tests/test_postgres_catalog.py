@@ -35,11 +35,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from tiering_helpers import TOPIC, Env, FakeRegistry, Protos, avro, avro_records
 
-from danube_pipeline import iceberg, settings
+from danube_pipeline import settings
+from danube_pipeline.lake import iceberg
 from danube_pipeline.dev import flights
-from danube_pipeline.objectstore import ObjectStore
+from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.settings import DatabaseUrlError
-from danube_pipeline.spark import jdbc_properties, jdbc_uri, spark_conf
+from danube_pipeline.lake.spark import jdbc_properties, jdbc_uri, spark_conf
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = "danube_pg"
@@ -220,7 +221,7 @@ def test_tiering_commits_into_the_postgres_catalog(etcd_endpoints: list[str], po
 def test_pyiceberg_and_spark_share_the_postgres_catalog(postgres_url: str, tmp_path: Path) -> None:
     from pyspark.sql import SparkSession
 
-    from danube_pipeline.spark import build_spark_session
+    from danube_pipeline.lake.spark import build_spark_session
 
     warehouse = (tmp_path / "warehouse").as_uri()
     catalog = iceberg.load_catalog(name=CATALOG, uri=postgres_url, warehouse=warehouse)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from danube_pipeline.batches import BatchBuilder, parse_header
+from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._status import rpc_errors

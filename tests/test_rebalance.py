@@ -1,4 +1,4 @@
-"""The leader's load rebalancing (``broker/rebalance.py``): load reports carry msg/s and
+"""The leader's load rebalancing (``broker/cluster/rebalance.py``): load reports carry msg/s and
 bytes/s (``docs/etcd-layout.md`` §1.6), the leader writes its decision to
 ``/cluster/load_balance`` (§1.8) under its epoch and moves topics by unloading them; clients
 follow the moved topics without losing or duplicating a message. Real etcd, real brokers."""
@@ -19,8 +19,8 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.leader import LeaderDuties
-from broker.load_manager import (
+from broker.cluster.leader import LeaderDuties
+from broker.cluster.load_manager import (
     BYTE_RATE_RESOURCE,
     MSG_RATE_RESOURCE,
     BrokerLoad,
@@ -28,8 +28,8 @@ from broker.load_manager import (
     RebalanceAggressiveness,
     coefficient_of_variation,
 )
-from broker.membership import TrafficMeter
-from broker.rebalance import Rebalancer
+from broker.cluster.membership import TrafficMeter
+from broker.cluster.rebalance import Rebalancer
 
 from helpers import eventually
 
@@ -216,8 +216,8 @@ async def test_the_leader_moves_topics_until_the_load_is_even(
     decisions in ``/cluster/load_balance``, and producers and consumers on every topic go on
     through the moves: every message sent is acknowledged at its own offset and received, none
     lost and none written twice."""
-    from danube_pipeline.objectstore import ObjectStore
-    from danube_pipeline.tiering import tier_sealed_segments
+    from danube_pipeline.storage.objectstore import ObjectStore
+    from danube_pipeline.lake.tiering import tier_sealed_segments
 
     url = (tmp_path / "objects").as_uri()
     args = [

@@ -1,4 +1,4 @@
-"""Retention (``danube_pipeline.retention`` and the ``retention`` asset) against a real etcd, a
+"""Retention (``danube_pipeline.lake.retention`` and the ``retention`` asset) against a real etcd, a
 real broker, real segment objects, the real SQL catalog and a real local Spark session.
 
 Records carry the publish time the client gave them, so expiry is steered with ``now_ms``:
@@ -39,24 +39,24 @@ from assets.resources import (
     ObjectStoreResource,
     SparkResource,
 )
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import NamespacePolicy, ObjectDescriptor
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.retention import (
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.retention import (
     STEPS,
     RetentionReport,
     apply_retention,
     expired_descriptors,
     size_start_offset,
 )
-from danube_pipeline.schema_registry import SchemaRegistry
-from danube_pipeline.spark import build_spark_session, compact_table, spark_conf
-from danube_pipeline.tiering import (
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.lake.spark import build_spark_session, compact_table, spark_conf
+from danube_pipeline.lake.tiering import (
     TableReport,
     TieringReport,
     commit_objects_to_table,
@@ -478,13 +478,13 @@ import asyncio, json, os, sys
 
 args = json.loads(sys.argv[1])
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.retention import apply_retention
-from danube_pipeline.spark import build_spark_session, spark_conf
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.retention import apply_retention
+from danube_pipeline.lake.spark import build_spark_session, spark_conf
 
 
 def build():

@@ -1,4 +1,4 @@
-"""Compatibility modes for Avro, JSON Schema and Protobuf (``danube_pipeline.schema_compat``).
+"""Compatibility modes for Avro, JSON Schema and Protobuf (``danube_pipeline.schemas.compatibility``).
 
 For each format, four changes of one base schema:
 
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from danube_pipeline.errors import MalformedRequestError
-from danube_pipeline.schema_compat import (
+from danube_pipeline.schemas.compatibility import (
     BACKWARD,
     BACKWARD_TRANSITIVE,
     COMPATIBILITY_MODES,
@@ -35,7 +35,7 @@ from danube_pipeline.schema_compat import (
     check_compatibility,
     normalize_mode,
 )
-from danube_pipeline.schema_formats import ParsedSchema, parse_schema
+from danube_pipeline.schemas.formats import ParsedSchema, parse_schema
 
 pytestmark = pytest.mark.unit
 

@@ -39,8 +39,8 @@ from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.schema_formats import ParsedProtobuf, parse_schema
-from danube_pipeline.schema_registry import SchemaRegistry, avro_fingerprint, parse_avro
+from danube_pipeline.schemas.formats import ParsedProtobuf, parse_schema
+from danube_pipeline.schemas.registry import SchemaRegistry, avro_fingerprint, parse_avro
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The schema-evolved rewrite (``danube_pipeline.rewrite`` and the ``schema_rewrite`` asset)
+"""The schema-evolved rewrite (``danube_pipeline.lake.rewrite`` and the ``schema_rewrite`` asset)
 against a real local Spark session and the real SQL catalog.
 
 Tables are written the way tiering writes them (``iceberg.ensure_table`` and
@@ -27,13 +27,13 @@ from assets.assets import schema_rewrite
 from assets.definitions import defs
 from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
-from danube_pipeline import iceberg
-from danube_pipeline import rewrite as rw
-from danube_pipeline.iceberg.layout import apply_layout
+from danube_pipeline.lake import iceberg
+from danube_pipeline.lake import rewrite as rw
+from danube_pipeline.lake.iceberg.layout import apply_layout
 from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
-from danube_pipeline.records import Record
-from danube_pipeline.spark import (
+from danube_pipeline.format.records import Record
+from danube_pipeline.lake.spark import (
     RowChecksum,
     build_spark_session,
     compact_table,
@@ -122,7 +122,7 @@ def _flights_table(
 
     The table is created unpartitioned (spec 0), as tables were before they were partitioned
     by time; with ``by_day`` it is then evolved to ``day(_publish_time)`` (spec 1,
-    :func:`danube_pipeline.iceberg.layout.apply_layout`) before the appends."""
+    :func:`danube_pipeline.lake.iceberg.layout.apply_layout`) before the appends."""
     topic = TopicName("default", name)
     table = iceberg.ensure_table(env.catalog, topic, V1, layout=TableLayout("none"))
     if by_day:

@@ -1,4 +1,4 @@
-"""Segments read into columns (danube_pipeline/segment_columns.py and its C walker): the
+"""Segments read into columns (danube_pipeline/lake/segment_columns.py and its C walker): the
 records as a sequence, the fast path and the reference decoder agreeing on edge cases. The
 random and corrupted segments are in tests/test_fuzz.py (``test_segment_columns_*``)."""
 
@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from danube_pipeline import segment_columns
-from danube_pipeline.batches import BATCH_HEADER_SIZE, BatchBuilder, set_base_offset
+from danube_pipeline.lake import segment_columns
+from danube_pipeline.format.batches import BATCH_HEADER_SIZE, BatchBuilder, set_base_offset
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
-from danube_pipeline.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, crc32c, encode_record
-from danube_pipeline.segment_columns import RecordColumns, decode_segment_columns, native_framing, schema_keys
-from danube_pipeline.segments import decode_segment
+from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, crc32c, encode_record
+from danube_pipeline.lake.segment_columns import RecordColumns, decode_segment_columns, native_framing, schema_keys
+from danube_pipeline.format.segments import decode_segment
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.wal import WriteAheadLog, active_name, sealed_name
-from danube_pipeline.batches import (
+from broker.storage.wal import WriteAheadLog, active_name, sealed_name
+from danube_pipeline.format.batches import (
     BATCH_HEADER_SIZE,
     BatchBuilder,
     batch_payloads,
@@ -20,14 +20,14 @@ from danube_pipeline.batches import (
     validate_batch,
 )
 from danube_pipeline.errors import MalformedRequestError, MessageTooLargeError
-from danube_pipeline.records import (
+from danube_pipeline.format.records import (
     FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     Record,
     SegmentHeader,
     encode_record,
 )
-from danube_pipeline.segments import decode_segment, iter_stored_batches, scan_segment
+from danube_pipeline.format.segments import decode_segment, iter_stored_batches, scan_segment
 
 pytestmark = pytest.mark.unit
 
@@ -121,7 +121,7 @@ def test_validate_checks_payload_sizes_and_text() -> None:
     bad.append(b"x", timestamp_us=T0, attributes={"name": "value"})
     raw = bytearray(bad.build(producer_id=1, producer_name="p"))
     raw[raw.index(b"value")] = 0xFF  # not UTF-8; fix the CRC so only the text is wrong
-    from danube_pipeline.records import crc32c
+    from danube_pipeline.format.records import crc32c
 
     raw[12:16] = crc32c(bytes(raw[16:])).to_bytes(4, "little")
     with pytest.raises(MalformedRequestError, match="UTF-8"):

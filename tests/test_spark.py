@@ -21,10 +21,10 @@ from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.assets import compacted_table
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.names import TopicName
-from danube_pipeline.records import Record
-from danube_pipeline.spark import build_spark_session, compact_table, jdbc_uri, spark_conf
+from danube_pipeline.format.records import Record
+from danube_pipeline.lake.spark import build_spark_session, compact_table, jdbc_uri, spark_conf
 
 CATALOG = "danube"
 SCHEMA: dict[str, Any] = {
@@ -204,8 +204,8 @@ async def _produce_raw(address: str, topic: str, count: int, *, start: int = 0) 
 async def _tier_and_commit(address: str, endpoints: list[str], topic: TopicName, objects: Any, catalog: Any) -> Any:
     from danube_pipeline.client import DanubeClient
     from danube_pipeline.metadata.store import MetadataStore
-    from danube_pipeline.schema_registry import SchemaRegistry
-    from danube_pipeline.tiering import commit_objects_to_table, tier_sealed_segments
+    from danube_pipeline.schemas.registry import SchemaRegistry
+    from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
 
     async with await MetadataStore.connect(endpoints) as store, DanubeClient([address]) as client:
         await tier_sealed_segments(topic, store=store, admin=client.admin, objects=objects)
@@ -224,9 +224,9 @@ def test_exactly_once_survives_compaction_and_snapshot_expiry(
     property, which both procedures keep."""
     from danube_pipeline.metadata.descriptors import read_descriptors
     from danube_pipeline.metadata.store import MetadataStore
-    from danube_pipeline.objectstore import ObjectStore
-    from danube_pipeline.spark import expire_snapshots
-    from danube_pipeline.tiering import completed_descriptors
+    from danube_pipeline.storage.objectstore import ObjectStore
+    from danube_pipeline.lake.spark import expire_snapshots
+    from danube_pipeline.lake.tiering import completed_descriptors
 
     broker = start_broker(segment_max_bytes=4096, segment_max_age_s=600.0)
     topic = TopicName("default", "exactly_once")

@@ -22,8 +22,8 @@ from danube_pipeline.errors import PositionBelowRetentionError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore
-from danube_pipeline.tiering import tier_sealed_segments
+from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.lake.tiering import tier_sealed_segments
 
 from helpers import eventually
 

@@ -1,4 +1,4 @@
-"""``Admin.DeleteTopic`` and ``Admin.ResetCursor`` (``broker/topic_admin.py``), through the client
+"""``Admin.DeleteTopic`` and ``Admin.ResetCursor`` (``broker/topics/admin.py``), through the client
 library, raw RPCs and ``danube-admin``, against real brokers and a real etcd; every effect is
 checked in etcd (``docs/etcd-layout.md``), on disk and in object storage.
 

@@ -1,4 +1,4 @@
-"""Unit tests of the broker's write-ahead log (broker/wal.py): real files, no etcd."""
+"""Unit tests of the broker's write-ahead log (broker/storage/wal.py): real files, no etcd."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import grpc
 import pytest
 from helpers import eventually, stays
 
-import broker.wal.log as walmod
-import broker.wal.segment as segmod
-from broker.wal import WriteAheadLog, active_name, sealed_name
-from danube_pipeline.batches import BatchBuilder, batch_records, set_base_offset
+import broker.storage.wal.log as walmod
+import broker.storage.wal.segment as segmod
+from broker.storage.wal import WriteAheadLog, active_name, sealed_name
+from danube_pipeline.format.batches import BatchBuilder, batch_records, set_base_offset
 from danube_pipeline.errors import CorruptRecordError, DanubeError, SegmentQuarantinedError, StorageFullError
-from danube_pipeline.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader, encode_record
-from danube_pipeline.segments import decode_segment, scan_segment
+from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader, encode_record
+from danube_pipeline.format.segments import decode_segment, scan_segment
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -688,9 +688,9 @@ def marker_of(path: Path) -> Path:
 
 
 def repair(directory: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    """``python -m broker.wal.repair DIRECTORY FLAGS`` as the operator runs it."""
+    """``python -m broker.storage.wal.repair DIRECTORY FLAGS`` as the operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "broker.wal.repair", str(directory), *flags],
+        [sys.executable, "-m", "broker.storage.wal.repair", str(directory), *flags],
         capture_output=True, text=True, timeout=120, check=False,
     )
 

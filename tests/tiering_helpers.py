@@ -2,7 +2,7 @@
 ``test_evolution.py`` and ``test_dead_letter.py``.
 
 The objects are real: format-1 segments (``encode_record``) written to an object store with
-their completed descriptors in etcd, so :func:`~danube_pipeline.tiering.commit_objects_to_table`
+their completed descriptors in etcd, so :func:`~danube_pipeline.lake.tiering.commit_objects_to_table`
 reads, checks and decodes them exactly as after ``tier_sealed_segments``. The registry is a
 dictionary with ``SchemaRegistry.get_by_id``'s contract, so a test can register what the real
 registry would refuse (an ``int`` to ``string`` change) or leave an id out.
@@ -24,15 +24,15 @@ import fastavro
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.descriptor import Descriptor
 
-from danube_pipeline import iceberg
+from danube_pipeline.lake import iceberg
 from danube_pipeline.errors import SchemaNotFoundError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
-from danube_pipeline.objectstore import ObjectStore, segment_object_path
-from danube_pipeline.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, encode_record, object_id
-from danube_pipeline.tiering import TableReport, commit_objects_to_table
+from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, encode_record, object_id
+from danube_pipeline.lake.tiering import TableReport, commit_objects_to_table
 
 TOPIC = TopicName("default", "evolving")
 

@@ -1,6 +1,6 @@
 """Batching of producer messages (the aiokafka ``message_accumulator`` role).
 
-Messages are framed at once into the current record batch (:class:`danube_pipeline.batches.BatchBuilder`);
+Messages are framed at once into the current record batch (:class:`danube_pipeline.format.batches.BatchBuilder`);
 the batch closes when it holds ``max_batch_messages`` messages, when the next message would take
 it past ``max_batch_bytes``, ``linger_ms`` after its first message arrived (when positive), or
 when the producer closes it to send it, whichever comes first. A closed batch goes to the sender through the ``on_ready`` callback. A message larger than
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from danube_pipeline.batches import RECORD_OVERHEAD_BYTES, BatchBuilder
+from danube_pipeline.format.batches import RECORD_OVERHEAD_BYTES, BatchBuilder
 from danube_pipeline.client.types import MessageId
 from danube_pipeline.errors import MessageTooLargeError
 

@@ -49,7 +49,7 @@ def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
 #: what ``grpc.aio`` reports when a stream write fails because Core already closed the stream,
 #: e.g. the broker died mid-stream (grpc/grpc#36066, grpcio 1.62 to 1.85 at least); an HTTP/2
 #: stream reset arrives as "Received RST_STREAM ...". The broker's own ``INTERNAL`` answers
-#: start with "internal error:" (``broker/status.py``) and are not transport failures.
+#: start with "internal error:" (``broker/rpc/status.py``) and are not transport failures.
 CLIENT_SIDE_INTERNAL_DETAILS = ("Internal error from Core", "Received RST_STREAM")
 
 

@@ -1,7 +1,7 @@
 """The producer facade: batches messages and pipelines them over one ``SendStream``.
 
 Messages are framed by the :class:`~danube_pipeline.client._accumulator.Accumulator` into
-record batches (:mod:`danube_pipeline.batches`). With ``linger_ms=0`` (the default) a batch is
+record batches (:mod:`danube_pipeline.format.batches`). With ``linger_ms=0`` (the default) a batch is
 sent as soon as one of the ``max_in_flight_batches`` slots is free, so a lone message goes at
 once and a burst goes as one batch, while under load batches grow with the acks' round trip
 (Nagle's rule with pipelining); with ``linger_ms > 0`` a batch waits that long for more
@@ -151,7 +151,7 @@ class Producer:
         self._needs_producer = False
         self._retry_at = 0.0
         self._sequence = itertools.count(1)
-        # Message sequence numbers for idempotent produce (the broker's ``broker/idempotence.py``):
+        # Message sequence numbers for idempotent produce (the broker's ``broker/topics/producer_sequences.py``):
         # they start at the wall clock in µs, so a producer re-opened under the same name starts
         # above the numbers its earlier incarnation used (while it sent under 1 message per µs).
         self._next_message_sequence = time.time_ns() // 1000

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
-from danube_pipeline.batches import iter_batch
+from danube_pipeline.format.batches import iter_batch
 from danube_pipeline.modes import DeliveryMode, InitialPosition, SubscriptionType
 from danube_pipeline.names import validate_subject
 from danube_pipeline.proto import danube_pb2 as pb

@@ -369,7 +369,7 @@ def _asset_check_results() -> list[tuple[str, str, bool]]:
 
 
 def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
-    from danube_pipeline.iceberg import load_catalog
+    from danube_pipeline.lake.iceberg import load_catalog
 
     catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
     table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
@@ -381,15 +381,15 @@ def _table_stats(env: dict[str, str]) -> tuple[int, int, int]:
 
 def _table_days(env: dict[str, str]) -> list[dt.date]:
     """The UTC days of ``_publish_time`` the flights table holds rows of (its partitions)."""
-    from danube_pipeline.iceberg import load_catalog
-    from danube_pipeline.iceberg.layout import data_files_by_day
+    from danube_pipeline.lake.iceberg import load_catalog
+    from danube_pipeline.lake.iceberg.layout import data_files_by_day
 
     catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
     return list(data_files_by_day(catalog.load_table((TOPIC.namespace, TOPIC.topic))))
 
 
 def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
-    from danube_pipeline.spark import build_spark_session
+    from danube_pipeline.lake.spark import build_spark_session
 
     spark = build_spark_session(catalog_name=env["DANUBE_CATALOG_NAME"], catalog_uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
     try:
@@ -484,15 +484,15 @@ def _rewrite_partition(day: dt.date) -> str:
 
 def _declare_and_rewrite(env: dict[str, str], summary: DemoSummary) -> dt.date:
     """Declare the rewrite of ``flight`` from int to string on the table (table property
-    ``danube.rewrite``, :mod:`danube_pipeline.rewrite`) and run the ``schema_rewrite`` asset for
+    ``danube.rewrite``, :mod:`danube_pipeline.lake.rewrite`) and run the ``schema_rewrite`` asset for
     the day the flights were published: it stages the new column, rewrites the older data files
     into it (verified) and finalizes. Version 2 records then land in the new column.
 
     Returns:
         The UTC day of the run's partition.
     """
-    from danube_pipeline.iceberg import load_catalog
-    from danube_pipeline.rewrite import set_rewrite_spec
+    from danube_pipeline.lake.iceberg import load_catalog
+    from danube_pipeline.lake.rewrite import set_rewrite_spec
 
     catalog = load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
     table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
@@ -524,7 +524,7 @@ def _newest_run_metadata(asset: str) -> dict[str, object]:
 
 def _schema_and_dead_letters(env: dict[str, str]) -> tuple[int, int]:
     """The flights subject's latest version and the rows of the dead-letter table."""
-    from danube_pipeline import iceberg
+    from danube_pipeline.lake import iceberg
 
     catalog = iceberg.load_catalog(
         name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"]

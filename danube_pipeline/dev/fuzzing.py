@@ -9,15 +9,15 @@ does not document is reported as an ``AssertionError`` naming the decoder and th
 
 Decoders and their documented errors:
 
-* :func:`~danube_pipeline.batches.parse_header`, :func:`~danube_pipeline.batches.validate_batch`:
+* :func:`~danube_pipeline.format.batches.parse_header`, :func:`~danube_pipeline.format.batches.validate_batch`:
   :class:`MalformedRequestError`, :class:`MessageTooLargeError`.
-* :func:`~danube_pipeline.segments.decode_segment`: :class:`CorruptRecordError`,
-  :class:`OffsetRangeError`; :func:`~danube_pipeline.segments.iter_stored_batches`,
-  :func:`~danube_pipeline.records.iter_records`, :meth:`SegmentHeader.decode`:
+* :func:`~danube_pipeline.format.segments.decode_segment`: :class:`CorruptRecordError`,
+  :class:`OffsetRangeError`; :func:`~danube_pipeline.format.segments.iter_stored_batches`,
+  :func:`~danube_pipeline.format.records.iter_records`, :meth:`SegmentHeader.decode`:
   :class:`CorruptRecordError`.
-* :func:`~danube_pipeline.segment_columns.decode_segment_columns`: the same errors as
+* :func:`~danube_pipeline.lake.segment_columns.decode_segment_columns`: the same errors as
   ``decode_segment``, with the same messages (:func:`check_segment_columns`).
-* :func:`~danube_pipeline.segments.scan_segment`: :class:`CorruptRecordError` for an unusable
+* :func:`~danube_pipeline.format.segments.scan_segment`: :class:`CorruptRecordError` for an unusable
   header only; after a valid header it never raises and its ``valid_length`` is a prefix whose
   records all decode.
 
@@ -42,7 +42,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import strategies as st
 
-from danube_pipeline.batches import (
+from danube_pipeline.format.batches import (
     BatchBuilder,
     BatchHeader,
     batch_payloads,
@@ -60,7 +60,7 @@ from danube_pipeline.errors import (
     bounded,
 )
 from danube_pipeline.proto import danube_pb2 as pb
-from danube_pipeline.records import (
+from danube_pipeline.format.records import (
     LEGACY_FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     Record,
@@ -68,7 +68,7 @@ from danube_pipeline.records import (
     encode_record,
     iter_records,
 )
-from danube_pipeline.segments import DecodedSegment, decode_segment, iter_stored_batches, scan_segment
+from danube_pipeline.format.segments import DecodedSegment, decode_segment, iter_stored_batches, scan_segment
 
 T = TypeVar("T")
 U64_MAX = 2**64 - 1
@@ -563,14 +563,14 @@ def check_segment_mutation(case_and_mutation: tuple[SegmentCase, Mutation]) -> N
 
 
 def check_segment_columns(data: bytes, container: str = "bytes") -> None:
-    """Any bytes: :func:`~danube_pipeline.segment_columns.decode_segment_columns` agrees with
-    :func:`~danube_pipeline.segments.decode_segment`. Both refuse the bytes with the same error
+    """Any bytes: :func:`~danube_pipeline.lake.segment_columns.decode_segment_columns` agrees with
+    :func:`~danube_pipeline.format.segments.decode_segment`. Both refuse the bytes with the same error
     (type and message), or both read them: the same header, offset index and records, and the
     columns equal the reference's records made columns. A record whose offset or publish time
     does not fit an int64 (the format's u64 allows it) is refused with ``OverflowError``."""
     import numpy as np  # noqa: PLC0415 - the pipeline extra: only this check needs it
 
-    from danube_pipeline.segment_columns import RecordColumns, decode_segment_columns  # noqa: PLC0415
+    from danube_pipeline.lake.segment_columns import RecordColumns, decode_segment_columns  # noqa: PLC0415
 
     buf = _CONTAINERS[container](data)
     ref, ref_err = outcome("decode_segment", SEGMENT_ERRORS, lambda: decode_segment(buf, index_interval_records=2))

@@ -75,7 +75,7 @@ CLUSTER_LEADER = f"{CLUSTER}/leader"
 
 CLUSTER_LOAD_BALANCE = f"{CLUSTER}/load_balance"
 """§1.8 ``/cluster/load_balance``; value the leader's last
-:class:`broker.load_manager.LoadBalanceDecision`."""
+:class:`broker.cluster.load_manager.LoadBalanceDecision`."""
 
 
 # ---- 2. namespaces

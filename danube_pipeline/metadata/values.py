@@ -277,7 +277,7 @@ class SchemaVersion(JsonRecord):
 
     ``schema_def`` is ``{"<type>": {"fingerprint": "sha256:…", "raw_schema": "…"}}`` with
     ``<type>`` one of ``Avro``, ``JsonSchema``, ``Protobuf``; ``fingerprint`` is ``"sha256:"``
-    plus a hex SHA-256 (:mod:`danube_pipeline.schema_formats`: of the Avro Parsing Canonical
+    plus a hex SHA-256 (:mod:`danube_pipeline.schemas.formats`: of the Avro Parsing Canonical
     Form, of the canonical JSON, of the serialized ``FileDescriptorProto``).
     """
 
@@ -308,7 +308,7 @@ class SchemaMetadata(JsonRecord):
 
     ``compatibility_mode`` is one of ``None``, ``Backward``, ``BackwardTransitive``,
     ``Forward``, ``ForwardTransitive``, ``Full``, ``FullTransitive``
-    (:mod:`danube_pipeline.schema_compat`); ``topics_using`` lists, once each, the topics
+    (:mod:`danube_pipeline.schemas.compatibility`); ``topics_using`` lists, once each, the topics
     (``/{ns}/{topic}``) a producer with the subject's schema was created on.
     """
 

@@ -1,0 +1,287 @@
+"""What only the cluster leader does: assign unassigned topics (``docs/etcd-layout.md`` §1.5).
+
+A topic without an owner waits in ``/cluster/unassigned/{ns}/{topic}`` (written when it is
+created, or when a broker is asked for a topic nobody owns). The leader (§1.7) follows that
+prefix through its cache and assigns each one with :func:`assign_topic`: one etcd transaction
+that writes ``/cluster/brokers/{id}/{ns}/{topic}`` (§1.4) and deletes the marker, and that
+succeeds only if
+
+* the leader key still has the create revision of this leader's election (its *epoch*), so a
+  deposed leader's writes fail;
+* the marker still exists, so two passes never assign the same marker twice;
+* no registered broker holds an assignment of the topic, so a topic never has two owners.
+
+The broker is chosen by :func:`broker.cluster.load_manager.choose_broker` with the ``fair`` strategy
+(fewest topics) among the registered brokers whose state (§1.3) is ``active``, other than the
+broker that released the topic (the entry's ``from_broker``) when another one can take it, or the
+broker a rebalancing move names (``LeaderDuties.preferred``) while it is active; a broker's
+topics are what its assignment keys say, read from the cache, which is never older than the
+leader's own last write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
+from danube_pipeline.outages import OutageLog
+
+from broker.cluster.load_manager import BrokerLoad, Strategy, choose_broker
+
+log = logging.getLogger(__name__)
+
+UNASSIGNED_PREFIX = f"{keys.CLUSTER}/unassigned/"
+PASS_INTERVAL_S = 1.0
+"""The leader looks at the unassigned queue at least this often (and at every change)."""
+
+
+def registered_brokers(cache: LocalCache) -> list[int]:
+    """Ids of the brokers registered now (§1.2), ascending."""
+    found = []
+    for key in cache.get_prefix(keys.BROKER_REGISTER_PREFIX):
+        tail = key[len(keys.BROKER_REGISTER_PREFIX) :]
+        if tail.isdigit():
+            found.append(int(tail))
+    return sorted(found)
+
+
+def assignments(cache: LocalCache) -> dict[int, list[str]]:
+    """``broker id -> topics`` (``/ns/topic``) from the assignment keys (§1.4)."""
+    out: dict[int, list[str]] = {}
+    for key in cache.get_prefix(keys.BROKERS_PREFIX):
+        parts = key[len(keys.BROKERS_PREFIX) :].split("/")
+        if len(parts) == 3 and parts[0].isdigit():
+            out.setdefault(int(parts[0]), []).append(f"/{parts[1]}/{parts[2]}")
+    return out
+
+
+def broker_mode(cache: LocalCache, broker_id: int) -> str:
+    """The broker's state ``mode`` (§1.3); ``active`` when unreadable."""
+    raw = cache.get(keys.broker_state(broker_id))
+    try:
+        return values.BrokerState.from_json(raw).mode if raw is not None else "active"
+    except ValueError:
+        return "active"
+
+
+async def assign_topic(
+    store: MetadataStore, topic: TopicName, broker_id: int, *, epoch: int, brokers: list[int]
+) -> int | None:
+    """Assign ``topic`` to ``broker_id`` and delete its unassigned marker, in one transaction
+    guarded by the leader's epoch (module docstring).
+
+    Args:
+        store: etcd.
+        topic: the topic.
+        broker_id: the new owner.
+        epoch: the leader key's create revision when this broker won the election (§1.7).
+        brokers: every broker whose assignment key of ``topic`` must not exist.
+
+    Returns:
+        The revision of the write, or ``None`` when a guard failed: not the leader of that
+        epoch any more, the marker is gone, or a broker already owns the topic.
+
+    Raises:
+        MetadataStoreError: etcd unreachable.
+    """
+    created = {keys.CLUSTER_LEADER: epoch}
+    for other in brokers:
+        created[keys.topic_assignment(other, topic)] = 0
+    return await store.transaction(
+        created=created,
+        exists=[keys.unassigned_topic(topic)],
+        puts=[(keys.topic_assignment(broker_id, topic), None)],
+        deletes=[keys.unassigned_topic(topic)],
+    )
+
+
+def _released_by(raw: object) -> int | None:
+    """The ``from_broker`` of an unassigned entry's unload reason (§1.5), ``None`` for ``null``."""
+    if raw is None:
+        return None
+    try:
+        return values.UnassignedReason.from_json(raw).from_broker
+    except (ValueError, TypeError):
+        return None
+
+
+class LeaderDuties:
+    """The leader's loop: while ``epoch()`` gives an epoch, assign every unassigned topic.
+
+    Args:
+        store: etcd, for writes.
+        cache: the broker's cache.
+        epoch: returns this broker's leader epoch, or ``None`` when it is not the leader.
+    """
+
+    def __init__(
+        self, store: MetadataStore, cache: LocalCache, epoch: Callable[[], int | None], *, failover_grace_s: float = 0.0
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.epoch = epoch
+        self.failover_grace_s = failover_grace_s
+        self.failed_over = 0
+        self._led_epoch: int | None = None
+        self._led_since = 0.0
+        self._seen_registered: set[int] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._unlisten: list[Callable[[], None]] = []
+        self._outage = OutageLog(log, "assigning unassigned topics")
+        self.assigned = 0
+        self.preferred: dict[str, int] = {}
+        """Topic (``/ns/topic``) → the broker its next assignment goes to while that broker is
+        active, whatever its load (set by :class:`broker.cluster.rebalance.Rebalancer` for a move);
+        the entry is dropped once the topic is assigned."""
+
+    def start(self) -> None:
+        """Follow the unassigned queue and the registered brokers; act while the leader."""
+        for prefix in (UNASSIGNED_PREFIX, keys.BROKER_REGISTER_PREFIX, keys.BROKERS_PREFIX):
+            self._unlisten.append(self.cache.add_listener(prefix, lambda _event: self._wake.set()))
+        self._task = asyncio.create_task(self._run(), name="leader-duties")
+
+    def wake(self) -> None:
+        """Look at the queue now (leadership changed)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        for unlisten in self._unlisten:
+            unlisten()
+        self._unlisten.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), PASS_INTERVAL_S)
+            self._wake.clear()
+            epoch = self.epoch()
+            if epoch is None:
+                continue
+            try:
+                await self.failover_pass(epoch)
+                await self.assign_pass(epoch)
+            except Exception as exc:  # noqa: BLE001 - etcd unreachable: the next pass retries
+                self._outage.failed(exc)
+                continue
+            self._outage.succeeded()
+
+    async def failover_pass(self, epoch: int) -> int:
+        """Put the topics of every broker whose registration is gone (its lease expired, §1.2)
+        in the unassigned queue with reason ``failover``, so :meth:`assign_pass` gives them to
+        live brokers; the new owner fences the old one (:mod:`broker.cluster.ownership`).
+
+        A broker seen registered during this leadership is failed over as soon as its
+        registration disappears. One already missing when this broker became the leader may be
+        restarting: it is failed over once this leadership is ``failover_grace_s`` old.
+
+        Each topic moves in one transaction guarded by the leader epoch, the assignment's
+        existence and the registration's absence (a broker registering again keeps its topics).
+
+        Returns:
+            How many topics were put in the queue.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        now = time.monotonic()
+        if self._led_epoch != epoch:
+            self._led_epoch, self._led_since = epoch, now
+            self._seen_registered = set()
+        registered = set(registered_brokers(self.cache))
+        self._seen_registered |= registered
+        moved = 0
+        for broker_id, topics in sorted(assignments(self.cache).items()):
+            if broker_id in registered:
+                continue
+            if broker_id not in self._seen_registered and now - self._led_since < self.failover_grace_s:
+                continue
+            for path in sorted(topics):
+                topic = TopicName.parse(path)
+                assignment = keys.topic_assignment(broker_id, topic)
+                revision = await self.store.transaction(
+                    created={keys.CLUSTER_LEADER: epoch, keys.broker_register(broker_id): 0},
+                    exists=[assignment],
+                    puts=[(keys.unassigned_topic(topic), values.UnassignedReason(reason="failover", from_broker=broker_id))],
+                    deletes=[assignment],
+                )
+                if revision is None:
+                    if self.epoch() != epoch:
+                        return moved
+                    continue
+                await self.cache.wait_for_revision(revision)
+                moved += 1
+                self.failed_over += 1
+                log.warning("topic %s failed over: broker %d is gone (its lease expired); leader epoch %d",
+                            topic, broker_id, epoch)
+        return moved
+
+    async def assign_pass(self, epoch: int) -> int:
+        """Assign every topic waiting in the unassigned queue.
+
+        Returns:
+            How many were assigned.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        markers = [k for k in self.cache.get_prefix(UNASSIGNED_PREFIX)]
+        if not markers:
+            return 0
+        done = 0
+        brokers = registered_brokers(self.cache)
+        owned = assignments(self.cache)
+        for key in markers:
+            parts = key[len(UNASSIGNED_PREFIX) :].split("/")
+            if len(parts) != 2:
+                continue
+            try:
+                topic = TopicName.parse(f"/{parts[0]}/{parts[1]}")
+            except ValueError:
+                continue
+            holders = [b for b, topics in owned.items() if topic.path in topics]
+            root = self.cache.get(keys.topic_root(topic))
+            partitioned = isinstance(root, int) and not isinstance(root, bool) and root > 0
+            # Stale: owned, no topic, or a partitioned topic (its partitions are assigned, §3.1).
+            if holders or partitioned or not self.cache.contains(keys.topic_root(topic)):
+                await self.store.transaction(created={keys.CLUSTER_LEADER: epoch}, deletes=[key])
+                continue
+            loads = [
+                BrokerLoad(broker_id=b, cpu_percent=0.0, memory_percent=0.0, topics=list(owned.get(b, [])))
+                for b in brokers
+                if broker_mode(self.cache, b) == "active"
+            ]
+            released_by = _released_by(self.cache.get(key))
+            others = [load for load in loads if load.broker_id != released_by]
+            if others:  # a released topic goes elsewhere when another broker can take it
+                loads = others
+            if not loads:
+                return done  # no active broker yet: wait for one
+            target = self.preferred.get(topic.path, -1)
+            if all(load.broker_id != target for load in loads):
+                target = choose_broker(topic.path, loads, Strategy.FAIR)
+            revision = await assign_topic(
+                self.store, topic, target, epoch=epoch, brokers=sorted(set(brokers) | set(owned))
+            )
+            if revision is None:
+                if self.epoch() != epoch:
+                    return done  # deposed meanwhile
+                continue  # the marker went or an owner appeared: the next pass sees it
+            await self.cache.wait_for_revision(revision)
+            owned.setdefault(target, []).append(topic.path)
+            self.preferred.pop(topic.path, None)
+            self.assigned += 1
+            done += 1
+            log.info("topic %s assigned to broker %d (leader epoch %d)", topic, target, epoch)
+        return done

@@ -1,0 +1,283 @@
+"""The broker process: etcd connection, the gRPC server, start and graceful stop.
+
+:class:`BrokerServer` wires the parts together: the metadata store and cache, the broker core
+(:class:`broker.core.Broker`), its membership in the cluster (:class:`broker.cluster.membership.Membership`)
+and the gRPC server built by :func:`create_server` with the servicers of :mod:`broker.rpc.services`.
+
+Start: connect to etcd and load the cache, bind and start the gRPC server, join the cluster
+(registration, state, leader candidacy, load report), load the topics assigned here, report
+healthy and write the ready file. Stop: report not serving, mark ``draining``, end consumer
+streams, stop the gRPC server with a grace period, close producers and topics (cursors stored,
+WALs synced), leave the cluster (the lease is revoked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.proto import danube_pb2 as pb
+from danube_pipeline.schemas.registry import SchemaRegistry
+
+from broker.rpc import services
+from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
+from broker.core import Broker
+from broker.cluster.leader import LeaderDuties
+from broker.cluster.membership import Membership
+from broker.cluster.rebalance import ClientUnloader, Rebalancer
+from broker.rpc.status import tolerant_handler
+from broker.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+PRODUCER_SERVICE = "danube.v1.ProducerService"
+"""The health service name that turns ``NOT_SERVING`` while the WAL disk is full."""
+
+
+def load_or_create_broker_id(data_dir: Path) -> int:
+    """The broker id kept in ``data_dir/broker_id``: a random u64 created on first start."""
+    path = data_dir / "broker_id"
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return int(path.read_text().strip())
+    broker_id = secrets.randbits(64) or 1
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{broker_id}\n")
+    os.replace(tmp, path)
+    return broker_id
+
+
+def write_ready_file(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (temporary file + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def create_server(
+    broker: Broker,
+    address: str,
+    *,
+    health_servicer: health.aio.HealthServicer,
+    cluster_name: str,
+    max_message_bytes: int,
+    max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
+) -> tuple[aio.Server, int]:
+    """Build the gRPC server with every Danube service and health, bound to ``address``.
+
+    Args:
+        broker: the broker core the servicers act on.
+        address: ``host:port``; port 0 binds any free port.
+        health_servicer: the ``grpc.health.v1`` servicer to expose.
+        cluster_name: answered by ``Discovery.ClusterMetadata``.
+        max_message_bytes: gRPC send and receive limit per message, in bytes.
+        max_unanswered_bytes: per ``SendStream``, batch bytes received and not answered, at most.
+
+    Returns:
+        The (not yet started) server and the bound port.
+
+    Raises:
+        RuntimeError: if the address cannot be bound.
+    """
+    server = aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    servicers: dict[str, object] = {
+        "danube.v1.ProducerService": services.ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
+        "danube.v1.ConsumerService": services.ConsumerServicer(broker),
+        "danube.v1.Discovery": services.DiscoveryServicer(broker, cluster_name),
+        "danube.v1.Admin": services.AdminServicer(broker),
+        "danube.v1.SchemaRegistry": services.SchemaRegistryServicer(broker),
+    }
+    server.add_generic_rpc_handlers(
+        tuple(tolerant_handler(pb.DESCRIPTOR.services_by_name[name.rpartition(".")[2]], servicer)
+              for name, servicer in servicers.items())
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot bind {address}")
+    return server, port
+
+
+class BrokerServer:
+    """One broker process. Use ``await start()`` then ``await wait_closed()``; ``await stop()``
+    shuts down gracefully.
+
+    Attributes:
+        config: the configuration.
+        broker_id: the u64 id persisted in ``data_dir/broker_id``.
+        advertised_addr: ``host:port`` clients use (known after :meth:`start`).
+        port: the bound gRPC port (known after :meth:`start`).
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.broker_id = load_or_create_broker_id(config.data_dir)
+        self.advertised_addr = ""
+        self.port = 0
+        self._store: MetadataStore | None = None
+        self._cache: LocalCache | None = None
+        self._broker: Broker | None = None
+        self._membership: Membership | None = None
+        self._leader_duties: LeaderDuties | None = None
+        self._rebalancer: Rebalancer | None = None
+        self._server: aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    @property
+    def broker(self) -> Broker:
+        """The broker core (after :meth:`start`)."""
+        assert self._broker is not None, "broker not started"
+        return self._broker
+
+    async def start(self) -> None:
+        """Connect to etcd, bind and start the gRPC server, join the cluster, load assigned topics.
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+            RuntimeError: the listen address cannot be bound.
+        """
+        cfg = self.config
+        store = self._store = await MetadataStore.connect(cfg.etcd_endpoints)
+        cache = self._cache = LocalCache(store, prefixes=("/",))
+        await cache.start()
+        membership: Membership | None = None
+        broker = self._broker = Broker(
+            cfg,
+            self.broker_id,
+            store=store,
+            cache=cache,
+            registry=SchemaRegistry(store, cache=cache),
+            on_topics_changed=lambda: membership.topics_changed() if membership else None,
+            on_storage_full=self._storage_changed,
+        )
+        await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server, self.port = create_server(
+            broker,
+            cfg.listen,
+            health_servicer=self._health,
+            cluster_name=cfg.cluster_name,
+            max_message_bytes=cfg.grpc_max_message_bytes,
+            max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
+        )
+        host, _ = _split_host_port(cfg.listen)
+        if cfg.advertised_addr:
+            self.advertised_addr = cfg.advertised_addr
+        else:
+            adv_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            self.advertised_addr = f"{adv_host}:{self.port}"
+        await self._server.start()
+        membership = self._membership = Membership(
+            broker_id=self.broker_id,
+            advertised_addr=self.advertised_addr,
+            cluster_name=cfg.cluster_name,
+            store=store,
+            cache=cache,
+            lease_ttl_s=cfg.lease_ttl_s,
+            load_report_interval_s=cfg.load_report_interval_s,
+            topic_list=lambda: sorted(broker.topics),
+            traffic=lambda: {path: (t.wal.record_count, t.wal.byte_count) for path, t in broker.topics.items()},
+        )
+        duties = self._leader_duties = LeaderDuties(
+            store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s
+        )
+        broker.set_state = membership.set_state
+        membership.on_leadership = lambda _leader: duties.wake()
+        duties.start()
+        if cfg.rebalance:
+            self._rebalancer = Rebalancer(
+                store, cache, duties.epoch, duties=duties, unload=ClientUnloader(self.advertised_addr),
+                strategy=cfg.load_manager_strategy, threshold=cfg.rebalance_cv_threshold,
+                interval_s=cfg.rebalance_interval_s, cooldown_s=cfg.rebalance_cooldown_s,
+                max_moves=cfg.rebalance_max_moves,
+            )
+            self._rebalancer.start()
+        await membership.join()
+        await broker.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(PRODUCER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        if cfg.ready_file is not None:
+            write_ready_file(
+                cfg.ready_file,
+                {"broker_id": self.broker_id, "broker_addr": self.advertised_addr, "pid": os.getpid()},
+            )
+        log.info(
+            "broker %d serving on %s (advertised %s), %d topics loaded",
+            self.broker_id, cfg.listen, self.advertised_addr, len(broker.topics),
+        )
+
+    def _storage_changed(self, full: bool) -> None:
+        """Show a full WAL disk in health: ``danube.v1.ProducerService`` is ``NOT_SERVING``
+        while appends are refused (reads, and the overall status, go on)."""
+        if self._stopping:
+            return
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if full else health_pb2.HealthCheckResponse.SERVING
+        spawn(self._health.set(PRODUCER_SERVICE, status), name="health:producer")
+
+    async def wait_closed(self) -> None:
+        """Return once :meth:`stop` has finished."""
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Graceful shutdown (idempotent); see the module docstring for the steps."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        log.info("broker %d shutting down", self.broker_id)
+        with contextlib.suppress(Exception):
+            await self._health.enter_graceful_shutdown()
+        if self._rebalancer is not None:  # no new move once stopping
+            await self._rebalancer.stop()
+        if self._broker is not None and self._broker.topics and self._broker.other_active_brokers():
+            # Hand the topics over cleanly rather than leave them to a failover (§5.3).
+            try:
+                await asyncio.wait_for(self._broker.drain(), self.config.shutdown_grace_s)
+            except Exception as exc:  # noqa: BLE001 - the rest is failed over by the leader
+                log.warning("broker %d: releasing its topics before shutdown failed: %s", self.broker_id, exc)
+        if self._membership is not None:
+            await self._membership.mark_draining("shutdown")
+        if self._broker is not None:
+            self._broker.end_consumer_streams()
+        if self._server is not None:
+            await self._server.stop(self.config.shutdown_grace_s)
+        if self._broker is not None:
+            await self._broker.close()
+        if self._leader_duties is not None:
+            await self._leader_duties.stop()
+        if self._membership is not None:
+            await self._membership.leave()
+        if self._cache is not None:
+            await self._cache.stop()
+        if self._store is not None:
+            await self._store.close()
+        self._stopped.set()
+        log.info("broker %d stopped", self.broker_id)
+
+
+__all__ = ["BrokerServer", "create_server", "load_or_create_broker_id", "write_ready_file"]
