@@ -54,7 +54,7 @@ from danube_pipeline.lake.rewrite import (
     rewrite_table,
 )
 from danube_pipeline.schemas.registry import SchemaRegistry
-from danube_pipeline.lake.spark import compact_table
+from danube_pipeline.lake.spark.procedures import compact_table
 from danube_pipeline.lake.tiering import (
     TableReport,
     TieringReport,
@@ -100,7 +100,7 @@ def segment_objects(
     etcd: EtcdResource,
     broker: BrokerResource,
     object_store: ObjectStoreResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """Upload every sealed segment without a completed descriptor, in offset order."""
     topic = _topic(context)
     objects = object_store.store()
@@ -133,7 +133,7 @@ def iceberg_table(
     etcd: EtcdResource,
     object_store: ObjectStoreResource,
     iceberg_catalog: IcebergCatalogResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """Append every completed segment object not yet committed to the topic's table."""
     topic = _topic(context)
     objects = object_store.store()
@@ -171,9 +171,9 @@ def compacted_table(
     etcd: EtcdResource,
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """``CALL {catalog}.system.rewrite_data_files(...)`` on the topic's table, limited to the
-    partition's day (:func:`danube_pipeline.lake.spark.compact_table`).
+    partition's day (:func:`danube_pipeline.lake.spark.procedures.compact_table`).
 
     Spark starts only when the day has two data files or more, or a file written under an
     older partition spec (which is then moved into the current one). The partitions
@@ -268,7 +268,7 @@ def retention(
     object_store: ObjectStoreResource,
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """:func:`danube_pipeline.lake.retention.apply_retention` on the topic, its row deletion
     limited to the partition's day; Spark starts only when the table has something to delete
     or expire. The descriptor, object and WAL steps are the topic's (idempotent: a run for
@@ -365,7 +365,7 @@ def schema_rewrite(
     etcd: EtcdResource,
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """:func:`danube_pipeline.lake.rewrite.rewrite_table` on the topic's table for the partition's
     day. Spark starts only when the table declares a rewrite.
 

@@ -104,7 +104,7 @@ def bulk_table(
     object_store: ObjectStoreResource,
     iceberg_catalog: IcebergCatalogResource,
     spark: SparkResource,
-) -> MaterializeResult:
+) -> MaterializeResult[Any]:
     """Load every segment object of the partition's topic not yet in the target table."""
     topic = TopicName.from_partition_key(context.partition_key)
     objects = object_store.store()

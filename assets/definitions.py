@@ -26,6 +26,8 @@ for a local deployment, and ``danube-pipeline demo`` / ``dev`` export them).
 
 from __future__ import annotations
 
+from typing import Any
+
 from dagster import ConfigurableResource, Definitions, EnvVar
 
 from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
@@ -50,7 +52,7 @@ from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import freshness_sensor, sealed_segments_sensor, topic_partitions_sensor
 
 
-def default_resources() -> dict[str, ConfigurableResource]:
+def default_resources() -> dict[str, ConfigurableResource[Any]]:
     """The resources keyed as the assets, checks and sensors ask for them.
 
     Returns:

@@ -22,7 +22,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from danube_pipeline import settings
 from danube_pipeline.lake.iceberg import load_catalog
 from danube_pipeline.storage.objectstore import ObjectStore
-from danube_pipeline.lake.spark import build_spark_session, spark_conf
+from danube_pipeline.lake.spark.session import build_spark_session, spark_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,7 +35,7 @@ def _split(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
-class EtcdResource(ConfigurableResource):
+class EtcdResource(ConfigurableResource[Any]):
     """The etcd cluster holding Danube's metadata (key layout: ``docs/etcd-layout.md``)."""
 
     endpoints: str | None = Field(
@@ -67,7 +67,7 @@ class EtcdResource(ConfigurableResource):
         return await MetadataStore.connect(self.endpoint_list(), connect_timeout_s=self.connect_timeout_s)
 
 
-class BrokerResource(ConfigurableResource):
+class BrokerResource(ConfigurableResource[Any]):
     """Bootstrap brokers for the admin gRPC API (list and read sealed segments).
 
     The client learns the whole cluster from whichever bootstrap broker answers first.
@@ -100,7 +100,7 @@ class BrokerResource(ConfigurableResource):
         return DanubeClient(self.address_list())
 
 
-class ObjectStoreResource(ConfigurableResource):
+class ObjectStoreResource(ConfigurableResource[Any]):
     """Where sealed segments are tiered: ``file://`` by default, ``s3://`` for S3 or MinIO."""
 
     root_url: str | None = Field(
@@ -141,7 +141,7 @@ class ObjectStoreResource(ConfigurableResource):
         return ObjectStore(url, storage_options=self.storage_options() if url.startswith("s3") else None)
 
 
-class IcebergCatalogResource(ConfigurableResource):
+class IcebergCatalogResource(ConfigurableResource[Any]):
     """The Iceberg SQL catalog shared by pyiceberg and Spark (see :mod:`danube_pipeline.lake.spark`)."""
 
     name: str | None = Field(default=None, description="Catalog name; default $DANUBE_CATALOG_NAME or danube.")
@@ -173,12 +173,12 @@ class IcebergCatalogResource(ConfigurableResource):
         return load_catalog(name=self.catalog_name(), uri=self.catalog_uri(), warehouse=self.warehouse_url())
 
 
-class SparkResource(ConfigurableResource):
+class SparkResource(ConfigurableResource[Any]):
     """A local Spark session with Iceberg's ``SparkCatalog`` on the shared JDBC catalog.
 
     Catalog fields default like :class:`IcebergCatalogResource`'s, so both see the same tables.
-    Jars come from :func:`danube_pipeline.lake.spark.iceberg_spark_runtime_jar` and
-    :func:`danube_pipeline.lake.spark.sqlite_jdbc_jar` (``DANUBE_ICEBERG_SPARK_JAR``,
+    Jars come from :func:`danube_pipeline.lake.spark.session.iceberg_spark_runtime_jar` and
+    :func:`danube_pipeline.lake.spark.session.sqlite_jdbc_jar` (``DANUBE_ICEBERG_SPARK_JAR``,
     ``DANUBE_SQLITE_JDBC_JAR``).
     """
 
@@ -200,7 +200,7 @@ class SparkResource(ConfigurableResource):
         """The Spark configuration.
 
         Returns:
-            :func:`danube_pipeline.lake.spark.spark_conf` of this resource's fields.
+            :func:`danube_pipeline.lake.spark.session.spark_conf` of this resource's fields.
 
         Raises:
             SparkSetupError: a jar Spark needs is missing.

@@ -441,7 +441,7 @@ class Load:
 
 class Tiering:
     """What the sealed-segments sensor does, every second: tier the sealed segments of
-    ``topic`` (the owner's and those earlier owners kept, ``danube_pipeline/lake/tiering.py``)."""
+    ``topic`` (the owner's and those earlier owners kept, ``danube_pipeline/lake/tiering/segments.py``)."""
 
     def __init__(self, addresses: list[str], etcd_endpoints: list[str], objects_url: str, topic: str) -> None:
         self.addresses = addresses
@@ -701,7 +701,7 @@ async def run_cluster(args: argparse.Namespace, cluster: LocalCluster, rebalanci
 
         async def all_on_first() -> bool:
             assigned = await owners(meta)
-            return sum(1 for t, b in assigned.items() if t.startswith(SKEW_PREFIX) and b == first.broker_id) == args.topics
+            return sum(1 for t, b in assigned.items() if t.startswith(SKEW_PREFIX) and b == first.broker_id) == int(args.topics)
 
         if not await wait_for(all_on_first, 20):
             raise RuntimeError(f"the {args.topics} topics were not all assigned to broker 1 within 20 s")

@@ -48,7 +48,8 @@ from typing import Any, Generic, TypeVar
 import grpc
 from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
-from danube_pipeline.errors import DanubeError, ProducerClosedError, RemoteError
+from danube_pipeline.error_codec import RemoteError
+from danube_pipeline.errors import DanubeError, ProducerClosedError
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
@@ -1281,7 +1282,7 @@ async def stuck_consumer(root: Path, *, volume_mib: int = 100, payload_bytes: in
                 channel = grpc.aio.insecure_channel(cluster.address)
                 call: Any = None
                 try:
-                    stub = pb_grpc.ConsumerServiceStub(channel)  # type: ignore[no-untyped-call]
+                    stub = pb_grpc.ConsumerServiceStub(channel)
                     subscribed = await bounded(
                         stub.Subscribe(
                             pb.SubscribeRequest(

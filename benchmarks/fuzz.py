@@ -3,7 +3,7 @@
 The decoder properties run in process; the request properties (two per RPC of
 ``danube.proto``: fuzzed fields and garbage bytes) run against a real etcd and broker started
 in a temporary directory. Strategies and properties come from
-:mod:`danube_pipeline.dev.fuzzing`, the module the tests use.
+:mod:`danube_pipeline.dev.fuzzing`, the package the tests use.
 
     .venv/bin/python benchmarks/fuzz.py                      # 10 s per property
     .venv/bin/python benchmarks/fuzz.py --seconds 60 --only decoders
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from danube_pipeline.dev import fuzzing as fz
+from danube_pipeline.dev.fuzzing.properties import Property, decoder_properties, request_properties
+from danube_pipeline.dev.fuzzing.target import BrokerTarget
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 
 _NOTE_CHARS = 3000
@@ -68,7 +69,7 @@ def _describe(exc: BaseException) -> list[str]:
     return [text if len(text) <= _NOTE_CHARS else f"{text[:_NOTE_CHARS]}…({len(text)} chars)"]
 
 
-def run_property(prop: fz.Property, *, seconds: float, examples: int, first_seed: int, chunk: int) -> Result:
+def run_property(prop: Property, *, seconds: float, examples: int, first_seed: int, chunk: int) -> Result:
     """Run ``prop`` in hypothesis runs of ``chunk`` examples until the budget is spent or it fails."""
     result = Result(prop.name)
 
@@ -104,14 +105,14 @@ def run_property(prop: fz.Property, *, seconds: float, examples: int, first_seed
 
 
 @contextmanager
-def running_broker() -> Iterator[fz.BrokerTarget]:
+def running_broker() -> Iterator[BrokerTarget]:
     """A real etcd and broker in a temporary directory, and a prepared target."""
     with tempfile.TemporaryDirectory(prefix="danube-fuzz-") as tmp:
         root = Path(tmp)
         with EtcdServer(root / "etcd") as etcd:
             broker = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=root / "broker")
             with broker:
-                target = fz.BrokerTarget(broker.address, alive=lambda: broker.running)
+                target = BrokerTarget(broker.address, alive=lambda: broker.running)
                 try:
                     target.prepare()
                     yield target
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Result] = []
 
-    def run_all(props: list[fz.Property]) -> None:
+    def run_all(props: list[Property]) -> None:
         for prop in props:
             if args.match and args.match not in prop.name:
                 continue
@@ -154,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("  " + text.replace("\n", "\n  "), flush=True)
 
     if args.only != "requests":
-        run_all(fz.decoder_properties())
+        run_all(decoder_properties())
     if args.only != "decoders":
         try:
             with running_broker() as target:
-                run_all(fz.request_properties(target))
+                run_all(request_properties(target))
         except (AssertionError, RuntimeError, subprocess.SubprocessError) as exc:
             print(f"broker: {type(exc).__name__}: {exc}", flush=True)
             results.append(Result("broker-alive-after-run", failures=[str(exc)]))

@@ -1,4 +1,4 @@
-"""Simulated rebalancing rounds of the load manager (``broker/cluster/load_manager.py``) at scale.
+"""Simulated rebalancing rounds of the load manager (``broker/cluster/load_manager/``) at scale.
 
 No server runs: a seeded model of a cluster stands in for the load reports
 (``docs/etcd-layout.md`` §1.6). Topics get skewed traffic (msg/s lognormal, σ 1.2; message size

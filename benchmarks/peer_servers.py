@@ -109,33 +109,6 @@ class _Server(ChildProcess):
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         super().__init__()
 
-    @property
-    def pid(self) -> int:
-        """The server's process id.
-
-        Raises:
-            RuntimeError: if not started.
-        """
-        if self._proc is None:
-            raise RuntimeError(f"{type(self).__name__} is not started")
-        return self._proc.pid
-
-    def start(self, *, timeout_s: float = 20.0) -> None:
-        """Spawn the server and wait until it serves (each subclass says how it checks)."""
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 class RedisServer(_Server):
     """``redis-server`` with ``appendonly yes``, ``appendfsync always`` and ``save ""``.

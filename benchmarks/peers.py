@@ -371,7 +371,8 @@ class NatsTarget(Target[NatsServer]):
         await js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE, num_replicas=1)
 
         async def send(payload: bytes) -> asyncio.Future[Any]:
-            return await js.publish_async(subject, payload)
+            ack: asyncio.Future[Any] = await js.publish_async(subject, payload)
+            return ack
 
         async def stored() -> int:
             return int((await js.stream_info(stream)).state.messages)

@@ -91,7 +91,7 @@ class BrokerConfig:
             ``"skip"`` them (logged and counted in ``skipped_unavailable``).
         load_manager_strategy: how the leader's rebalancer scores brokers: ``fair`` (topic
             count), ``balanced`` (topics, CPU, memory) or ``weighted_load`` (adds msg/s and
-            bytes/s); ``broker/cluster/load_manager.py``.
+            bytes/s); ``broker/cluster/load_manager/``.
         rebalance_threshold: the coefficient of variation of the brokers' scores above which
             topics move: ``conservative`` (0.4), ``balanced`` (0.3), ``aggressive`` (0.2), or a
             number as a string (e.g. ``"0.25"``); see :attr:`rebalance_cv_threshold`.

@@ -28,7 +28,7 @@ def spawn(
     """Run ``coro`` as a background task whose outcome is always retrieved.
 
     The task starts in an empty context, so no RPC's deadline
-    (:func:`danube_pipeline.metadata.store.deadline_scope`) applies to it. When it fails, its
+    (:func:`danube_pipeline.metadata.connection.deadline_scope`) applies to it. When it fails, its
     exception goes to ``on_error``; without one, a :class:`DanubeError` is logged as a warning
     line and anything else with its traceback. Cancellation is not an error.
 

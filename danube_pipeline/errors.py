@@ -10,17 +10,16 @@ two behaviour flags read by the client's retry and metadata-refresh logic (the a
   stale and must be refreshed before retrying.
 
 gRPC status codes are mapped to these classes in exactly one place on each side of the RPC:
-``broker.rpc.status`` (server, with :func:`encode_error_metadata`) and
-``danube_pipeline.client._status`` (client, with :func:`error_from_status`). The error's class
-name and constructor arguments travel in trailing metadata, so the client rebuilds the same
-typed error with the same fields.
+``broker.rpc.status`` (server, with :func:`~danube_pipeline.error_codec.encode_error_metadata`)
+and ``danube_pipeline.client.status`` (client, with
+:func:`~danube_pipeline.error_codec.error_from_status`). The error's class name and constructor
+arguments travel in trailing metadata (the encoding is :mod:`danube_pipeline.error_codec`), so
+the client rebuilds the same typed error with the same fields.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import grpc
 
@@ -28,8 +27,10 @@ import grpc
 class DanubeError(Exception):
     """Root of every Danube Pipeline error."""
 
-    retriable: ClassVar[bool] = False
-    invalid_metadata: ClassVar[bool] = False
+    # Class-level flags; an error of no known class that came over the wire sets them on the
+    # instance from its status code (error_codec.RemoteError.from_status).
+    retriable: bool = False
+    invalid_metadata: bool = False
     grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
 
 
@@ -518,169 +519,11 @@ class ConsumerClosedError(DanubeError, RuntimeError):
         super().__init__(message)
 
 
-WIRE_ERRORS: tuple[type[DanubeError], ...] = (
-    InvalidNameError,
-    MessageTooLargeError,
-    MalformedRequestError,
-    SchemaMismatchError,
-    TopicNotFoundError,
-    NotServedHereError,
-    ProducerNotFoundError,
-    ConsumerNotFoundError,
-    SubscriptionBusyError,
-    SubscriptionNotFoundError,
-    TopicInUseError,
-    OffsetOutOfRangeError,
-    SchemaNotFoundError,
-    InvalidSchemaError,
-    IncompatibleSchemaError,
-    SchemaRequiredError,
-    SegmentNotFoundError,
-    CorruptRecordError,
-    BrokerUnavailableError,
-    MetadataStoreError,
-    OffsetRangeError,
-    StorageFullError,
-    BatchNotAppendedError,
-    PositionBelowRetentionError,
-    SegmentQuarantinedError,
-    PartitionedTopicError,
-    UnavailableRangeNotFoundError,
-    DuplicateSequenceError,
-    InvalidAckError,
-    PolicyLimitError,
-)
-"""The error classes that travel from broker to client with their typed fields."""
-
-_BY_NAME: dict[str, type[DanubeError]] = {cls.__name__: cls for cls in WIRE_ERRORS}
-
-ERROR_CLASS_METADATA_KEY = "danube-error-class"
-"""gRPC trailing-metadata key carrying the :class:`DanubeError` subclass name."""
-ERROR_FIELDS_METADATA_KEY = "danube-error-fields"
-"""gRPC trailing-metadata key carrying the error's constructor arguments as a JSON object
-(ASCII, so it is a valid text metadata value)."""
-
 MAX_WIRE_STRING_CHARS = 256
 """A string field longer than this travels as its first characters plus a note of its length,
 so an error quoting bad input (a 10 KB name) stays small on the wire and in logs."""
 
 
-def _field_names(cls: type[DanubeError]) -> list[str]:
-    return [
-        name
-        for name, param in inspect.signature(cls.__init__).parameters.items()
-        if name != "self" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-    ]
-
-
 def bounded(value: str, limit: int = MAX_WIRE_STRING_CHARS) -> str:
     """``value`` if short, else its first ``limit`` characters and ``…(N chars)``."""
     return value if len(value) <= limit else f"{value[:limit]}…({len(value)} chars)"
-
-
-def error_fields(error: DanubeError) -> dict[str, Any]:
-    """The constructor arguments of ``error``, read back from its attributes.
-
-    Every wire error class stores each ``__init__`` argument under the same attribute name;
-    string values are cut with :func:`bounded`.
-
-    Returns:
-        A JSON-encodable ``{argument: value}`` mapping.
-    """
-    fields: dict[str, Any] = {}
-    for name in _field_names(type(error)):
-        value = getattr(error, name, None)
-        fields[name] = bounded(value) if isinstance(value, str) else value
-    return fields
-
-
-def encode_error_metadata(error: DanubeError) -> tuple[tuple[str, str], ...]:
-    """The trailing metadata that carries ``error`` to the client: its class name and its
-    fields (:data:`ERROR_CLASS_METADATA_KEY`, :data:`ERROR_FIELDS_METADATA_KEY`)."""
-    fields = json.dumps(error_fields(error), ensure_ascii=True, separators=(",", ":"))
-    return ((ERROR_CLASS_METADATA_KEY, type(error).__name__), (ERROR_FIELDS_METADATA_KEY, fields))
-
-
-class RemoteError(DanubeError):
-    """An error reported by the broker over gRPC.
-
-    A :class:`RemoteError` that names a known class is also an instance of that class, built
-    through its own constructor from the fields the broker sent, so ``except
-    TopicNotFoundError as e: e.topic`` works on the client.
-
-    Attributes:
-        code: the gRPC status code.
-        details: the status details string (the server-side message).
-        error_class: the server-side :class:`DanubeError` subclass name, if sent.
-        retriable: whether the same request may succeed later.
-        invalid_metadata: whether the client must refresh its topic-to-broker map.
-    """
-
-    code: grpc.StatusCode
-    details: str
-    error_class: str | None
-
-    @classmethod
-    def from_status(cls, code: grpc.StatusCode, details: str, error_class: str | None = None) -> RemoteError:
-        """An error of no known class: ``retriable`` for ``UNAVAILABLE`` and
-        ``DEADLINE_EXCEEDED``, ``invalid_metadata`` for ``UNAVAILABLE``."""
-        err = cls.__new__(cls)
-        Exception.__init__(err, f"{code.name}: {details}")
-        err._set_status(code, details, error_class)
-        err.retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # type: ignore[misc]
-        err.invalid_metadata = code == grpc.StatusCode.UNAVAILABLE  # type: ignore[misc]
-        return err
-
-    def _set_status(self, code: grpc.StatusCode, details: str, error_class: str | None) -> None:
-        self.code = code
-        self.details = details
-        self.error_class = error_class
-
-
-_REMOTE_TYPES: dict[str, type[RemoteError]] = {}
-
-
-def _remote_type(cls: type[DanubeError]) -> type[RemoteError]:
-    typed = _REMOTE_TYPES.get(cls.__name__)
-    if typed is None:
-        # cls first in the MRO: its __init__, message and flags win.
-        typed = type(f"Remote{cls.__name__}", (cls, RemoteError), {})
-        _REMOTE_TYPES[cls.__name__] = typed
-    return typed
-
-
-def error_from_status(
-    code: grpc.StatusCode, details: str, error_class: str | None, fields_json: str | None = None
-) -> RemoteError:
-    """Build the client-side exception for a gRPC status (the single mapping point).
-
-    The broker sends the :class:`DanubeError` subclass name and its fields in trailing metadata
-    (:func:`encode_error_metadata`). When the name is a known class and the fields fit its
-    constructor, the returned error is built through that constructor: it is a
-    :class:`RemoteError` and an instance of the class, with the class's typed fields, message
-    and ``retriable`` / ``invalid_metadata`` flags. Without usable fields it is still an
-    instance of the class, with the flags but without the fields.
-
-    Args:
-        code: the gRPC status code received.
-        details: the status details string.
-        error_class: the class name from trailing metadata, or ``None``.
-        fields_json: the JSON object of constructor arguments, or ``None``.
-
-    Returns:
-        An exception instance, not raised.
-    """
-    cls = _BY_NAME.get(error_class or "")
-    if cls is None:
-        return RemoteError.from_status(code, details, error_class)
-    typed = _remote_type(cls)
-    try:
-        fields = json.loads(fields_json) if fields_json else None
-        if not isinstance(fields, dict):
-            raise TypeError("no fields")
-        err = typed(**fields)
-    except (TypeError, ValueError):
-        err = typed.__new__(typed)
-        Exception.__init__(err, f"{code.name}: {details}")
-    err._set_status(code, details, error_class)
-    return err

@@ -1,10 +1,15 @@
-"""Shared fixtures: a real etcd (one per session) and real broker processes.
+"""Shared fixtures: a real etcd (one per session), real broker processes and one Spark session.
 
 * ``etcd`` (session): an :class:`~danube_pipeline.dev.localcluster.EtcdServer` on free ports.
 * ``etcd_endpoints`` (function): ``etcd.endpoints`` after deleting every key, so each test
   starts from empty metadata.
 * ``start_broker`` (function): ``start_broker(data_dir=None, **kwargs) -> BrokerProcess``;
   every broker started is stopped at teardown.
+* ``spark_settings`` (session): the one local Spark session of the run, stopped at the end;
+  ``spark_session`` (function) hands it out and ``spark_on_catalog`` (function) registers an
+  Iceberg catalog on it; ``own_spark_context`` stops it for a test that needs its own.
+
+Collection fails when a test carries none of the tier markers (:data:`TIER_MARKERS`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import RegisterCatalog
 
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # ``postgres`` (session) and ``postgres_url`` (a new database): a real PostgreSQL server.
 pytest_plugins = ["postgres_server"]
@@ -79,3 +88,112 @@ def start_broker(
     finally:
         for broker in reversed(started):
             broker.stop()
+
+
+# --------------------------------------------------------------------------- tier markers
+
+#: The markers of ``[tool.pytest.ini_options] markers`` that say which tier a test is in.
+TIER_MARKERS = frozenset({"unit", "integration", "spark", "e2e", "packaging", "fuzz"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail collection when a test carries none of :data:`TIER_MARKERS`.
+
+    A test file sets ``pytestmark`` or marks every test; a new file without either cannot slip
+    into the suite (``-m unit`` and the other tier selections would silently skip it).
+
+    Raises:
+        pytest.UsageError: the unmarked tests, one node id a line.
+    """
+    unmarked = [item.nodeid for item in items if not TIER_MARKERS & {m.name for m in item.iter_markers()}]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) carry none of the tier markers {sorted(TIER_MARKERS)} "
+            "(set pytestmark in the file or mark each test):\n  " + "\n  ".join(unmarked)
+        )
+
+
+# --------------------------------------------------------------------------- Spark
+#
+# One JVM and one SparkSession serve every Spark test of the run: starting Spark takes tens of
+# seconds, and jars are fixed when the JVM starts. Each test registers the Iceberg catalog it
+# needs on that session (``spark_on_catalog``); product code that calls
+# ``build_spark_session`` (``SparkResource``) gets the same session back from Spark's
+# ``getOrCreate``. Tests that truly need another SparkContext say so with ``own_spark_context``.
+
+
+def _stop_spark() -> None:
+    """Stop the process's live Spark session, if any (the JVM keeps running)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The Spark settings of the run's one local session (``spark_conf`` on a SQLite catalog
+    ``session`` in a temporary directory; both JDBC drivers are on its jars when installed).
+
+    The session is created lazily by ``spark_session`` and stopped when the test session ends.
+    """
+    from danube_pipeline.lake.spark.session import spark_conf
+
+    root = tmp_path_factory.mktemp("spark-session")
+    conf = spark_conf(
+        catalog_name="session", catalog_uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri()
+    )
+    try:
+        yield conf
+    finally:
+        _stop_spark()
+
+
+@pytest.fixture
+def spark_session(spark_settings: dict[str, str]) -> SparkSession:
+    """The run's one Spark session (``build_spark_session``: Spark's ``getOrCreate``).
+
+    The same session every time, unless a test stopped it (``own_spark_context``): then a new
+    one starts on the same JVM, with the same jars.
+    """
+    from danube_pipeline.lake.spark.session import build_spark_session
+
+    return build_spark_session(spark_settings)
+
+
+@pytest.fixture
+def spark_on_catalog(spark_session: SparkSession) -> RegisterCatalog:
+    """``spark_on_catalog(name=, uri=, warehouse=) -> SparkSession``: the run's session with
+    the Iceberg catalog ``name`` set to pyiceberg's ``uri`` and ``warehouse`` (the
+    ``spark.sql.catalog.<name>*`` settings of ``spark_conf``, through ``spark.conf.set``).
+    """
+
+    def register(*, name: str, uri: str, warehouse: str) -> SparkSession:
+        from danube_pipeline.lake.spark.session import spark_conf
+
+        prefix = f"spark.sql.catalog.{name}"
+        wanted = {
+            key: value
+            for key, value in spark_conf(catalog_name=name, catalog_uri=uri, warehouse=warehouse).items()
+            if key == prefix or key.startswith(prefix + ".")
+        }
+        if any(spark_session.conf.get(key, None) != value for key, value in wanted.items()):
+            for key, value in wanted.items():
+                spark_session.conf.set(key, value)
+            # Spark loads a catalog once per name and keeps it (CatalogManager); another test
+            # may have loaded ``name`` on another database. Dropping the loaded catalogs makes
+            # the next use read these settings; the other catalogs reload from theirs.
+            spark_session._jsparkSession.sessionState().catalogManager().reset()
+        return spark_session
+
+    return register
+
+
+@pytest.fixture
+def own_spark_context() -> None:
+    """For a test that starts a SparkContext of its own (another master; product code that
+    starts and stops its session, as ``make demo`` does): the run's session is stopped first,
+    since a JVM holds one SparkContext. The next ``spark_session`` starts a new one.
+    """
+    _stop_spark()

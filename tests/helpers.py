@@ -3,6 +3,7 @@
 ``eventually`` polls until a condition holds (fails after a deadline); ``stays`` checks that a
 condition keeps holding for a while, for the few assertions that something does NOT happen
 (a window that stays full, a standby that receives nothing).
+:class:`RegisterCatalog` types the ``spark_on_catalog`` fixture of ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 Check = Callable[[], bool | Awaitable[bool]]
 
@@ -68,3 +73,10 @@ def stays_sync(check: Callable[[], bool], *, for_s: float, interval_s: float = 0
         if time.monotonic() > deadline:
             return
         time.sleep(interval_s)
+
+
+class RegisterCatalog(Protocol):
+    """The ``spark_on_catalog`` fixture of ``conftest.py``: the run's Spark session with the
+    Iceberg catalog ``name`` registered on pyiceberg's ``uri`` and ``warehouse``."""
+
+    def __call__(self, *, name: str, uri: str, warehouse: str) -> SparkSession: ...

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import psycopg2
 import pytest
 
-from danube_pipeline.dev.localcluster import free_port
+from danube_pipeline.dev.localcluster import ChildProcess, free_port
 
 BINDIR_ENV = "DANUBE_POSTGRES_BINDIR"
 DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
@@ -64,7 +64,7 @@ def _version(bindir: Path) -> int:
     return int(name) if name.isdigit() else 0
 
 
-class PostgresServer:
+class PostgresServer(ChildProcess):
     """One PostgreSQL server on ``127.0.0.1:<port>``, its cluster in a temporary directory.
 
     Args:
@@ -77,7 +77,6 @@ class PostgresServer:
         self.host = "127.0.0.1"
         self.user = SUPERUSER
         self.password = PASSWORD
-        self._process: subprocess.Popen[bytes] | None = None
         self._run_as: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
             try:
@@ -91,11 +90,7 @@ class PostgresServer:
         self.root = Path(tempfile.mkdtemp(prefix="danube-postgres-"))
         self.data_dir = self.root / "data"
         self.log_path = self.root / "postgres.log"
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id while it runs."""
-        return self._process.pid if self._process is not None and self._process.poll() is None else None
+        super().__init__()
 
     def url(self, database: str = "postgres", *, driver: str = "postgresql+psycopg2") -> str:
         """``<driver>://danube:<password>@127.0.0.1:<port>/<database>``, password percent-encoded."""
@@ -135,7 +130,7 @@ class PostgresServer:
             if init.returncode != 0:
                 raise RuntimeError(f"initdb failed ({init.returncode}): {init.stderr.decode(errors='replace')[-2000:]}")
         log = self.log_path.open("ab")
-        self._process = subprocess.Popen(
+        self._proc = subprocess.Popen(
             [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
              "-c", f"listen_addresses={self.host}", "-c", f"unix_socket_directories={self.root}",
              # a test server: durability off for speed
@@ -147,8 +142,8 @@ class PostgresServer:
         log.close()
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self._process.returncode}: {self._log_tail()}")
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self._proc.returncode}: {self._log_tail()}")
             try:
                 psycopg2.connect(self.url(driver="postgresql"), connect_timeout=2).close()
                 return
@@ -183,7 +178,7 @@ class PostgresServer:
     def stop(self, *, timeout_s: float = 30.0) -> None:
         """Stop the server by its pid: SIGINT (PostgreSQL's "fast" shutdown), SIGKILL after
         ``timeout_s``."""
-        process, self._process = self._process, None
+        process, self._proc = self._proc, None
         if process is None or process.poll() is not None:
             return
         os.kill(process.pid, signal.SIGINT)

@@ -4,7 +4,7 @@ Mode": ``org.apache.spark.deploy.master.Master`` and ``org.apache.spark.deploy.w
 each with its log and the worker's work directory under a given directory, and stopped by pid.
 
 Python tasks on the worker run ``sys.executable`` (PySpark ships the driver's
-``PYSPARK_PYTHON`` with each task, and :func:`danube_pipeline.lake.spark.build_spark_session` sets it),
+``PYSPARK_PYTHON`` with each task, and :func:`danube_pipeline.lake.spark.session.build_spark_session` sets it),
 so they import this checkout's packages.
 """
 

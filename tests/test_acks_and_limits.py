@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
+from helpers import eventually
 
 from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
+from danube_pipeline.error_codec import RemoteError
 from danube_pipeline.errors import (
     ConsumerNotFoundError,
     DanubeError,
     InvalidAckError,
     PolicyLimitError,
-    RemoteError,
 )
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
@@ -75,8 +77,8 @@ async def _produce(stubs: Stubs, topic: str, count: int, *, per_batch: int = 1) 
         for i in range(n):
             builder.append(f"m{sent + i}".encode(), timestamp_us=1)
         batch = builder.build(producer_id=created.producer_id, producer_name="p")
-        await _call(stubs, lambda s, b=batch: s.producer.SendBatch(
-            pb.SendBatchRequest(producer_id=created.producer_id, batch=b), timeout=T))
+        request = pb.SendBatchRequest(producer_id=created.producer_id, batch=batch)
+        await _call(stubs, lambda s: s.producer.SendBatch(request, timeout=T))
         sent += n
     await _call(stubs, lambda s: s.producer.CloseProducer(
         pb.CloseProducerRequest(producer_id=created.producer_id), timeout=T))
@@ -254,6 +256,25 @@ async def _eventually(call: Callable[[], Awaitable[object]], cls: type[E], timeo
         await asyncio.sleep(0.05)
 
 
+async def _until_refused(attempt: Callable[[int], Awaitable[object]], *, what: str) -> None:
+    """Call ``attempt(0)``, ``attempt(1)``, ... until one raises :class:`PolicyLimitError`: a
+    policy written to etcd has reached the broker's cache (a watch event away).
+
+    Raises:
+        AssertionError: still not refused after 10 s.
+    """
+    attempts = itertools.count()
+
+    async def refused() -> bool:
+        try:
+            await attempt(next(attempts))
+        except PolicyLimitError:
+            return True
+        return False
+
+    await eventually(refused, timeout_s=10.0, interval_s=0.05, what=what)
+
+
 async def _producer(stubs: Stubs, topic: str, name: str) -> int:
     created = await _call(stubs, lambda s: s.producer.CreateProducer(
         pb.CreateProducerRequest(topic=topic, producer_name=name), timeout=T))
@@ -268,7 +289,16 @@ async def test_count_limits_at_the_limit_and_one_past(stubs: Stubs, etcd_endpoin
         "max_consumers_per_topic": 3, "max_consumers_per_subscription": 2,
     })
     topic = "/limits/t"
-    await asyncio.sleep(0.5)  # the policy reaches the broker's cache
+    # the policy reaches the broker's cache: a third producer on another topic is refused
+    probe = "/limits/probe"
+    for i in range(2):
+        await _producer(stubs, probe, f"probe-{i}")
+
+    async def third_producer(attempt: int) -> None:
+        producer_id = await _producer(stubs, probe, f"probe-extra-{attempt}")
+        await _call(stubs, lambda s: s.producer.CloseProducer(pb.CloseProducerRequest(producer_id=producer_id), timeout=T))
+
+    await _until_refused(third_producer, what="max_producers_per_topic reaches the broker's cache")
     p1 = await _producer(stubs, topic, "p1")
     await _producer(stubs, topic, "p2")  # at the limit
     err = await _raises(PolicyLimitError, _producer(stubs, topic, "p3"))
@@ -298,7 +328,15 @@ async def test_subscription_limit_alone(stubs: Stubs, etcd_endpoints: list[str])
     await _put(etcd_endpoints, keys.namespace_policy("subs"), {"max_subscriptions_per_topic": 1})
     topic = "/subs/t"
     await _call(stubs, lambda s: s.admin.CreateTopic(pb.CreateTopicRequest(topic=topic), timeout=T))
-    await asyncio.sleep(0.5)  # the policy reaches the broker's cache
+    # the policy reaches the broker's cache: a second subscription on another topic is refused
+    probe = "/subs/probe"
+    await _call(stubs, lambda s: s.admin.CreateTopic(pb.CreateTopicRequest(topic=probe), timeout=T))
+    await (await RawConsumer.subscribe(stubs, probe, "probe-0")).close()
+
+    async def second_subscription(attempt: int) -> None:
+        await (await RawConsumer.subscribe(stubs, probe, f"probe-{attempt + 1}")).close()
+
+    await _until_refused(second_subscription, what="max_subscriptions_per_topic reaches the broker's cache")
     c = await RawConsumer.subscribe(stubs, topic, "only")
     err = await _raises(PolicyLimitError, RawConsumer.subscribe(stubs, topic, "second"))
     assert (err.topic, err.policy, err.limit) == (topic, "max_subscriptions_per_topic", 1)
@@ -391,12 +429,15 @@ async def test_cursor_stored_every_1000_acks_every_5_s_and_on_close(stubs: Stubs
 
 @pytest.mark.unit
 def test_topic_override_replaces_only_the_fields_present() -> None:
-    from danube_pipeline.metadata.values import NamespacePolicy
+    from danube_pipeline.metadata.values import JsonValue, NamespacePolicy
 
     namespace = NamespacePolicy(max_producers_per_topic=2, max_consumers_per_topic=5)
     topic = namespace.overridden({"max_producers_per_topic": 0, "retentionTimeInMinutes": 7, "unknown": 1})
     assert (topic.max_producers_per_topic, topic.max_consumers_per_topic) == (0, 5)
     assert topic.retention_time_minutes == 7 and topic.max_message_size == namespace.max_message_size
-    for bad in ({"max_producers_per_topic": -1}, {"max_consumers_per_topic": "3"}, {"max_producers_per_topic": True}, []):
+    bad_overrides: list[JsonValue] = [
+        {"max_producers_per_topic": -1}, {"max_consumers_per_topic": "3"}, {"max_producers_per_topic": True}, []
+    ]
+    for bad in bad_overrides:
         with pytest.raises(ValueError):
             namespace.overridden(bad)

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import pytest
 
-from danube_pipeline.admin.cli import update_namespace_policy
+from danube_pipeline.admin.namespaces import update_namespace_policy
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import MessageTooLargeError
@@ -154,7 +154,7 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
                 "skipped_unavailable": 0, "dispatch_throttled_ms": 0,
             }],
         }  # fmt: skip
-        owner_kv = await meta.get(keys.topic_assignment(me["broker_id"], events))
+        owner_kv = await meta.get(keys.topic_assignment(broker.broker_id, events))
         assert owner_kv is not None and d.owner_epoch == owner_kv.create_revision
         # NonReliable: the messages are in memory only, nothing in a WAL
         assert d.next_offset == 3 and d.wal_bytes == 0 and d.buffered_bytes > 0

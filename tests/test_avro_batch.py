@@ -24,6 +24,8 @@ from danube_pipeline.lake.iceberg.schema import schema_from_columns
 from danube_pipeline.lake.iceberg.writer import WriterSchema, avro_writer
 from danube_pipeline.format.records import Record
 
+pytestmark = pytest.mark.unit
+
 TRICKY: dict[str, Any] = {
     "type": "record",
     "name": "Tricky",

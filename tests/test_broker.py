@@ -23,7 +23,7 @@ from helpers import eventually_sync, stays_sync
 from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.format.records import crc32c
 from danube_pipeline.client.types import Message, _messages_from_delivery
-from danube_pipeline.errors import ERROR_CLASS_METADATA_KEY
+from danube_pipeline.error_codec import ERROR_CLASS_METADATA_KEY
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
@@ -97,13 +97,13 @@ def batch_request(
 
 
 def create_producer(stubs: Stubs, topic: str, name: str = "prod", **kw: Any) -> int:
-    return stubs.producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name=name, **kw)).producer_id
+    return int(stubs.producer.CreateProducer(pb.CreateProducerRequest(topic=topic, producer_name=name, **kw)).producer_id)
 
 
 def next_offset(stubs: Stubs, topic: str) -> int:
     for info in stubs.admin.ListTopics(pb.ListTopicsRequest()).topics:
         if info.topic == topic:
-            return info.next_offset
+            return int(info.next_offset)
     raise AssertionError(f"{topic} not listed")
 
 
@@ -145,11 +145,11 @@ class Collector:
         self.thread.join(5)
 
 
-def subscribe(stubs: Stubs, topic: str, sub: str, sub_type: int = pb.EXCLUSIVE, **kw: Any) -> int:
+def subscribe(stubs: Stubs, topic: str, sub: str, sub_type: pb.SubscriptionType = pb.EXCLUSIVE, **kw: Any) -> int:
     kw.setdefault("initial_position", pb.EARLIEST)
-    return stubs.consumer.Subscribe(
+    return int(stubs.consumer.Subscribe(
         pb.SubscribeRequest(topic=topic, subscription=sub, subscription_type=sub_type, consumer_name="c", **kw)
-    ).consumer_id
+    ).consumer_id)
 
 
 def error_class(err: grpc.RpcError) -> str | None:

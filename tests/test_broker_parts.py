@@ -4,11 +4,12 @@ files, with typed in-memory stand-ins for etcd."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -35,6 +36,9 @@ class _DictCache:
 
     def get(self, key: str) -> JsonValue | None:
         return self.values.get(key)
+
+    def get_prefix(self, prefix: str) -> dict[str, JsonValue]:
+        return {key: self.values[key] for key in sorted(self.values) if key.startswith(prefix)}
 
 
 class _RecordingStore:
@@ -72,9 +76,8 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     FAKE fault injection: ``os.fdatasync`` (as used by broker.storage.wal) raises ENOSPC on its second
     call, i.e. for the write of sequence 1; a failing disk cannot be produced for real here.
     """
-    import broker.storage.wal.log as walmod
     from broker.topics.producer import Producer
-    from broker.rpc.services import ProducerServicer
+    from broker.rpc.producer_service import ProducerBroker, ProducerServicer
     from broker.topics.topic import Topic
     from broker.storage.wal import WriteAheadLog
 
@@ -83,7 +86,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
     producer = Producer(id=1, name="p", access_mode=0, topic=topic)
 
     class OneTopicBroker:
-        """A :class:`broker.rpc.services.ProducerBroker` with one producer on one topic."""
+        """A :class:`broker.rpc.producer_service.ProducerBroker` with one producer on one topic."""
 
         broker_id = 1
 
@@ -108,7 +111,7 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
             raise OSError(28, "No space left on device")
         real(fd)
 
-    monkeypatch.setattr(walmod.os, "fdatasync", flaky)
+    monkeypatch.setattr(os, "fdatasync", flaky)
 
     def request(seq: int) -> pb.SendBatchRequest:
         batch, _ = _batch(f"s{seq}".encode())
@@ -128,7 +131,9 @@ async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatc
         third_sent.set()
         yield request(2)  # arrives after the failure
 
-    gen = ProducerServicer.SendStream.__wrapped__(ProducerServicer(OneTopicBroker()), requests(), None)
+    # a fake broker core: SendStream needs only the producer calls OneTopicBroker has
+    servicer = ProducerServicer(cast("ProducerBroker", OneTopicBroker()))
+    gen = inspect.unwrap(ProducerServicer.SendStream)(servicer, requests(), None)
     answers = [await gen.__anext__()]
     first_answered.set()
     await asyncio.wait_for(third_sent.wait(), 5)  # the transport is slow to take the next answer
@@ -199,7 +204,7 @@ async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start
     cache = _DictCache({keys.subscription_cursor(name, "s"): 49})
     topic = Topic(name, wal, store=store, cache=cache, background=_background())
     try:
-        await topic.subscribe(
+        await topic.subscriptions.subscribe(
             subscription="s", subscription_type=SubscriptionType.EXCLUSIVE, consumer_id=1,
             consumer_name="c", earliest=False, receiver_queue_size=10,
         )

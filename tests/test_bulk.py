@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from dagster import DagsterInstance, materialize
+from helpers import RegisterCatalog
 from spark_cluster import SparkStandaloneCluster
 from tiering_helpers import Env, avro, avro_payload, make_env, record
 
@@ -44,7 +44,10 @@ from danube_pipeline.metadata.values import (
 )
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
-from danube_pipeline.lake.spark import build_spark_session, spark_conf, spark_master
+from danube_pipeline.lake.spark.session import build_spark_session, spark_conf, spark_master
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CATALOG = "danube"
 V1 = avro({"name": "sensor", "type": "string"}, {"name": "value", "type": ["null", "double"]})
@@ -115,16 +118,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bulk")
 
 
-@pytest.fixture(scope="module")
-def spark(root: Path) -> Iterator[Any]:
-    conf = spark_conf(
-        catalog_name=CATALOG, catalog_uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri()
-    )
-    session = build_spark_session(conf)
-    try:
-        yield session
-    finally:
-        session.stop()
+@pytest.fixture
+def spark(root: Path, spark_on_catalog: RegisterCatalog) -> SparkSession:
+    """The run's Spark session on the module's catalog."""
+    return spark_on_catalog(name=CATALOG, uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri())
 
 
 @pytest.fixture
@@ -157,7 +154,7 @@ async def _put_history(env: Env, topic: TopicName, *, layout: str = "day") -> in
     return 34
 
 
-async def _bulk(env: Env, spark: Any, topic: TopicName, **kwargs: Any) -> BulkLoadReport:
+async def _bulk(env: Env, spark: SparkSession, topic: TopicName, **kwargs: Any) -> BulkLoadReport:
     async with await MetadataStore.connect(env.endpoints) as store:
         return await bulk_load(
             spark, env.catalog, topic, store=store, objects=env.objects, registry=env.registry, catalog_name=CATALOG,
@@ -177,7 +174,7 @@ def _dlq(env: Env, ident: tuple[str, str]) -> list[dict[str, Any]]:
 @pytest.mark.spark
 @pytest.mark.asyncio
 @pytest.mark.parametrize("layout", ["day", "none"])
-async def test_bulk_path_writes_the_table_tiering_writes(env: Env, spark: Any, layout: str) -> None:
+async def test_bulk_path_writes_the_table_tiering_writes(env: Env, spark: SparkSession, layout: str) -> None:
     topic = TopicName("default", f"readings_{layout}")
     last = await _put_history(env, topic, layout=layout)
     tiered = await env.tier(topic)
@@ -189,9 +186,8 @@ async def test_bulk_path_writes_the_table_tiering_writes(env: Env, spark: Any, l
     assert report.created and report.objects_read == 4 and report.attempts == 1
     assert (report.first_offset, report.last_offset, report.committed_end_offset) == (0, last, last)
     assert report.rows_appended == last + 1 - 3 and report.dead_letter_records == 3
-    assert report.bytes_read == sum(
-        env.objects.info(p).size_bytes for p in env.objects.list(f"topics/default/{topic.topic}")  # type: ignore[union-attr]
-    )
+    infos = [env.objects.info(p) for p in env.objects.list(f"topics/default/{topic.topic}")]
+    assert report.bytes_read == sum(info.size_bytes for info in infos if info is not None) and None not in infos
 
     # same rows (every column), same dead letters, same committed end offsets
     assert _rows(env, bulk_ident) == _rows(env, iceberg.table_identifier(topic))
@@ -216,7 +212,7 @@ async def test_bulk_path_writes_the_table_tiering_writes(env: Env, spark: Any, l
 
 @pytest.mark.spark
 @pytest.mark.asyncio
-async def test_rerun_appends_nothing_and_tiering_continues(env: Env, spark: Any) -> None:
+async def test_rerun_appends_nothing_and_tiering_continues(env: Env, spark: SparkSession) -> None:
     topic = TopicName("default", "continued")
     last = await _put_history(env, topic)
     first = await _bulk(env, spark, topic)
@@ -250,7 +246,7 @@ async def test_rerun_appends_nothing_and_tiering_continues(env: Env, spark: Any)
 
 @pytest.mark.spark
 @pytest.mark.asyncio
-async def test_bulk_load_from_an_offset_and_bad_requests(env: Env, spark: Any) -> None:
+async def test_bulk_load_from_an_offset_and_bad_requests(env: Env, spark: SparkSession) -> None:
     topic = TopicName("default", "partial")
     last = await _put_history(env, topic)
     report = await _bulk(env, spark, topic, target="partial_tail", from_offset=25)
@@ -265,7 +261,7 @@ async def test_bulk_load_from_an_offset_and_bad_requests(env: Env, spark: Any) -
 
 
 @pytest.mark.spark
-def test_bulk_table_asset(env: Env, spark: Any, root: Path) -> None:
+def test_bulk_table_asset(env: Env, spark: SparkSession, root: Path) -> None:
     """The Dagster asset loads a topic's schemaless history with its Config, reports rows,
     bytes, offsets, snapshot id and files; a second run appends nothing."""
     topic = TopicName("default", "asset_raw")
@@ -279,7 +275,7 @@ def test_bulk_table_asset(env: Env, spark: Any, root: Path) -> None:
         ),
         "spark": SparkResource(
             catalog_name=CATALOG, catalog_uri=f"sqlite:///{root / 'catalog.db'}",
-            warehouse=(root / "warehouse").as_uri(), stop_after_use=False,  # the module's session
+            warehouse=(root / "warehouse").as_uri(), stop_after_use=False,  # the run's session
         ),
     }
     run_config = {"ops": {"bulk_table": {"config": {"target": "asset_raw_v2", "replay": True, "from_offset": 5}}}}
@@ -293,14 +289,15 @@ def test_bulk_table_asset(env: Env, spark: Any, root: Path) -> None:
         )
     assert first.success and again.success
     [mat] = first.asset_materializations_for_node("bulk_table")
-    meta = {k: v.value for k, v in mat.metadata.items()}
+    meta: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
     table = env.catalog.load_table(("default", "asset_raw_v2"))
     assert meta["table"] == "danube.default.asset_raw_v2" and meta["table_created"] is True
     assert (meta["rows_appended"], meta["row_count"], meta["objects_read"]) == (25, 25, 3)
     assert (meta["first_offset"], meta["last_offset"], meta["committed_end_offset"]) == (5, 29, 29)
     assert "committed_end_offset_before" not in meta  # a new table: nothing committed before
     assert meta["bytes_read"] == sum(len(env.objects.get_bytes(p)) for p in env.objects.list("topics/default/asset_raw"))
-    assert meta["snapshot_id"] == str(table.current_snapshot().snapshot_id)  # type: ignore[union-attr]
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and meta["snapshot_id"] == str(snapshot.snapshot_id)
     assert meta["data_files_before"] == 0 and meta["data_files_after"] >= 1
     assert iceberg.read_offsets(table) == list(range(5, 30))
     assert table.scan().to_arrow().column("_payload").to_pylist()[0] == b"message 5"
@@ -312,9 +309,11 @@ def test_bulk_table_asset(env: Env, spark: Any, root: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.asyncio
-async def test_standalone_cluster_writes_the_same_table_as_local(env: Env, spark: Any, root: Path) -> None:
-    """Runs last in this module: it stops the module's local session to start one on a
-    standalone master and worker."""
+async def test_standalone_cluster_writes_the_same_table_as_local(env: Env, spark: SparkSession, root: Path) -> None:
+    """Runs last in this module: it stops the run's local session (``conftest.py``) to start
+    one on a standalone master and worker. The master is fixed when a SparkContext starts and a
+    JVM holds one SparkContext, so this test cannot share the local one; the next Spark test
+    gets a new local session on the same JVM."""
     topic = TopicName("default", "engines")
     await _put_history(env, topic)
     local = await _bulk(env, spark, topic, target="engines_local", replay=True)

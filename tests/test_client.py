@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import fastavro
 import grpc
@@ -25,21 +26,29 @@ from danube_pipeline.client import (
 )
 from danube_pipeline.format.batches import RECORD_OVERHEAD_BYTES
 from danube_pipeline.client._accumulator import Accumulator, Batch
-from danube_pipeline.client._status import from_rpc_error
-from danube_pipeline.errors import (
+from danube_pipeline.client.status import from_rpc_error
+from danube_pipeline.error_codec import (
     ERROR_CLASS_METADATA_KEY,
+    RemoteError,
+)
+from danube_pipeline.errors import (
     BrokerUnavailableError,
     MessageTooLargeError,
-    RemoteError,
     SchemaMismatchError,
     TopicNotFoundError,
 )
 from danube_pipeline.dev.localcluster import free_port
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import ProducerMetadata
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.format.segments import decode_segment
+
+if TYPE_CHECKING:
+    from danube_pipeline.client._context import Context
+
+T = TypeVar("T")
 
 TOPIC = "/default/client_test"
 
@@ -331,7 +340,7 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(
                     payload = f"b{len(futures)}".encode()
                     futures.append(producer.send_nowait(payload))
                     sent.append(payload)
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.005)  # pacing: keep queueing while the broker restarts
             await restarting
             assert broker.address == address
             await asyncio.wait_for(producer.flush(), 30)
@@ -342,7 +351,8 @@ async def test_producer_recovers_when_broker_restarts_on_the_same_port(
             async with await MetadataStore.connect(etcd_endpoints) as store:
                 kvs, _ = await store.get_prefix(keys.topic_producers_prefix(TopicName.parse(TOPIC)))
             # only the current producer is open; the one the crash left behind is closed
-            status = {kv.value["producer_id"]: kv.value["status"] for kv in kvs}  # type: ignore[index]
+            producers = [ProducerMetadata.from_json(kv.value) for kv in kvs]
+            status = {p.producer_id: p.status for p in producers}
             assert status[first_id] is False
             assert [pid for pid, is_open in status.items() if is_open] == [producer.producer_id]
             last = await producer.send(b"z")
@@ -444,23 +454,13 @@ class _SlowAckConsumerStub:
         self.received: list[int] = []
         self.ack_started = asyncio.Event()
 
-    async def Subscribe(self, req, timeout=None):  # noqa: N802 - gRPC method name
+    async def Subscribe(self, req: pb.SubscribeRequest, timeout: float | None = None) -> pb.SubscribeResponse:  # noqa: N802 - gRPC method name
         return pb.SubscribeResponse(consumer_id=7, broker_id=1)
 
-    def Receive(self, req):  # noqa: N802
-        class _Call:
-            def __aiter__(self):
-                return self
+    def Receive(self, req: pb.ReceiveRequest) -> _NeverDelivers:  # noqa: N802
+        return _NeverDelivers()
 
-            async def __anext__(self):
-                await asyncio.Event().wait()  # a stream that never delivers
-
-            def cancel(self) -> None:
-                pass
-
-        return _Call()
-
-    async def Ack(self, req, timeout=None):  # noqa: N802
+    async def Ack(self, req: pb.AckRequest, timeout: float | None = None) -> pb.AckResponse:  # noqa: N802
         if not self.ack_started.is_set():
             self.ack_started.set()
             await asyncio.Event().wait()  # the first Ack stays in flight until cancelled
@@ -469,13 +469,27 @@ class _SlowAckConsumerStub:
             self.received.extend(range(r.first, r.last + 1))
         return pb.AckResponse()
 
-    async def CloseConsumer(self, req, timeout=None):  # noqa: N802
+    async def CloseConsumer(self, req: pb.CloseConsumerRequest, timeout: float | None = None) -> pb.CloseConsumerResponse:  # noqa: N802
         return pb.CloseConsumerResponse()
+
+
+class _NeverDelivers:
+    """A Receive stream that never delivers."""
+
+    def __aiter__(self) -> _NeverDelivers:
+        return self
+
+    async def __anext__(self) -> pb.Deliveries:
+        await asyncio.Event().wait()
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        pass
 
 
 @pytest.mark.unit
 @pytest.mark.asyncio
-async def test_close_during_an_inflight_ack_flush_loses_no_ack():
+async def test_close_during_an_inflight_ack_flush_loses_no_ack() -> None:
     from types import SimpleNamespace
 
     from danube_pipeline.client.consumer import Consumer
@@ -484,14 +498,19 @@ async def test_close_during_an_inflight_ack_flush_loses_no_ack():
     stubs = SimpleNamespace(address="fake:1", consumer=service)
 
     class _Ctx:
-        children: set = set()
+        """The part of the client's Context a Consumer uses: every call goes to ``stubs``."""
+
+        children: set[Any] = set()
         request_timeout_s = 1.0
         backoff_s = 0.01
 
-        async def call_owner(self, topic, fn, refresh=False, create_missing=False):
+        async def call_owner(
+            self, topic: str, fn: Callable[[Any], Awaitable[T]], *, refresh: bool = False, create_missing: bool = False
+        ) -> T:
             return await fn(stubs)
 
-    consumer = Consumer(_Ctx(), "/default/t", subscription="s", ack_flush_ms=20, ack_batch_size=500)
+    ctx = cast("Context", _Ctx())  # a fake: the failure needs a millisecond timing window
+    consumer = Consumer(ctx, "/default/t", subscription="s", ack_flush_ms=20, ack_batch_size=500)
     await consumer.open()
     for offset in range(10):
         await consumer.ack(offset)

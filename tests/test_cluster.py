@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import UnavailableRangeNotFoundError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import BrokerState, OffsetReservation, UnavailableRange
 from danube_pipeline.names import TopicName
 
 from broker.cluster.leader import assign_topic
@@ -112,7 +114,7 @@ async def read_log(client: DanubeClient, topic: str, subscription: str, count: i
 
 
 async def test_a_move_under_load_loses_and_duplicates_nothing(
-    tmp_path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]  # type: ignore[no-untyped-def]
+    tmp_path: Path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
 ) -> None:
     """Unload a topic while a producer sends and a consumer acks: the leader assigns it to the
     other broker, which continues the offsets; the earlier owner's untiered segments are
@@ -146,7 +148,7 @@ async def test_a_move_under_load_loses_and_duplicates_nothing(
                             await tier_sealed_segments(
                                 TopicName.parse(topic), store=meta, admin=client.admin, objects=ObjectStore(url)
                             )
-                            await asyncio.sleep(0.5)
+                            await asyncio.sleep(0.5)  # pacing: the sensor's interval between passes
 
                 reader = asyncio.create_task(consume())
                 futures = []
@@ -155,7 +157,7 @@ async def test_a_move_under_load_loses_and_duplicates_nothing(
                 for i in range(total):
                     futures.append(producer.send_nowait(payload(i)))
                     if i % 100 == 0:
-                        await asyncio.sleep(0.01)
+                        await asyncio.sleep(0.01)  # pacing: traffic spread over the unload
                     if i == total // 2:
                         next_offset = await client.admin.unload_topic(topic)
                         tierer = asyncio.create_task(tier_continuously())
@@ -206,7 +208,7 @@ async def test_draining_moves_every_topic_away(
         assert sorted(released) == sorted(t for t, b in owners_before.items() if b == victim.broker_id)
         async with await MetadataStore.connect(etcd_endpoints) as meta:
             state = await meta.get(keys.broker_state(victim.broker_id))
-            assert state is not None and state.value["mode"] == "drained"
+            assert state is not None and BrokerState.from_json(state.value).mode == "drained"
             for topic in topics:
                 assert await owners(meta, TopicName.parse(topic)) != [victim.broker_id]
         for topic in topics:
@@ -258,11 +260,11 @@ async def test_unload_and_drain_refuse_bad_input(start_broker: Callable[..., Bro
         assert (await client.lookup_topic("/default/stays")).broker_id == broker.broker_id
         async with await MetadataStore.connect(broker.etcd_endpoints) as meta:
             state = await meta.get(keys.broker_state(broker.broker_id))
-            assert state is not None and state.value["mode"] == "active"
+            assert state is not None and BrokerState.from_json(state.value).mode == "active"
 
 
 async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_back(
-    tmp_path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]  # type: ignore[no-untyped-def]
+    tmp_path: Path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
 ) -> None:
     """SIGKILL a topic's owner: once its lease expires the leader gives the topic to the other
     broker, which starts past the dead owner's reserved offset block and records the block as
@@ -294,9 +296,8 @@ async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_
         assert min(o for o in acked if o >= 300) == 1000  # past the dead owner's block 0..999
         async with await MetadataStore.connect(etcd_endpoints) as meta:
             ranges, _ = await meta.get_prefix(keys.unavailable_prefix(name))
-            assert [(r.value["start_offset"], r.value["end_offset"], r.value["broker_id"]) for r in ranges] == [
-                (0, 999, owner_id)
-            ]
+            unavailable = [UnavailableRange.from_json(r.value) for r in ranges]
+            assert [(u.start_offset, u.end_offset, u.broker_id) for u in unavailable] == [(0, 999, owner_id)]
             described = await client.admin.describe_topic(topic)
             assert [(u.start_offset, u.end_offset, u.last_written) for u in described.unavailable_ranges] == [
                 (0, 999, None)
@@ -311,13 +312,13 @@ async def test_a_killed_owner_is_failed_over_fenced_and_its_acked_messages_come_
 
             async def last_written_recorded() -> bool:
                 kvs, _ = await meta.get_prefix(keys.unavailable_prefix(name))
-                return [kv.value.get("last_written") for kv in kvs] == [299]
+                return [UnavailableRange.from_json(kv.value).last_written for kv in kvs] == [299]
 
             await eventually(last_written_recorded, timeout_s=20, what="the returned broker records its last offset")
             assert (await client.lookup_topic(topic)).broker_id == survivor.broker_id
             assert await owners(meta, name) == [survivor.broker_id]
             reservation = await meta.get(keys.offset_reservation(name))
-            assert reservation is not None and reservation.value["broker_id"] == survivor.broker_id
+            assert reservation is not None and OffsetReservation.from_json(reservation.value).broker_id == survivor.broker_id
             # Tiering reads the returned broker's segments under their own offsets, then the
             # survivor's; the range's offsets never handed out (300..999) are passed over.
             await client.admin.seal_active_segment(topic)

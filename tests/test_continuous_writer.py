@@ -11,9 +11,10 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, DagsterInstance, EventLogRecord
 from helpers import eventually_sync
 
 from assets.continuous_writer import ContinuousWriter, WriterConfig, WriterConfigError
@@ -93,7 +94,7 @@ def test_message_queryable_without_a_run_and_recorded_in_dagster(tmp_path: Path)
             with DagsterInstance.from_config(str(instance_dir)) as instance:
                 assert instance.get_runs() == []
 
-                def materializations(key: str) -> list:
+                def materializations(key: str) -> list[EventLogRecord]:
                     return list(instance.fetch_materializations(AssetKey(key), limit=10).records)
 
                 eventually_sync(lambda: bool(materializations("iceberg_table")), timeout_s=30, interval_s=0.5,
@@ -101,7 +102,7 @@ def test_message_queryable_without_a_run_and_recorded_in_dagster(tmp_path: Path)
                 [table_event] = materializations("iceberg_table")
                 mat = table_event.asset_materialization
                 assert mat is not None and mat.partition == TOPIC.partition_key
-                meta = {k: v.value for k, v in mat.metadata.items()}
+                meta: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
                 assert meta["committed_end_offset"] == 4 and meta["rows_appended"] == 5
                 assert meta["first_offset"] == 0 and meta["last_offset"] == 4
                 assert meta["bytes_read"] > 0 and int(meta["snapshot_id"]) > 0
@@ -193,7 +194,7 @@ def test_writer_and_sensor_path_together_commit_each_offset_once(
                     except Exception as exc:  # noqa: BLE001 - recorded for the assertion below
                         if "not found" not in str(exc).lower():
                             errors.append(exc)
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # pacing: the sensor's interval between passes
 
         asyncio.run(loop())
 
@@ -204,7 +205,7 @@ def test_writer_and_sensor_path_together_commit_each_offset_once(
             sent = 0
             for burst in range(12):
                 sent += len(await _produce([broker.address], [f"{burst}-{i}".encode() for i in range(50)]))
-                await asyncio.sleep(0.4)
+                await asyncio.sleep(0.4)  # pacing: bursts spread over the writer's passes
             return sent
 
         total = asyncio.run(produce_in_bursts())

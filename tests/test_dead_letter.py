@@ -282,6 +282,7 @@ async def test_a_first_object_of_unknown_schemas_still_makes_a_table_with_a_sche
     _assert_each_offset_once(env, 2)
 
 
+@pytest.mark.unit
 def test_a_topic_named_like_a_dead_letter_table_is_refused(tmp_path: Path) -> None:
     from danube_pipeline.errors import InvalidNameError
 
@@ -292,6 +293,7 @@ def test_a_topic_named_like_a_dead_letter_table_is_refused(tmp_path: Path) -> No
     assert iceberg.dead_letter_table_of(iceberg.ensure_table(catalog, TOPIC, None)) is None
 
 
+@pytest.mark.unit
 def test_dead_letter_schema() -> None:
     assert [f.name for f in iceberg.dead_letter_schema().fields] == [
         "_offset", "_publish_time", "_producer_name", "_schema_id", "_schema_version", "_payload", "_error",

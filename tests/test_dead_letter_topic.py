@@ -4,7 +4,7 @@
   ``{topic}-{subscription}-DLQ`` with its key, payload and attributes plus the origin
   attributes (``broker/dispatch/dead_letter_topic.py``), then acknowledges it on its topic.
 * Crash safety: a broker SIGKILLed right after the dead-letter publish and before the ack
-  (fault injection point ``DANUBE_FAULT_AFTER_DLQ_PUBLISH``) redelivers the message after its
+  (fault point ``dead_letter.after_publish``, :mod:`danube_pipeline.faults`) redelivers the message after its
   restart; when it runs out of redeliveries again, the publish is recognised as written
   (idempotent produce) and only the ack happens: the dead-letter topic holds it once, and it is
   acknowledged once.
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from danube_pipeline import faults
 from danube_pipeline.client import DanubeClient, InitialPosition, Message, SubscriptionType
 from danube_pipeline.client.consumer import Consumer
 from danube_pipeline.errors import BrokerUnavailableError
@@ -28,7 +29,6 @@ from broker.dispatch.dead_letter_topic import (
     ATTR_REDELIVERY_COUNT,
     ATTR_SUBSCRIPTION,
     ATTR_TOPIC,
-    FAULT_AFTER_DLQ_PUBLISH_ENV,
 )
 from helpers import eventually
 
@@ -116,7 +116,7 @@ async def test_dead_letter_is_published_once_across_a_sigkill_between_its_steps(
     start_broker: Any, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "dlq-broker"
-    broker = start_broker(data_dir=data_dir, env={FAULT_AFTER_DLQ_PUBLISH_ENV: "1"})
+    broker = start_broker(data_dir=data_dir, env=faults.environment({faults.DEAD_LETTER_AFTER_PUBLISH: faults.SIGKILL}))
     options: dict[str, Any] = {
         "subscription": "billing", "subscription_type": SubscriptionType.SHARED,
         "initial_position": InitialPosition.EARLIEST,

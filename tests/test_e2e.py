@@ -20,7 +20,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 LIMIT = 30_000
 
 
-def test_demo_on_a_slice_of_flights(tmp_path, monkeypatch):
+# The demo starts and stops its own Spark session, as ``make demo`` does: the run's session
+# (``conftest.py``) is stopped first, so the demo's catalog settings are the ones in effect.
+@pytest.mark.usefixtures("own_spark_context")
+def test_demo_on_a_slice_of_flights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the project's own instance config; the runs are stored under the demo's home
     dagster_home = Path(__file__).resolve().parent.parent / "dagster_home"
     summary = run_demo(

@@ -14,7 +14,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import fastavro
 import grpc
@@ -24,13 +24,18 @@ import pytest_asyncio
 from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
-from danube_pipeline.errors import (
+from danube_pipeline.error_codec import (
     ERROR_CLASS_METADATA_KEY,
     ERROR_FIELDS_METADATA_KEY,
-    MAX_WIRE_STRING_CHARS,
     WIRE_ERRORS,
+    RemoteError,
+    encode_error_metadata,
+    error_from_status,
+)
+from danube_pipeline.errors import (
+    MAX_WIRE_STRING_CHARS,
     BrokerUnavailableError,
     ConsumerNotFoundError,
     DanubeError,
@@ -41,14 +46,11 @@ from danube_pipeline.errors import (
     MetadataStoreError,
     NotServedHereError,
     ProducerNotFoundError,
-    RemoteError,
     SchemaMismatchError,
     SchemaNotFoundError,
     SegmentNotFoundError,
     SubscriptionBusyError,
     TopicNotFoundError,
-    encode_error_metadata,
-    error_from_status,
 )
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
@@ -212,7 +214,9 @@ async def test_broker_errors_carry_their_fields_on_raw_calls(
     assert err4.consumer_id == 88
 
     err5 = await _raises(MalformedRequestError, _raw(stubs, lambda s: s.consumer.Subscribe(
-        pb.SubscribeRequest(topic="/small/t", subscription="s", subscription_type=9), timeout=t)))
+        # 9 is no SubscriptionType: an invalid value sent on purpose
+        pb.SubscribeRequest(topic="/small/t", subscription="s", subscription_type=cast(pb.SubscriptionType, 9)),
+        timeout=t)))
     assert "subscription type 9" in err5.reason
 
     err6 = await _raises(SchemaNotFoundError, _raw(stubs, lambda s: s.schema.GetSchema(

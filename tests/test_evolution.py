@@ -298,6 +298,7 @@ async def test_registry_avro_versions_through_the_real_registry(env: Env) -> Non
 # --------------------------------------------------------------------------- incompatible changes
 
 
+@pytest.mark.unit
 def test_incompatible_changes_lists_what_needs_a_rewrite() -> None:
     table = iceberg.iceberg_schema_for_avro(avro(
         {"name": "flight", "type": "int"},
@@ -330,6 +331,7 @@ def test_incompatible_changes_lists_what_needs_a_rewrite() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_ensure_table_refuses_a_change_that_needs_a_rewrite(tmp_path: Path) -> None:
     catalog = iceberg.load_catalog(
         name="danube", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=(tmp_path / "w").as_uri()
@@ -372,6 +374,7 @@ JSON_V1: dict[str, Any] = {
 }
 
 
+@pytest.mark.unit
 def test_json_schema_maps_to_iceberg_types() -> None:
     schema = iceberg.iceberg_schema_for_json_schema(JSON_V1)
     by_name = {f.name: f for f in schema.fields}
@@ -404,6 +407,7 @@ def test_json_schema_maps_to_iceberg_types() -> None:
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.unit
 def test_json_payloads_decode_to_rows_and_misfits_are_refused() -> None:
     payload = {
         "id": 7, "carrier": "UA", "delay": 2, "cancelled": False, "at": "2013-01-01T05:15:00-05:00",
@@ -507,6 +511,7 @@ def _everything(protos: Protos) -> Any:
     return protos.pool.FindMessageTypeByName("ev.all2.Everything")
 
 
+@pytest.mark.unit
 def test_protobuf_maps_to_iceberg_types(env: Env) -> None:
     descriptor = _everything(env.protos)
     schema = iceberg.iceberg_schema_for_protobuf(descriptor)
@@ -534,6 +539,7 @@ def test_protobuf_maps_to_iceberg_types(env: Env) -> None:
     assert node.fields[1].field_type == StringType()  # the recursion: JSON text
 
 
+@pytest.mark.unit
 def test_protobuf_payloads_decode_to_rows(env: Env) -> None:
     descriptor = _everything(env.protos)
     node_cls = env.protos.pool.FindMessageTypeByName("ev.rec.Node")
@@ -616,17 +622,20 @@ message Flight {
     ]
 
 
+@pytest.mark.unit
 def test_without_the_registry_parser_avro_and_json_schema_still_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where ``danube_pipeline.schemas.formats`` is missing, tiering parses Avro and JSON Schema
     texts itself; a Protobuf schema cannot be read (its records would be dead-lettered)."""
-    from danube_pipeline.lake import tiering
+    import importlib
+
+    from danube_pipeline.lake import schema_lookup
     from danube_pipeline.errors import InvalidSchemaError
 
     def missing(name: str) -> Any:
         raise ImportError(name)
 
-    monkeypatch.setattr(tiering.importlib, "import_module", missing)
-    parse = tiering.default_schema_parser()
+    monkeypatch.setattr(importlib, "import_module", missing)  # what schema_lookup calls
+    parse = schema_lookup.default_schema_parser()
     writer = iceberg.writer_for_parsed(parse("Avro", json.dumps(avro({"name": "a", "type": "int"})), subject="s"))
     assert [c.name for c in writer.columns] == ["a"]
     writer = iceberg.writer_for_parsed(parse("JsonSchema", json.dumps(JSON_V1), subject="s"))

@@ -19,7 +19,30 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from danube_pipeline.format.batches import BATCH_HEADER_SIZE, BatchBuilder
-from danube_pipeline.dev import fuzzing as fz
+from danube_pipeline.dev.fuzzing.decoders import (
+    check_batch_bytes,
+    check_batch_mutation,
+    check_batch_round_trip,
+    check_segment_bytes,
+    check_segment_columns,
+    check_segment_mutation,
+    check_segment_round_trip,
+)
+from danube_pipeline.dev.fuzzing.formats import (
+    BatchCase,
+    Mutation,
+    SegmentCase,
+    batch_cases,
+    containers,
+    crafted_batches,
+    crafted_segments,
+    mutated_batches,
+    mutated_segments,
+    segments,
+    segments_v2,
+)
+from danube_pipeline.dev.fuzzing.rpcs import DISRUPTIVE_RPCS, Rpc, raw_requests, requests, rpcs
+from danube_pipeline.dev.fuzzing.target import BrokerTarget, check_request
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.format.records import SegmentHeader, crc32c
@@ -55,98 +78,98 @@ def _segment_with_key_length(key_length: int) -> bytes:
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=150)
-@given(fz.batch_cases())
-def test_batch_round_trip(case: fz.BatchCase) -> None:
-    fz.check_batch_round_trip(case)
+@given(batch_cases())
+def test_batch_round_trip(case: BatchCase) -> None:
+    check_batch_round_trip(case)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=150)
-@given(fz.segments(), st.integers(1, 5))
-def test_segment_round_trip(case: fz.SegmentCase, interval: int) -> None:
-    fz.check_segment_round_trip((case, interval))
+@given(segments(), st.integers(1, 5))
+def test_segment_round_trip(case: SegmentCase, interval: int) -> None:
+    check_segment_round_trip((case, interval))
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=500)
-@given(st.binary(max_size=300), fz.containers)
+@given(st.binary(max_size=300), containers)
 @example(b"", "bytes")
 @example(_BATCH_MAGIC_ONLY, "memoryview")
 @example(_BATCH_MAGIC_ONLY[:12] + b"\xff\xff\xff\xff" + _BATCH_MAGIC_ONLY[16:], "bytes")
 def test_batch_decoders_on_any_bytes(data: bytes, container: str) -> None:
-    fz.check_batch_bytes(data, container)
+    check_batch_bytes(data, container)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.mutated_batches())
-def test_batch_bit_flips_byte_changes_and_truncations(case: tuple[fz.BatchCase, fz.Mutation]) -> None:
-    fz.check_batch_mutation(case)
+@given(mutated_batches())
+def test_batch_bit_flips_byte_changes_and_truncations(case: tuple[BatchCase, Mutation]) -> None:
+    check_batch_mutation(case)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.crafted_batches(), fz.containers)
+@given(crafted_batches(), containers)
 def test_batch_with_recomputed_crc_splits_if_accepted(data: bytes, container: str) -> None:
-    fz.check_batch_bytes(data, container)
+    check_batch_bytes(data, container)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=500)
-@given(st.binary(max_size=300).map(lambda b: _HEADER_ONLY + b) | st.binary(max_size=300), fz.containers)
+@given(st.binary(max_size=300).map(lambda b: _HEADER_ONLY + b) | st.binary(max_size=300), containers)
 @example(_HEADER_ONLY, "bytes")
 @example(_HEADER_ONLY[:31], "bytes")
 @example(_HEADER_ONLY + bytes(8), "memoryview")
 @example(SegmentHeader(0, 0, format_version=1).encode() + b"\x28" + bytes(7), "bytes")
 def test_segment_decoders_on_any_bytes(data: bytes, container: str) -> None:
-    fz.check_segment_bytes(data, container)
+    check_segment_bytes(data, container)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.mutated_segments())
-def test_segment_bit_flips_byte_changes_and_truncations(case: tuple[fz.SegmentCase, fz.Mutation]) -> None:
-    fz.check_segment_mutation(case)
+@given(mutated_segments())
+def test_segment_bit_flips_byte_changes_and_truncations(case: tuple[SegmentCase, Mutation]) -> None:
+    check_segment_mutation(case)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.crafted_segments(), fz.containers)
+@given(crafted_segments(), containers)
 # Decoded at b57fc27 into a record with no key (key_length -2 is neither -1 nor a length) though
 # validate_batch refuses the batch; decode_segment now checks the framing (CorruptRecordError).
 @example(_segment_with_key_length(-2), "bytes")
 @example(_segment_with_key_length(1000), "memoryview")
 def test_segment_with_recomputed_crc_raises_only_documented_errors(data: bytes, container: str) -> None:
-    fz.check_segment_bytes(data, container, strict=False)
+    check_segment_bytes(data, container, strict=False)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=150)
-@given(fz.segments() | fz.segments_v2(tierable=True), fz.containers)
-def test_segment_columns_equal_the_reference_decoder(case: fz.SegmentCase, container: str) -> None:
-    fz.check_segment_columns(case.data, container)
+@given(segments() | segments_v2(tierable=True), containers)
+def test_segment_columns_equal_the_reference_decoder(case: SegmentCase, container: str) -> None:
+    check_segment_columns(case.data, container)
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.mutated_segments(tierable=True))
-def test_segment_columns_refuse_mutations_as_the_reference_decoder(case: tuple[fz.SegmentCase, fz.Mutation]) -> None:
+@given(mutated_segments(tierable=True))
+def test_segment_columns_refuse_mutations_as_the_reference_decoder(case: tuple[SegmentCase, Mutation]) -> None:
     segment, mutation = case
-    fz.check_segment_columns(mutation.apply(segment.data))
+    check_segment_columns(mutation.apply(segment.data))
 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=300)
-@given(fz.crafted_segments(), fz.containers)
+@given(crafted_segments(), containers)
 @example(_segment_with_key_length(-2), "bytes")
 @example(_segment_with_key_length(1000), "memoryview")
 def test_segment_columns_on_crafted_segments(data: bytes, container: str) -> None:
-    fz.check_segment_columns(data, container)
+    check_segment_columns(data, container)
 
 
 # ------------------------------------------------------------------ requests, real broker
 
-RPCS = fz.rpcs()
+RPCS = rpcs()
 PROTO = Path(pb.__file__).with_name("danube.proto")
 
 
@@ -156,7 +179,7 @@ def test_every_rpc_of_the_proto_is_fuzzed() -> None:
     ``tests/test_topic_admin.py``)."""
     declared = re.findall(r"^\s*rpc\s+(\w+)\(", PROTO.read_text(), flags=re.MULTILINE)
     services = re.findall(r"^service\s+(\w+)", PROTO.read_text(), flags=re.MULTILINE)
-    left_out = sorted(name.split(".")[1] for name in fz.DISRUPTIVE_RPCS)
+    left_out = sorted(name.split(".")[1] for name in DISRUPTIVE_RPCS)
     assert left_out == ["AbandonUnavailableRange", "DeleteTopic", "DrainBroker", "ResetCursor", "UnloadTopic"]
     assert sorted(r.method for r in RPCS) == sorted(set(declared) - set(left_out))
     assert {r.service for r in RPCS} == set(services) == {
@@ -169,16 +192,16 @@ class Broker:
 
     def __init__(self, etcd: EtcdServer, data_dir: Path) -> None:
         self.process = BrokerProcess(etcd_endpoints=etcd.endpoints, data_dir=data_dir)
-        self.target: fz.BrokerTarget | None = None
+        self.target: BrokerTarget | None = None
 
-    def up(self) -> fz.BrokerTarget:
+    def up(self) -> BrokerTarget:
         if self.target is not None and self.process.running:
             return self.target
         if self.target is not None:
             self.target.close()
         self.process.stop()
         self.process.start()
-        self.target = fz.BrokerTarget(self.process.address, alive=lambda: self.process.running)
+        self.target = BrokerTarget(self.process.address, alive=lambda: self.process.running)
         self.target.prepare()
         return self.target
 
@@ -203,21 +226,21 @@ def broker(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture
-def target(broker: Broker) -> fz.BrokerTarget:
+def target(broker: Broker) -> BrokerTarget:
     return broker.up()
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("rpc", RPCS, ids=lambda r: r.name)
-def test_request_with_fuzzed_fields(target: fz.BrokerTarget, rpc: fz.Rpc) -> None:
+def test_request_with_fuzzed_fields(target: BrokerTarget, rpc: Rpc) -> None:
     """Messages with any field values (names with control characters, 70,000-character
     strings, u64 extremes, unknown enum numbers, any batch bytes; known ids mixed in) are
     answered with an allowed status, and the broker keeps serving."""
 
     @REQUESTS
-    @given(request=fz.requests(rpc, target.known))
+    @given(request=requests(rpc, target.known))
     def fuzz(request: list[Message]) -> None:
-        fz.check_request(target, rpc, request)
+        check_request(target, rpc, request)
 
     fuzz()
     target.assert_produce_consume()
@@ -225,24 +248,24 @@ def test_request_with_fuzzed_fields(target: fz.BrokerTarget, rpc: fz.Rpc) -> Non
 
 @pytest.mark.integration
 @pytest.mark.parametrize("rpc", RPCS, ids=lambda r: r.name)
-def test_request_of_garbage_bytes(target: fz.BrokerTarget, rpc: fz.Rpc) -> None:
+def test_request_of_garbage_bytes(target: BrokerTarget, rpc: Rpc) -> None:
     """Payloads that do not parse as the request message (or parse after a mutation) are
     answered with an allowed status (INVALID_ARGUMENT for undecodable ones), never UNKNOWN."""
 
     @GARBAGE
-    @given(request=fz.raw_requests(rpc, target.known))
+    @given(request=raw_requests(rpc, target.known))
     @example(request=[b"\x80"])
     def fuzz(request: list[bytes]) -> None:
-        fz.check_request(target, rpc, request)
+        check_request(target, rpc, request)
 
     fuzz()
     target.assert_produce_consume()
 
 
 @pytest.mark.integration
-def test_register_schema_nested_past_the_recursion_limit(target: fz.BrokerTarget) -> None:
+def test_register_schema_nested_past_the_recursion_limit(target: BrokerTarget) -> None:
     """Found by the fields fuzzer at b57fc27: a schema text of JSON nested ~1,000 deep made the
     broker answer INTERNAL (RecursionError while parsing the JSON)."""
     (rpc,) = [r for r in RPCS if r.name == "SchemaRegistry.RegisterSchema"]
     for raw in ("[" * 5000 + "]" * 5000, '{"type": ' * 5000 + '"int"' + "}" * 5000):
-        fz.check_request(target, rpc, [pb.RegisterSchemaRequest(subject="fuzz-subject", raw_schema=raw)])
+        check_request(target, rpc, [pb.RegisterSchemaRequest(subject="fuzz-subject", raw_schema=raw)])

@@ -7,13 +7,16 @@ the documented field names in the documented order, with the values this round i
 
 from __future__ import annotations
 
-import asyncio
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from helpers import eventually
 
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
+from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata.store import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -48,7 +51,9 @@ DOCUMENTED_KEY_PATTERNS = [
 N = 50
 
 
-async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start_broker):
+async def test_keys_and_values_match_the_documented_layout(
+    etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
+) -> None:
     broker = start_broker()
     flights = list(iter_flights(N))
     async with DanubeClient([broker.address]) as client:
@@ -68,17 +73,18 @@ async def test_keys_and_values_match_the_documented_layout(etcd_endpoints, start
     assert offsets == list(range(N))
 
     async with await MetadataStore.connect(etcd_endpoints) as store:
-        # the load report (§1.6) is written in the background after the topic loads
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while True:
+
+        async def load_report_lists_the_topic() -> bool:
             report = await store.get(f"/cluster/load/{broker.broker_id}")
-            if report is not None and report.value["topic_list"]:  # type: ignore[index]
-                break
-            assert loop.time() < deadline, f"no load report listing the topic: {report}"
-            await asyncio.sleep(0.2)
+            return report is not None and isinstance(report.value, dict) and bool(report.value["topic_list"])
+
+        # the load report (§1.6) is written in the background after the topic loads
+        await eventually(
+            load_report_lists_the_topic, timeout_s=30, interval_s=0.2, what="a load report listing the topic"
+        )
         kvs, _ = await store.get_prefix("/")
-    kv = {x.key: x.value for x in kvs}
+    # the decoded JSON of every key: its shape is what this test checks, field by field
+    kv: dict[str, Any] = {x.key: x.value for x in kvs}
 
     stray = [k for k in kv if not any(re.fullmatch(p, k) for p in DOCUMENTED_KEY_PATTERNS)]
     assert stray == [], f"keys outside the documented layout: {stray}"

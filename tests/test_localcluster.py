@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import eventually_sync
@@ -38,7 +39,7 @@ def _alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
-def test_etcd_dies_with_a_sigkilled_launcher(tmp_path):
+def test_etcd_dies_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path / "etcd")], stdout=subprocess.PIPE, text=True)
     try:
         assert launcher.stdout is not None
@@ -54,7 +55,7 @@ def test_etcd_dies_with_a_sigkilled_launcher(tmp_path):
             launcher.stdout.close()
 
 
-def test_a_cluster_of_two_brokers_serves_until_ctrl_c(tmp_path):
+def test_a_cluster_of_two_brokers_serves_until_ctrl_c(tmp_path: Path) -> None:
     """``make dev BROKERS=2``'s path: one etcd, two brokers with their own data directories and
     ports, both registered; SIGINT (Ctrl-C) stops all three."""
     command = [sys.executable, "-m", "danube_pipeline.dev.localcluster", "--brokers", "2", "--home", str(tmp_path),

@@ -24,6 +24,7 @@ from dagster import (
     instance_for_test,
 )
 from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform
+from helpers import RegisterCatalog
 from tiering_helpers import avro, avro_payload, make_env
 
 from assets.assets import iceberg_table, segment_objects
@@ -329,7 +330,7 @@ def test_freshness_sensor_runs_the_check_when_a_table_turns_stale_or_fresh(
     broker = start_broker(segment_max_age_s=600.0)
     asyncio.run(_produce(broker.address, env.topic.path, 5, seal=True))
     monkeypatch.setenv("DANUBE_FRESHNESS_LIMIT_S", "0.5")
-    time.sleep(1.0)
+    time.sleep(1.0)  # time passes: the sealed records become older than the 0.5 s limit
     resources = env.resources(broker=BrokerResource(bootstrap_addresses=broker.address))
 
     def run_check(instance: Any, tags: Mapping[str, str]) -> Any:
@@ -427,7 +428,9 @@ defs = Definitions(
 # multi-partition runs dagster/partition/{dimension}, which its tag check then calls deprecated
 @pytest.mark.filterwarnings("ignore:Function `AssetSelection.sources` is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
-def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -> None:
+def test_compaction_backfill_over_days_from_the_cli(
+    env: _Env, tmp_path: Path, spark_on_catalog: RegisterCatalog
+) -> None:
     """``dagster job backfill`` of compaction_job over two (day, topic) partitions, executed by
     the daemon's backfill and run-queue loops: two runs, each compacting its day only; a third
     day with small files is left as it was."""
@@ -441,8 +444,6 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
     from dagster._daemon.backfill import execute_backfill_iteration
     from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-    from danube_pipeline.lake.spark import build_spark_session
-
     days = [_today() - dt.timedelta(days=d) for d in (2, 1, 0)]
     for day in days:
         env.put(3, day)
@@ -450,7 +451,8 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
     env.tier()
     before = {f["file_path"] for f in env.table().inspect.files().to_pylist()}
     uri, warehouse = f"sqlite:///{env.root / 'catalog.db'}", (env.root / "warehouse").as_uri()
-    spark = build_spark_session(catalog_name="danube", catalog_uri=uri, warehouse=warehouse)
+    # the runs' SparkResource gets this session back from build_spark_session (getOrCreate)
+    spark_on_catalog(name="danube", uri=uri, warehouse=warehouse)
     defs_file = tmp_path / "compaction_defs.py"
     defs_file.write_text(DEFS_FOR_BACKFILL.format(etcd=",".join(env.inner.endpoints), uri=uri, warehouse=warehouse))
     keys_ = [f"{d.isoformat()}|{env.topic.partition_key}" for d in days[:2]]
@@ -458,31 +460,28 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
     overrides = {
         "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
     }
-    try:
-        with instance_for_test(overrides=overrides) as instance:
-            instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
-            cli = subprocess.run(
-                [
-                    sys.executable, "-m", "dagster", "job", "backfill", "-f", str(defs_file), "-a", "defs",
-                    "-j", "compaction_job", "--partitions", ",".join(keys_), "--noprompt",
-                ],
-                cwd=repo_root, capture_output=True, text=True, timeout=300,
-            )
-            assert cli.returncode == 0, cli.stdout + cli.stderr
-            [backfill] = instance.get_backfills()
-            target = PythonFileTarget(str(defs_file), "defs", repo_root, "compaction_test")
-            with create_test_daemon_workspace_context(target, instance) as context:
-                with QueuedRunCoordinatorDaemon(interval_seconds=1) as queue:
-                    for _ in range(8):
-                        list(execute_backfill_iteration(context, logging.getLogger("backfill")))
-                        list(queue.run_iteration(context))
-                        done = instance.get_backfill(backfill.backfill_id)
-                        if done is not None and done.status != BulkActionStatus.REQUESTED:
-                            break
-            runs = instance.get_runs()
-            done = instance.get_backfill(backfill.backfill_id)
-    finally:
-        spark.stop()
+    with instance_for_test(overrides=overrides) as instance:
+        instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
+        cli = subprocess.run(
+            [
+                sys.executable, "-m", "dagster", "job", "backfill", "-f", str(defs_file), "-a", "defs",
+                "-j", "compaction_job", "--partitions", ",".join(keys_), "--noprompt",
+            ],
+            cwd=repo_root, capture_output=True, text=True, timeout=300,
+        )
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        [backfill] = instance.get_backfills()
+        target = PythonFileTarget(str(defs_file), "defs", repo_root, "compaction_test")
+        with create_test_daemon_workspace_context(target, instance) as context:
+            with QueuedRunCoordinatorDaemon(interval_seconds=1) as queue:
+                for _ in range(8):
+                    list(execute_backfill_iteration(context, logging.getLogger("backfill")))
+                    list(queue.run_iteration(context))
+                    done = instance.get_backfill(backfill.backfill_id)
+                    if done is not None and done.status != BulkActionStatus.REQUESTED:
+                        break
+        runs = instance.get_runs()
+        done = instance.get_backfill(backfill.backfill_id)
     # a job backfill is COMPLETED once every run is submitted; the runs themselves succeeded
     assert done is not None and done.status in (BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS), done
     assert sorted(r.tags["dagster/partition"] for r in runs) == sorted(keys_)
@@ -495,11 +494,10 @@ def test_compaction_backfill_over_days_from_the_cli(env: _Env, tmp_path: Path) -
 
 
 @pytest.mark.spark
-def test_retention_of_one_day_touches_only_that_days_files(env: _Env) -> None:
+def test_retention_of_one_day_touches_only_that_days_files(env: _Env, spark_on_catalog: RegisterCatalog) -> None:
     """``apply_retention(day=d)`` deletes the expired rows of day d only: the other expired
     day keeps its rows and its very data files until its own run."""
     from danube_pipeline.lake.retention import apply_retention
-    from danube_pipeline.lake.spark import build_spark_session
 
     older, old = _today() - dt.timedelta(days=3), _today() - dt.timedelta(days=2)
     for day in (older, old, _today()):
@@ -514,7 +512,7 @@ def test_retention_of_one_day_touches_only_that_days_files(env: _Env) -> None:
 
     old_files = files_of(old)
     uri, warehouse = f"sqlite:///{env.root / 'catalog.db'}", (env.root / "warehouse").as_uri()
-    spark = build_spark_session(catalog_name="danube", catalog_uri=uri, warehouse=warehouse)
+    spark = spark_on_catalog(name="danube", uri=uri, warehouse=warehouse)
 
     async def retain(day: dt.date) -> Any:
         async with await MetadataStore.connect(env.inner.endpoints) as store:
@@ -529,7 +527,6 @@ def test_retention_of_one_day_touches_only_that_days_files(env: _Env) -> None:
         kept_old_files = files_of(old)
         second = asyncio.run(retain(old))
     finally:
-        spark.stop()
         asyncio.run(env.put_key(keys.namespace_policy(env.topic.namespace), NamespacePolicy().to_json()))
     assert (first.day, first.retained_start, first.rows_deleted) == (older, 8, 4)
     assert after_first == list(range(4, 12))

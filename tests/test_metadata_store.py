@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from helpers import stays
+from helpers import eventually, stays
 
 from danube_pipeline.errors import MetadataStoreError
 from danube_pipeline.dev.localcluster import EtcdServer, etcdctl_binary, free_port
@@ -415,8 +415,8 @@ async def test_cache_misses_nothing_written_while_it_starts(store: MetadataStore
             after_start += started.is_set()
 
     writers = [asyncio.create_task(writer(n)) for n in range(8)]
-    while min(written) < 5:  # every writer is under way before the load
-        await asyncio.sleep(0.005)
+    # every writer is under way before the load
+    await eventually(lambda: min(written) >= 5, interval_s=0.005, what="every writer under way")
     cache = LocalCache(store)
     await cache.start()
     started.set()

@@ -24,7 +24,7 @@ import pytest
 from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.modes import DeliveryMode
@@ -108,8 +108,8 @@ async def _send_singles(stubs: Stubs, topic: str, count: int) -> list[int]:
         builder = BatchBuilder(1)
         builder.append(f"m{i}".encode(), timestamp_us=1)
         batch = builder.build(producer_id=created.producer_id, producer_name="p")
-        r = await _call(stubs, lambda s, b=batch: s.producer.SendBatch(
-            pb.SendBatchRequest(producer_id=created.producer_id, batch=b), timeout=T))
+        request = pb.SendBatchRequest(producer_id=created.producer_id, batch=batch)
+        r = await _call(stubs, lambda s: s.producer.SendBatch(request, timeout=T))
         offsets.append(r.first_offset)
     return offsets
 

@@ -14,7 +14,7 @@ from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.cluster.ownership import commit_takeover, plan_takeover, record_last_written
+from broker.cluster.ownership import Ownership, TakeoverPlan, commit_takeover, plan_takeover, record_last_written
 from broker.storage.wal import WriteAheadLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -30,7 +30,9 @@ def batch(count: int) -> bytes:
     return builder.build(producer_id=1, producer_name="p")
 
 
-async def take(meta: MetadataStore, broker_id: int, next_offset: int | None = None, *, block: int = 10):
+async def take(
+    meta: MetadataStore, broker_id: int, next_offset: int | None = None, *, block: int = 10
+) -> tuple[Ownership, TakeoverPlan]:
     plan = await plan_takeover(meta, TOPIC, broker_id, wal_holds_data=False, tiered_end=None)
     ownership, plan = await commit_takeover(
         meta, TOPIC, broker_id, plan, plan.floor if next_offset is None else next_offset, block=block,
@@ -81,8 +83,10 @@ async def test_an_owner_whose_assignment_changed_hands_is_fenced(etcd_endpoints:
         (rng,) = [values.UnavailableRange.from_json(kv.value) for kv in kvs]
         assert (rng.last_written, rng.unused_from()) == (21, 22)
         reservation = await meta.get(keys.offset_reservation(TOPIC))
-        assert reservation is not None and reservation.value["broker_id"] == NEW
-        assert reservation.value["owner_epoch"] == new.epoch != old.epoch
+        assert reservation is not None
+        reserved = values.OffsetReservation.from_json(reservation.value)
+        assert reserved.broker_id == NEW
+        assert reserved.owner_epoch == new.epoch != old.epoch
 
 
 async def test_a_released_topic_continues_right_after_the_last_offset(etcd_endpoints: list[str]) -> None:

@@ -123,7 +123,9 @@ def test_partitions_share_one_table_exactly_once_each(tmp_path: Path) -> None:
     assert properties[iceberg.committed_end_offset_property(1)] == "9"
     assert iceberg.COMMITTED_END_OFFSET_PROPERTY not in properties
     assert iceberg.committed_end_offset(table) is None  # no plain topic's offsets here
-    assert table.current_snapshot().summary[iceberg.SUMMARY_PARTITION] == "1"  # type: ignore[union-attr]
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary[iceberg.SUMMARY_PARTITION] == "1"
     rows = table.scan(selected_fields=("_partition", "_offset", "_payload")).to_arrow().to_pylist()
     assert sorted((r["_partition"], r["_offset"]) for r in rows) == [(p, o) for p in (0, 1) for o in range(10)]
     assert all(r["_payload"] == f"m{r['_offset']}".encode() for r in rows)
@@ -232,13 +234,17 @@ async def test_partitioned_topic_on_three_brokers(
         async with client.consumer(PARENT.path, subscription="all", initial_position=InitialPosition.EARLIEST) as consumer, \
                 client.producer(PARENT.path, producer_name="orders") as producer:
             assert (consumer.partitions, producer.partitions) == (3, 3)
-            sends = []
+            sends: list[tuple[str | None, int, asyncio.Future[int]]] = []
             for i in range(20):
                 for k in range(8):
                     sends.append((f"k{k}", i, producer.send_nowait(f"k{k}:{i}".encode(), key=f"k{k}")))
                 for j in range(3):
                     sends.append((None, i * 3 + j, producer.send_nowait(f"none:{i * 3 + j}".encode())))
-            ids = [(key, seq, await future) for key, seq, future in sends]
+            ids: list[tuple[str | None, int, MessageId]] = []
+            for sent_key, sent_seq, future in sends:
+                sent_id = await future
+                assert isinstance(sent_id, MessageId)  # a partitioned producer's answer
+                ids.append((sent_key, sent_seq, sent_id))
             by_key: dict[str | None, set[int | None]] = collections.defaultdict(set)
             for key, _, message_id in ids:
                 assert isinstance(message_id, MessageId)

@@ -30,6 +30,7 @@ from dagster import (
     asset,
     materialize,
 )
+from helpers import RegisterCatalog
 from postgres_server import PostgresServer
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
@@ -40,7 +41,7 @@ from danube_pipeline.lake import iceberg
 from danube_pipeline.dev import flights
 from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.settings import DatabaseUrlError
-from danube_pipeline.lake.spark import jdbc_properties, jdbc_uri, spark_conf
+from danube_pipeline.lake.spark.session import jdbc_properties, jdbc_uri, spark_conf
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = "danube_pg"
@@ -218,11 +219,9 @@ def test_tiering_commits_into_the_postgres_catalog(etcd_endpoints: list[str], po
 
 
 @pytest.mark.spark
-def test_pyiceberg_and_spark_share_the_postgres_catalog(postgres_url: str, tmp_path: Path) -> None:
-    from pyspark.sql import SparkSession
-
-    from danube_pipeline.lake.spark import build_spark_session
-
+def test_pyiceberg_and_spark_share_the_postgres_catalog(
+    postgres_url: str, tmp_path: Path, spark_on_catalog: RegisterCatalog
+) -> None:
     warehouse = (tmp_path / "warehouse").as_uri()
     catalog = iceberg.load_catalog(name=CATALOG, uri=postgres_url, warehouse=warehouse)
     catalog.create_namespace("default")
@@ -230,29 +229,24 @@ def test_pyiceberg_and_spark_share_the_postgres_catalog(postgres_url: str, tmp_p
     for start in range(0, 50, 10):  # five snapshots, five data files
         table.append(_rows(start, start + 10))
 
-    existing = SparkSession.getActiveSession()
-    spark = build_spark_session(spark_conf(catalog_name=CATALOG, catalog_uri=postgres_url, warehouse=warehouse))
-    try:
-        name = f"`{CATALOG}`.`default`.`readings`"
-        row = spark.sql(f"SELECT count(*) AS n, sum(id) AS s FROM {name}").collect()[0]
-        assert (row["n"], row["s"]) == (50, sum(range(50)))
+    spark = spark_on_catalog(name=CATALOG, uri=postgres_url, warehouse=warehouse)
+    name = f"`{CATALOG}`.`default`.`readings`"
+    row = spark.sql(f"SELECT count(*) AS n, sum(id) AS s FROM {name}").collect()[0]
+    assert (row["n"], row["s"]) == (50, sum(range(50)))
 
-        spark.sql(f"INSERT INTO {name} VALUES (50, 'n50'), (51, 'n51')").collect()
-        spark.sql(f"ALTER TABLE {name} ADD COLUMNS (note string)").collect()
-        spark.sql(f"INSERT INTO {name} VALUES (52, 'n52', 'from spark')").collect()
-        files_before = spark.sql(f"SELECT count(*) AS n FROM {name}.files").collect()[0]["n"]
-        assert files_before >= 7  # pyiceberg's five, and Spark's inserts
-        rewritten = spark.sql(
-            f"CALL `{CATALOG}`.system.rewrite_data_files(table => 'default.readings', "
-            "options => map('min-input-files', '2'))"
-        ).collect()[0]
-        assert rewritten["rewritten_data_files_count"] == files_before and rewritten["added_data_files_count"] == 1
-        spark_snapshot = spark.sql(
-            f"SELECT snapshot_id FROM {CATALOG}.default.readings.snapshots ORDER BY committed_at DESC LIMIT 1"
-        ).collect()[0]["snapshot_id"]
-    finally:
-        if existing is None:
-            spark.stop()
+    spark.sql(f"INSERT INTO {name} VALUES (50, 'n50'), (51, 'n51')").collect()
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (note string)").collect()
+    spark.sql(f"INSERT INTO {name} VALUES (52, 'n52', 'from spark')").collect()
+    files_before = spark.sql(f"SELECT count(*) AS n FROM {name}.files").collect()[0]["n"]
+    assert files_before >= 7  # pyiceberg's five, and Spark's inserts
+    rewritten = spark.sql(
+        f"CALL `{CATALOG}`.system.rewrite_data_files(table => 'default.readings', "
+        "options => map('min-input-files', '2'))"
+    ).collect()[0]
+    assert rewritten["rewritten_data_files_count"] == files_before and rewritten["added_data_files_count"] == 1
+    spark_snapshot = spark.sql(
+        f"SELECT snapshot_id FROM {CATALOG}.default.readings.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).collect()[0]["snapshot_id"]
 
     seen = catalog.load_table(("default", "readings"))
     snapshot = seen.current_snapshot()
@@ -267,13 +261,8 @@ def test_pyiceberg_and_spark_share_the_postgres_catalog(postgres_url: str, tmp_p
     seen.append(pa.table({
         "id": pa.array([53], pa.int64()), "name": ["n53"], "note": ["from pyiceberg"],
     }))
-    spark = build_spark_session(spark_conf(catalog_name=CATALOG, catalog_uri=postgres_url, warehouse=warehouse))
-    try:
-        notes = spark.sql(f"SELECT note FROM {CATALOG}.default.readings WHERE note IS NOT NULL ORDER BY id").collect()
-        assert [r["note"] for r in notes] == ["from spark", "from pyiceberg"]
-    finally:
-        if existing is None:
-            spark.stop()
+    notes = spark.sql(f"SELECT note FROM {CATALOG}.default.readings WHERE note IS NOT NULL ORDER BY id").collect()
+    assert [r["note"] for r in notes] == ["from spark", "from pyiceberg"]
 
 
 # --------------------------------------------------------------------------- Dagster
@@ -311,7 +300,7 @@ def test_dagster_instance_on_postgres_storage(
     home = _dagster_home(tmp_path)
 
     @asset
-    def readings_count() -> MaterializeResult:
+    def readings_count() -> MaterializeResult[None]:
         return MaterializeResult(metadata={"rows": 42})
 
     with DagsterInstance.from_config(str(home)) as instance:

@@ -25,7 +25,7 @@ import pytest
 from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import MessageTooLargeError
 from danube_pipeline.metadata import keys
@@ -268,16 +268,16 @@ async def test_dispatch_rate_changed_live_applies_within_a_second(
 ) -> None:
     topic = "/default/live-dispatch"
     policy_key = keys.topic_policy(TopicName.parse(topic))
+    # the first override is in etcd before the broker starts: its cache holds it from the start
+    await _put(etcd_endpoints, policy_key, {"max_subscription_dispatch_rate": 1})
     broker = start_broker()
     async with _stubs(broker) as stubs:
         producer = await RawProducer.create(stubs, topic)
         await producer.send_messages(30)
-        await _put(etcd_endpoints, policy_key, {"max_subscription_dispatch_rate": 1})
-        await asyncio.sleep(1.0)  # the broker's cache has the override (a watch event away)
         consumer = await RawConsumer.subscribe(stubs, topic, "s")
         try:
             await eventually(lambda: len(consumer.offsets) >= 1, what="the first message")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # time passes at the limited rate (not a propagation wait)
             assert len(consumer.offsets) < 10  # ~1 msg/s, the bucket holds one
             await _put(etcd_endpoints, policy_key, {"max_subscription_dispatch_rate": 0})
             # at 1 msg/s the rest would take ~25 s

@@ -262,7 +262,7 @@ async def test_the_leader_moves_topics_until_the_load_is_even(
                 for topic in topics:
                     with contextlib.suppress(Exception):  # a topic in mid-move: the next pass
                         await tier_sealed_segments(TopicName.parse(topic), store=meta, admin=client.admin, objects=objects)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # pacing: the sensor's interval between passes
 
         consumers = [asyncio.create_task(consume(t)) for t in topics]
         producers = [asyncio.create_task(produce(t)) for t in topics]

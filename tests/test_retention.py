@@ -6,9 +6,9 @@ a batch is produced, the time is noted, the next batch follows, and retention ru
 ``now_ms`` one retention period after the noted time, so everything before it has expired and
 everything after it has not.
 
-One Spark session serves the module (its own catalog name, so it can share the JVM with
-``tests/test_spark.py``); the crash tests run retention in child processes that die for real
-(``os._exit(137)``) right after a given step.
+The run's one Spark session (``conftest.py``) serves the module, on its own catalog; the crash
+tests run retention in child processes that die for real (``os._exit(137)``) right after a given
+step, so those start their own short-lived JVM.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from dagster import AssetSelection, DagsterInstance, MultiPartitionKey, materialize
+from helpers import RegisterCatalog
+from pyiceberg.catalog.sql import SqlCatalog
 
 from assets.assets import iceberg_table, segment_objects
 from assets.assets import retention as retention_asset
@@ -55,7 +57,7 @@ from danube_pipeline.lake.retention import (
     size_start_offset,
 )
 from danube_pipeline.schemas.registry import SchemaRegistry
-from danube_pipeline.lake.spark import build_spark_session, compact_table, spark_conf
+from danube_pipeline.lake.spark.procedures import compact_table
 from danube_pipeline.lake.tiering import (
     TableReport,
     TieringReport,
@@ -69,6 +71,9 @@ from danube_pipeline.lake.tiering import (
     untiered_segments,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 CATALOG = "retention"
 MINUTE_MS = 60_000
 REPO = Path(__file__).resolve().parents[1]
@@ -78,20 +83,23 @@ REPO = Path(__file__).resolve().parents[1]
 class Env:
     uri: str
     warehouse: str
-    catalog: Any
-    spark: Any
+    catalog: SqlCatalog
+    spark: SparkSession
 
 
 @pytest.fixture(scope="session")
-def retention_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def retention_catalog(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, SqlCatalog]:
+    """The module's SQLite catalog, shared by its tests: ``(uri, warehouse, catalog)``."""
     root = tmp_path_factory.mktemp("retention-iceberg")
     uri, warehouse = f"sqlite:///{root / 'catalog.db'}", (root / "warehouse").as_uri()
-    catalog = iceberg.load_catalog(name=CATALOG, uri=uri, warehouse=warehouse)
-    spark = build_spark_session(spark_conf(catalog_name=CATALOG, catalog_uri=uri, warehouse=warehouse))
-    try:
-        yield Env(uri, warehouse, catalog, spark)
-    finally:
-        spark.stop()
+    return uri, warehouse, iceberg.load_catalog(name=CATALOG, uri=uri, warehouse=warehouse)
+
+
+@pytest.fixture
+def retention_spark(retention_catalog: tuple[str, str, SqlCatalog], spark_on_catalog: RegisterCatalog) -> Env:
+    """The module's catalog with the run's Spark session on it."""
+    uri, warehouse, catalog = retention_catalog
+    return Env(uri, warehouse, catalog, spark_on_catalog(name=CATALOG, uri=uri, warehouse=warehouse))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -316,6 +324,7 @@ def test_time_retention_deletes_expired_rows_descriptors_and_objects(
 
     first = asyncio.run(_produce(broker.address, topic.path, 40))
     asyncio.run(_produce(broker.address, topic.path, 20, seal=False))
+    # time passes on both sides of the noted time, so it falls strictly between two batches
     time.sleep(0.05)
     split_ms = _now_ms()
     time.sleep(0.05)
@@ -452,7 +461,7 @@ def test_size_retention_through_the_asset(
         )
     assert result.success
     [mat] = result.asset_materializations_for_node("retention")
-    meta = {k: v.value for k, v in mat.metadata.items()}
+    meta: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
 
     after = _assert_consistent(env, etcd_endpoints, topic, objects)
     kept_bytes = sum(d.size for d in after)
@@ -473,6 +482,8 @@ def test_size_retention_through_the_asset(
 
 # --------------------------------------------------------------------------- crashes
 
+# A process of its own, with its own JVM: a crash must kill the process that runs retention,
+# which the test's process (and the run's Spark session) must survive.
 CHILD = r"""
 import asyncio, json, os, sys
 
@@ -484,7 +495,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.lake.retention import apply_retention
-from danube_pipeline.lake.spark import build_spark_session, spark_conf
+from danube_pipeline.lake.spark.session import build_spark_session, spark_conf
 
 
 def build():
@@ -561,6 +572,7 @@ def test_a_crash_after_any_step_is_completed_by_the_next_run(
         if batch == 3:  # batches 0-2 go into the table, the later ones stay objects only
             asyncio.run(_tier(broker.address, etcd_endpoints, topic, objects, env.catalog))
         asyncio.run(_produce(broker.address, topic.path, 10))
+        # time passes on both sides of the noted time, so it falls strictly between two batches
         time.sleep(0.03)
         boundaries.append(_now_ms())
         time.sleep(0.03)

@@ -379,7 +379,7 @@ async def test_three_formats_through_a_broker(start_broker: Callable[..., Broker
     proto = parse_schema("Protobuf", FLIGHT_PROTO, subject="s")
     assert isinstance(proto, ParsedProtobuf)
     good_proto = proto.message_class(carrier="UA", flight=1545)
-    good_proto.delay.minutes = 2.5  # type: ignore[attr-defined]
+    good_proto.delay.minutes = 2.5
     async with DanubeClient([broker.address]) as client:
         avro = await client.schemas.register(AvroSchema("f-avro", PRODUCT_V1), compatibility_mode="FULL")
         js = await client.schemas.register(JsonSchema("f-json", FLIGHT_JSON))

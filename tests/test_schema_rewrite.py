@@ -3,25 +3,25 @@ against a real local Spark session and the real SQL catalog.
 
 Tables are written the way tiering writes them (``iceberg.ensure_table`` and
 ``iceberg.append_records``: one snapshot per segment object), with version 1 of a flights
-schema (``flight`` an int, ``route`` ``"JFK-LAX"``), over days in November 2026. One Spark
-session serves the module (its own catalog name, so it can share the JVM with
-``tests/test_spark.py`` and ``tests/test_retention.py``). The interruption is injected with
-``rewrite_table``'s ``after_unit`` hook: it raises right after the first partition's commit,
-where a crash of the run would leave the table.
+schema (``flight`` an int, ``route`` ``"JFK-LAX"``), over days in November 2026. The run's
+one Spark session (``conftest.py``) serves the module, on its own catalog. The interruption is
+injected with ``rewrite_table``'s ``after_unit`` hook: it raises right after the first
+partition's commit, where a crash of the run would leave the table.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import io
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 import pytest
 from dagster import AssetKey, DagsterInstance, MultiPartitionKey, MultiPartitionsDefinition, materialize
+from helpers import RegisterCatalog
+from pyiceberg.catalog.sql import SqlCatalog
 
 from assets.assets import schema_rewrite
 from assets.definitions import defs
@@ -29,18 +29,16 @@ from assets.partitions import TOPICS_PARTITIONS_NAME
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake import rewrite as rw
+from danube_pipeline.lake.rewrite.shape import RewriteShape
 from danube_pipeline.lake.iceberg.layout import apply_layout
 from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
-from danube_pipeline.lake.spark import (
-    RowChecksum,
-    build_spark_session,
-    compact_table,
-    row_checksum,
-    spark_conf,
-    spark_table_name,
-)
+from danube_pipeline.lake.spark.checksums import RowChecksum, row_checksum
+from danube_pipeline.lake.spark.procedures import compact_table, spark_table_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CATALOG = "rewrite"
 DAY0 = dt.date(2026, 11, 18)
@@ -74,20 +72,23 @@ TO_STRING: dict[str, Any] = {"version": 2, "columns": {"flight": {"type": "strin
 class Env:
     uri: str
     warehouse: str
-    catalog: Any
-    spark: Any
+    catalog: SqlCatalog
+    spark: SparkSession
 
 
 @pytest.fixture(scope="session")
-def rewrite_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def rewrite_catalog(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, SqlCatalog]:
+    """The module's SQLite catalog, shared by its tests: ``(uri, warehouse, catalog)``."""
     root = tmp_path_factory.mktemp("rewrite-iceberg")
     uri, warehouse = f"sqlite:///{root / 'catalog.db'}", (root / "warehouse").as_uri()
-    catalog = iceberg.load_catalog(name=CATALOG, uri=uri, warehouse=warehouse)
-    spark = build_spark_session(spark_conf(catalog_name=CATALOG, catalog_uri=uri, warehouse=warehouse))
-    try:
-        yield Env(uri, warehouse, catalog, spark)
-    finally:
-        spark.stop()
+    return uri, warehouse, iceberg.load_catalog(name=CATALOG, uri=uri, warehouse=warehouse)
+
+
+@pytest.fixture
+def rewrite_spark(rewrite_catalog: tuple[str, str, SqlCatalog], spark_on_catalog: RegisterCatalog) -> Env:
+    """The module's catalog with the run's Spark session on it."""
+    uri, warehouse, catalog = rewrite_catalog
+    return Env(uri, warehouse, catalog, spark_on_catalog(name=CATALOG, uri=uri, warehouse=warehouse))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -356,14 +357,14 @@ def test_bad_expressions_and_mismatches_commit_nothing(rewrite_spark: Env, monke
     snapshot_id = _current_snapshot_id(env, topic)
     data_dir = _data_dir(env, topic)
     files_on_disk = sorted(data_dir.rglob("*.parquet"))
-    project = rw._Shape.project
+    project = RewriteShape.project
 
     def broken(self: Any, df: Any, **kwargs: Any) -> Any:
         from pyspark.sql import functions as F
 
         return project(self, df, **kwargs).withColumn("carrier", F.lower("carrier"))
 
-    monkeypatch.setattr(rw._Shape, "project", broken)
+    monkeypatch.setattr(RewriteShape, "project", broken)
     with pytest.raises(rw.RewriteVerificationError) as caught:
         _run(env, topic, day=DAY0)
     assert caught.value.what == "untouched checksum" and caught.value.partition == "unpartitioned@spec-0"

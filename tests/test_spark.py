@@ -1,6 +1,6 @@
 """Spark compaction on the catalog pyiceberg writes to, for real.
 
-One local Spark session per test session (slow to start), on a SQLite catalog and a
+The run's one local Spark session (``conftest.py``: slow to start), on a SQLite catalog and a
 ``file://`` warehouse in a temporary directory. The configuration tests start no Spark and are
 unit tests.
 """
@@ -11,20 +11,21 @@ import asyncio
 import datetime as dt
 import io
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
+from helpers import RegisterCatalog
 
 from assets.assets import compacted_table
 from assets.resources import EtcdResource, IcebergCatalogResource, SparkResource
 from danube_pipeline.lake import iceberg
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
-from danube_pipeline.lake.spark import build_spark_session, compact_table, jdbc_uri, spark_conf
+from danube_pipeline.lake.spark.procedures import compact_table
+from danube_pipeline.lake.spark.session import jdbc_uri, spark_conf
 
 CATALOG = "danube"
 SCHEMA: dict[str, Any] = {
@@ -58,20 +59,23 @@ def _records(start: int, end: int, *, published_us: int = 1_700_000_000_000_000)
 
 
 @pytest.fixture(scope="session")
-def spark_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def iceberg_catalog(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The module's SQLite catalog, shared by its tests: ``name``, ``uri``, ``warehouse``,
+    ``catalog`` (pyiceberg) and ``root``."""
     root = tmp_path_factory.mktemp("spark-iceberg")
     env = {
         "name": CATALOG,
         "uri": f"sqlite:///{root / 'catalog.db'}",
         "warehouse": (root / "warehouse").as_uri(),
     }
-    catalog = iceberg.load_catalog(**env)
-    conf = spark_conf(catalog_name=env["name"], catalog_uri=env["uri"], warehouse=env["warehouse"])
-    spark = build_spark_session(conf)
-    try:
-        yield {**env, "catalog": catalog, "spark": spark, "root": root}
-    finally:
-        spark.stop()
+    return {**env, "catalog": iceberg.load_catalog(**env), "root": root}
+
+
+@pytest.fixture
+def spark_catalog(iceberg_catalog: dict[str, Any], spark_on_catalog: RegisterCatalog) -> dict[str, Any]:
+    """:func:`iceberg_catalog` with ``spark``: the run's Spark session on that catalog."""
+    spark = spark_on_catalog(name=CATALOG, uri=iceberg_catalog["uri"], warehouse=iceberg_catalog["warehouse"])
+    return {**iceberg_catalog, "spark": spark}
 
 
 @pytest.mark.unit
@@ -225,7 +229,7 @@ def test_exactly_once_survives_compaction_and_snapshot_expiry(
     from danube_pipeline.metadata.descriptors import read_descriptors
     from danube_pipeline.metadata.store import MetadataStore
     from danube_pipeline.storage.objectstore import ObjectStore
-    from danube_pipeline.lake.spark import expire_snapshots
+    from danube_pipeline.lake.spark.procedures import expire_snapshots
     from danube_pipeline.lake.tiering import completed_descriptors
 
     broker = start_broker(segment_max_bytes=4096, segment_max_age_s=600.0)

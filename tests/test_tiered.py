@@ -11,12 +11,14 @@ import asyncio
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
+from danube_pipeline.client.consumer import Consumer
 from danube_pipeline.dev.localcluster import BrokerProcess, free_port
 from danube_pipeline.errors import PositionBelowRetentionError
 from danube_pipeline.metadata import keys
@@ -31,6 +33,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 BUCKET = "danube-tiered"
 SEGMENT_BYTES = 8 * 1024
+
+
+class SubscriptionOptions(TypedDict):
+    """Keyword arguments of ``DanubeClient.consumer`` shared by a test's consumers."""
+
+    subscription: str
+    subscription_type: SubscriptionType
+    initial_position: InitialPosition
 
 
 def payload(i: int) -> bytes:
@@ -99,7 +109,7 @@ async def tier(client: DanubeClient, etcd_endpoints: list[str], topic: str, stor
         await tier_sealed_segments(TopicName.parse(topic), store=meta, admin=client.admin, objects=store.objects)
 
 
-async def receive_all(consumer, count: int, *, ack: bool = True, timeout_ms: int = 10_000) -> list[int]:  # type: ignore[no-untyped-def]
+async def receive_all(consumer: Consumer, count: int, *, ack: bool = True, timeout_ms: int = 10_000) -> list[int]:
     got = []
     for _ in range(count):
         message = await consumer.receive(timeout_ms=timeout_ms)
@@ -153,10 +163,12 @@ async def test_shared_and_failover_across_the_boundary(
         await client.admin.apply_local_retention(topic, retention_bytes=0)
         await produce(client, topic, 400, 100)
         seen: list[int] = []
-        opts = {"subscription": "multi", "subscription_type": subscription_type, "initial_position": InitialPosition.EARLIEST}
+        opts = SubscriptionOptions(
+            subscription="multi", subscription_type=subscription_type, initial_position=InitialPosition.EARLIEST
+        )
         async with client.consumer(topic, consumer_name="a", **opts) as a, client.consumer(topic, consumer_name="b", **opts) as b:
 
-            async def drain(consumer) -> None:  # type: ignore[no-untyped-def]
+            async def drain(consumer: Consumer) -> None:
                 while True:
                     try:
                         message = await consumer.receive(timeout_ms=1500)
@@ -181,11 +193,14 @@ async def test_unacked_cold_messages_are_redelivered_from_object_storage(
         await produce(client, topic, 0, 300)
         await tier(client, etcd_endpoints, topic, store)
         await client.admin.apply_local_retention(topic, retention_bytes=0)
-        opts = {"subscription": "redeliver", "initial_position": InitialPosition.EARLIEST, "subscription_type": SubscriptionType.FAILOVER}
+        opts = SubscriptionOptions(
+            subscription="redeliver", initial_position=InitialPosition.EARLIEST, subscription_type=SubscriptionType.FAILOVER
+        )
         async with client.consumer(topic, consumer_name="first", **opts) as first:
             acked = await receive_all(first, 100)
             unacked = await receive_all(first, 50, ack=False)
-            await asyncio.sleep(0.3)  # the ack flush interval is 100 ms
+            # the acks reach the broker (the client flushes them every 100 ms)
+            await eventually(lambda: _cursor_is(client, topic, "redeliver", 99), what="acks of 0..99 applied")
         assert acked == list(range(100)) and unacked == list(range(100, 150))
         async with client.consumer(topic, consumer_name="second", **opts) as second:
             message = await second.receive(timeout_ms=10_000)
@@ -208,7 +223,7 @@ async def test_restart_in_the_middle_of_a_cold_read(
         await client.admin.apply_local_retention(topic, retention_bytes=0)
         async with client.consumer(topic, subscription="restart", initial_position=InitialPosition.EARLIEST) as consumer:
             first = await receive_all(consumer, 200)
-            await asyncio.sleep(0.5)  # acks flushed to the broker
+            await eventually(lambda: _cursor_is(client, topic, "restart", 199), what="acks flushed to the broker")
     broker.kill()  # no graceful close: the cursor in etcd is whatever was flushed
     broker = start(start_broker, store, data_dir=data_dir)
     async with DanubeClient([broker.address]) as client:
@@ -276,7 +291,7 @@ async def test_position_below_retention_jumps_or_fails_never_silently(
         await tier(client, etcd_endpoints, topic, store)
         async with client.consumer(topic, subscription="slow", initial_position=InitialPosition.EARLIEST) as consumer:
             assert await receive_all(consumer, 10) == list(range(10))
-            await asyncio.sleep(0.3)
+            await eventually(lambda: _cursor_is(client, topic, "slow", 9), what="acks flushed to the broker")
         # Retention expires the first objects: their descriptors and objects go, then the WAL.
         async with await MetadataStore.connect(etcd_endpoints) as meta:
             kvs, _ = await meta.get_prefix(keys.objects_prefix(name))
@@ -305,6 +320,12 @@ async def test_position_below_retention_jumps_or_fails_never_silently(
             assert caught.value.position == 10 and caught.value.earliest_offset == earliest
 
 
+async def _cursor_is(client: DanubeClient, topic: str, subscription: str, expected: int) -> bool:
+    """The subscription's cursor on the broker is ``expected`` (every offset up to it acked)."""
+    described = await client.admin.describe_topic(topic)
+    return any(s.name == subscription and s.cursor == expected for s in described.subscriptions)
+
+
 async def _earliest(client: DanubeClient, topic: str, expected: int) -> bool:
     return (await client.admin.describe_topic(topic)).remote_first_offset == expected
 
@@ -323,6 +344,8 @@ async def test_local_retention_keeps_the_wal_bounded_under_ingest(
         for round_ in range(8):
             await produce(client, topic, round_ * 200, 200)
             await tier(client, etcd_endpoints, topic, store)
+            # Ingest paced over time, so the 0.2 s retention check runs between rounds; the
+            # sizes it leaves are what is asserted, so there is no state to poll for here.
             await asyncio.sleep(0.5)
             sizes.append((await client.admin.describe_topic(topic)).wal_bytes)
         described = await client.admin.describe_topic(topic)

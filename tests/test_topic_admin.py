@@ -20,7 +20,7 @@ import pytest
 
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import (
     InvalidNameError,
@@ -187,6 +187,7 @@ async def test_reset_cursor_to_earliest_latest_an_offset_and_a_time(
         async with client.producer(name.path, producer_name="p") as producer:
             for i in range(3):
                 await producer.send(b"m%d" % i)
+            # time passes on both sides of the noted time, so it falls strictly between two messages
             await asyncio.sleep(0.05)
             middle_ms = time.time_ns() // 1_000_000
             await asyncio.sleep(0.05)

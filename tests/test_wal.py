@@ -1,4 +1,4 @@
-"""Unit tests of the broker's write-ahead log (broker/storage/wal.py): real files, no etcd."""
+"""Unit tests of the broker's write-ahead log (broker/storage/wal/): real files, no etcd."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from helpers import eventually, stays
 
-import broker.storage.wal.log as walmod
+import broker.storage.wal.local_log as localmod
 import broker.storage.wal.segment as segmod
 from broker.storage.wal import WriteAheadLog, active_name, sealed_name
+from broker.storage.wal.segment import fsync_dir
 from danube_pipeline.format.batches import BatchBuilder, batch_records, set_base_offset
 from danube_pipeline.errors import CorruptRecordError, DanubeError, SegmentQuarantinedError, StorageFullError
 from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader, encode_record
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 def patch_fsync_dir(monkeypatch: pytest.MonkeyPatch, fn: object) -> None:
     """Replace the directory fsync in both WAL modules that call it (seal and new segment)."""
-    monkeypatch.setattr(walmod, "fsync_dir", fn)
+    monkeypatch.setattr(localmod, "fsync_dir", fn)
     monkeypatch.setattr(segmod, "fsync_dir", fn)
 
 
@@ -76,7 +78,7 @@ def payloads(records: list[Record]) -> list[bytes]:
     return [r.payload for r in records]
 
 
-async def open_wal(path: Path, **kw) -> WriteAheadLog:
+async def open_wal(path: Path, **kw: Any) -> WriteAheadLog:
     kw.setdefault("segment_max_bytes", 8 * 1024 * 1024)
     kw.setdefault("segment_max_age_s", 3600.0)
     return await WriteAheadLog.open(path, **kw)
@@ -332,7 +334,7 @@ async def test_close_during_age_seal_keeps_acked_offsets(tmp_path: Path, monkeyp
     """
     wal = await open_wal(tmp_path, segment_max_age_s=0.2)
     assert await append(wal, [msg(i) for i in range(5)]) == (0, 4)
-    real_fsync_dir = walmod.fsync_dir
+    real_fsync_dir = fsync_dir
     in_seal = asyncio.Event()
     release = threading.Event()
     loop = asyncio.get_running_loop()
@@ -374,7 +376,7 @@ async def test_cancelled_seal_still_completes(tmp_path: Path, monkeypatch: pytes
     wal = await open_wal(tmp_path)
     try:
         await append(wal, [msg(i) for i in range(5)])
-        real_fsync_dir = walmod.fsync_dir
+        real_fsync_dir = fsync_dir
         in_seal = asyncio.Event()
         release = threading.Event()
         loop = asyncio.get_running_loop()
@@ -416,7 +418,7 @@ async def test_seal_with_failed_directory_fsync_follows_the_rename(
     wal = await open_wal(tmp_path)
     try:
         await append(wal, [msg(i) for i in range(5)])
-        real_fsync_dir = walmod.fsync_dir
+        real_fsync_dir = fsync_dir
         calls = {"n": 0}
 
         def failing_once(d: Path) -> None:
@@ -448,18 +450,18 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
     """The rename succeeded but creating the next active segment failed: appends must fail
     (not land in the sealed file) until a new active segment can be created.
 
-    FAKE fault injection: ``WriteAheadLog._create_active`` raises ENOSPC while patched; a full
+    FAKE fault injection: ``LocalLog._create_active`` raises ENOSPC while patched; a full
     disk cannot be produced for real in a test.
     """
     wal = await open_wal(tmp_path)
     try:
         await append(wal, [msg(i) for i in range(5)])
-        real_create = WriteAheadLog._create_active
+        real_create = localmod.LocalLog._create_active
 
-        def no_space(self: WriteAheadLog, start: int) -> object:
+        def no_space(self: localmod.LocalLog, start: int) -> object:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(WriteAheadLog, "_create_active", no_space)
+        monkeypatch.setattr(localmod.LocalLog, "_create_active", no_space)
         with pytest.raises(OSError):
             await wal.seal_active()
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 4)]
@@ -468,7 +470,7 @@ async def test_seal_with_failed_new_active_never_writes_into_the_sealed_file(
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert wal.next_offset == 5 and wal.durable_end == 5
         assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 4]
-        monkeypatch.setattr(WriteAheadLog, "_create_active", real_create)
+        monkeypatch.setattr(localmod.LocalLog, "_create_active", real_create)
         assert await append(wal, [msg(i) for i in range(5, 8)]) == (5, 7)
         assert file_offsets(tmp_path / sealed_name(0, 4)) == [0, 1, 2, 3, 4]
         assert file_offsets(tmp_path / active_name(5)) == [5, 6, 7]
@@ -580,7 +582,7 @@ async def test_recovery_same_start_overlap_survives_restarts(
     await wal.close()
     if reverse_listing:
         real = os.scandir
-        monkeypatch.setattr(walmod.os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name, reverse=True))
+        monkeypatch.setattr(os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name, reverse=True))
     wal = await open_wal(w)
     try:
         assert wal.next_offset == 15
@@ -636,7 +638,7 @@ async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: P
                 raise OSError(28, "No space left on device")
             real(fd)
 
-        monkeypatch.setattr(walmod.os, "fdatasync", failing_once)
+        monkeypatch.setattr(os, "fdatasync", failing_once)
         doomed = enqueue(wal, [msg(2)])
         sealed = await asyncio.wait_for(wal.seal_active(), timeout=5)
         with pytest.raises(StorageFullError):

@@ -153,7 +153,7 @@ class Protos:
                 target.extend(v)
             else:
                 setattr(message, k, v)
-        return message.SerializeToString()
+        return bytes(message.SerializeToString())
 
     def parse(self, schema_type: str, raw_schema: str, *, subject: str) -> Any:
         """A ``parse_schema`` for ``commit_objects_to_table``: Avro and JSON Schema from their

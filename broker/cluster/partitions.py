@@ -7,7 +7,7 @@ enters the unassigned queue (§1.5). Its partitions ``{topic}-part-{i}`` are pla
 through :meth:`broker.core.Broker.create_topic` like any other (so each goes through the
 unassigned queue to the leader's assignment, and is assigned and moved on its own).
 
-The servicers (:mod:`broker.rpc.services`) answer ``TopicLookup`` of a partitioned topic with its
+The servicers (:mod:`broker.rpc`) answer ``TopicLookup`` of a partitioned topic with its
 count and no broker, and refuse ``CreateProducer``, ``Subscribe`` and the per-topic ``Admin``
 calls on it with :class:`~danube_pipeline.errors.PartitionedTopicError`, before anything could
 ask the leader to assign it.

@@ -16,7 +16,7 @@ The owner's idempotent-produce check (:mod:`broker.topics.producer_sequences`: p
 Kafka's KIP-98) answers a repeat of step 2 (after a crash of the forwarding broker, or a lost
 answer) with the offsets the batch was written at, so the dead-letter topic holds it once.
 A failed call becomes its typed :class:`~danube_pipeline.errors.DanubeError` in the one place
-that maps gRPC statuses (:func:`danube_pipeline.client._status.rpc_errors`); the subscription
+that maps gRPC statuses (:func:`danube_pipeline.client.status.rpc_errors`); the subscription
 then keeps the message waiting and tries again later.
 """
 
@@ -27,7 +27,7 @@ import uuid
 
 import grpc
 
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.errors import DanubeError
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc

@@ -7,8 +7,8 @@ The steps for one message (offset ``o`` of topic ``T``, subscription ``S``):
    :func:`dead_letter_producer_name` ``(T, S, o)`` with base sequence 0;
 2. acknowledge ``o`` on ``S`` and store the cursor.
 
-A broker killed between the two steps (fault injection point
-:data:`FAULT_AFTER_DLQ_PUBLISH_ENV`) redelivers ``o`` after its restart; when ``o`` runs out of
+A broker killed between the two steps (fault point ``dead_letter.after_publish``,
+:mod:`danube_pipeline.faults`) redelivers ``o`` after its restart; when ``o`` runs out of
 redeliveries again, step 1 sends the very same batch, which the idempotent-produce check
 (:mod:`broker.topics.producer_sequences`: producer name plus sequence, Kafka's KIP-98) answers with the
 offsets it was written at instead of writing it twice; step 2 then acknowledges it. So the
@@ -19,14 +19,9 @@ The check rebuilds its memory at restart from the dead-letter topic's newest WAL
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
-import signal
 from collections.abc import Awaitable, Callable, Mapping
 
 from danube_pipeline.format.batches import BatchBuilder, iter_batch
-
-log = logging.getLogger(__name__)
 
 DeadLetterPublisher = Callable[[str, str, bytes], Awaitable[tuple[int, int]]]
 """``publish(dead_letter_topic, producer_name, batch) -> (first_offset, last_offset)``: append
@@ -45,11 +40,6 @@ ATTR_REASON = "danube.dlq.reason"
 ``"consumer left"``)."""
 ATTR_REDELIVERY_COUNT = "danube.dlq.redelivery_count"
 """Origin attribute: how many of its deliveries failed (nack, ack timeout, consumer left), decimal."""
-
-FAULT_AFTER_DLQ_PUBLISH_ENV = "DANUBE_FAULT_AFTER_DLQ_PUBLISH"
-"""Fault injection point for tests: when this environment variable is ``"1"`` in the broker's
-environment, the broker SIGKILLs itself right after a dead-letter publish is durable, before
-the message is acknowledged on its topic."""
 
 
 def dead_letter_producer_name(topic: str, subscription: str, offset: int) -> str:
@@ -140,23 +130,14 @@ def dead_letter_batch_for_producer(batch: bytes, producer_id: int) -> bytes:
     )
 
 
-def fault_point_after_publish() -> None:
-    """SIGKILL this process when :data:`FAULT_AFTER_DLQ_PUBLISH_ENV` is ``"1"`` (tests only)."""
-    if os.environ.get(FAULT_AFTER_DLQ_PUBLISH_ENV) == "1":
-        log.error("fault injection %s: killing the broker after a dead-letter publish", FAULT_AFTER_DLQ_PUBLISH_ENV)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 __all__ = [
     "ATTR_OFFSET",
     "ATTR_REASON",
     "ATTR_REDELIVERY_COUNT",
     "ATTR_SUBSCRIPTION",
     "ATTR_TOPIC",
-    "FAULT_AFTER_DLQ_PUBLISH_ENV",
     "DeadLetterPublisher",
     "dead_letter_batch",
     "dead_letter_batch_for_producer",
     "dead_letter_producer_name",
-    "fault_point_after_publish",
 ]

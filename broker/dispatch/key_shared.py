@@ -1,4 +1,5 @@
-"""Key_Shared dispatch: sticky-key hashes, auto-split hash ranges, and the per-key order rule.
+"""Key_Shared dispatch: sticky-key hashes, auto-split hash ranges, the per-key order rule, and
+the hand-out of each offset to its hash's consumer.
 
 Follows Pulsar's Key_Shared subscription in its ``AUTO_SPLIT`` mode (Pulsar docs,
 "Subscription types: Key_Shared"; PIP-34):
@@ -23,6 +24,11 @@ import bisect
 from collections import Counter
 
 import mmh3
+
+from danube_pipeline.format.batches import iter_batch
+from danube_pipeline.format.segments import StoredBatch
+
+from broker.dispatch.consumer import Consumer, Handout, Hold
 
 HASH_RANGE_SIZE = 1 << 16
 """Size of the sticky-key hash space (Pulsar's ``DEFAULT_HASH_RANGE_SIZE``)."""
@@ -175,4 +181,58 @@ class KeyOrder:
         self._states.clear()
 
 
-__all__ = ["HASH_RANGE_SIZE", "AutoSplitHashRanges", "KeyOrder", "sticky_key_hash"]
+def hash_batch(handout: Handout, batch: StoredBatch, order: KeyOrder) -> None:
+    """Read the sticky-key hash of each offset of ``batch`` from ``handout.first`` into
+    ``handout.hashes``, and register its waiting offsets with the per-key ``order``."""
+    _header, records = iter_batch(batch.data)
+    handout.hashes = [sticky_key_hash(key) for offset, _ts, key, _a, _p in records if offset >= handout.first]
+    for o in handout.pending:
+        order.wait(handout.hashes[o - handout.first], o)
+
+
+def assign_by_key(
+    handout: Handout,
+    batch: StoredBatch,
+    ready: list[int],
+    eligible: list[Consumer],
+    hash_ranges: AutoSplitHashRanges,
+    order: KeyOrder,
+) -> int:
+    """Hand each waiting offset of ``ready`` (ascending) to the consumer owning its hash's
+    range, when that consumer has room and the per-key ``order`` allows it.
+
+    Args:
+        handout: the batch's delivery state (its ``hashes`` read, :func:`hash_batch`).
+        batch: the stored batch.
+        ready: waiting offsets of the batch that are due, ascending.
+        eligible: the consumers with room, attached and open.
+        hash_ranges: the consumers' hash ranges.
+        order: the per-key order.
+
+    Returns:
+        How many offsets were handed out.
+    """
+    first = handout.first
+    hashes = handout.hashes
+    assert hashes is not None
+    by_id = {c.id: c for c in eligible}
+    room = {c.id: c.permits for c in eligible}
+    given: dict[int, int] = {}
+    for o in ready:
+        key_hash = hashes[o - first]
+        owner = hash_ranges.owner(key_hash)
+        if owner is None or room.get(owner, 0) <= 0:
+            continue
+        if not order.may_deliver(key_hash, o, owner):
+            continue
+        order.hold(key_hash, o, owner)
+        del handout.pending[o]
+        given[owner] = given.get(owner, 0) | (1 << (o - first))
+        room[owner] -= 1
+    for owner, bits in given.items():
+        consumer = by_id[owner]
+        consumer.push(batch, Hold(handout, consumer, bits))
+    return sum(bits.bit_count() for bits in given.values())
+
+
+__all__ = ["HASH_RANGE_SIZE", "AutoSplitHashRanges", "KeyOrder", "assign_by_key", "hash_batch", "sticky_key_hash"]

@@ -2,7 +2,9 @@
 
 :class:`BrokerServer` wires the parts together: the metadata store and cache, the broker core
 (:class:`broker.core.Broker`), its membership in the cluster (:class:`broker.cluster.membership.Membership`)
-and the gRPC server built by :func:`create_server` with the servicers of :mod:`broker.rpc.services`.
+and the gRPC server built by :func:`create_server` with the servicers of :mod:`broker.rpc`
+(``producer_service``, ``consumer_service``, ``discovery_service``, ``admin_service``,
+``schema_service``).
 
 Start: connect to etcd and load the cache, bind and start the gRPC server, join the cluster
 (registration, state, leader candidacy, load report), load the topics assigned here, report
@@ -30,12 +32,16 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.schemas.registry import SchemaRegistry
 
-from broker.rpc import services
 from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
 from broker.core import Broker
 from broker.cluster.leader import LeaderDuties
 from broker.cluster.membership import Membership
 from broker.cluster.rebalance import ClientUnloader, Rebalancer
+from broker.rpc.admin_service import AdminServicer
+from broker.rpc.consumer_service import ConsumerServicer
+from broker.rpc.discovery_service import DiscoveryServicer
+from broker.rpc.producer_service import ProducerServicer
+from broker.rpc.schema_service import SchemaRegistryServicer
 from broker.rpc.status import tolerant_handler
 from broker.tasks import spawn
 
@@ -104,11 +110,11 @@ def create_server(
         ]
     )
     servicers: dict[str, object] = {
-        "danube.v1.ProducerService": services.ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
-        "danube.v1.ConsumerService": services.ConsumerServicer(broker),
-        "danube.v1.Discovery": services.DiscoveryServicer(broker, cluster_name),
-        "danube.v1.Admin": services.AdminServicer(broker),
-        "danube.v1.SchemaRegistry": services.SchemaRegistryServicer(broker),
+        "danube.v1.ProducerService": ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
+        "danube.v1.ConsumerService": ConsumerServicer(broker),
+        "danube.v1.Discovery": DiscoveryServicer(broker, cluster_name),
+        "danube.v1.Admin": AdminServicer(broker),
+        "danube.v1.SchemaRegistry": SchemaRegistryServicer(broker),
     }
     server.add_generic_rpc_handlers(
         tuple(tolerant_handler(pb.DESCRIPTOR.services_by_name[name.rpartition(".")[2]], servicer)

@@ -2,8 +2,8 @@
 
 A :class:`~danube_pipeline.errors.DanubeError` becomes its class's ``grpc_code``, its message
 as details, and trailing metadata carrying its class name and constructor arguments
-(:func:`danube_pipeline.errors.encode_error_metadata`), so the client rebuilds the same typed
-exception with the same fields (``danube_pipeline.errors.error_from_status``). Anything else is
+(:func:`danube_pipeline.error_codec.encode_error_metadata`), so the client rebuilds the same typed
+exception with the same fields (``danube_pipeline.error_codec.error_from_status``). Anything else is
 a bug: it is logged with its traceback and answered ``INTERNAL``.
 
 Two more things happen here for every RPC:
@@ -13,7 +13,7 @@ Two more things happen here for every RPC:
   (:class:`~danube_pipeline.errors.MalformedRequestError`), where gRPC's own decoding would
   answer ``UNKNOWN`` and log a traceback.
 * The client's deadline bounds the broker's etcd operations
-  (:func:`danube_pipeline.metadata.store.deadline_scope`): an etcd call that would outlive it
+  (:func:`danube_pipeline.metadata.connection.deadline_scope`): an etcd call that would outlive it
   fails first with :class:`~danube_pipeline.errors.MetadataStoreError`, which the client
   receives instead of ``DEADLINE_EXCEEDED``.
 """
@@ -32,12 +32,12 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
+from danube_pipeline.error_codec import encode_error_metadata
 from danube_pipeline.errors import (
     DanubeError,
     MalformedRequestError,
-    encode_error_metadata,
 )
-from danube_pipeline.metadata.store import deadline_scope
+from danube_pipeline.metadata.connection import deadline_scope
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 def _deadline_budget(context: Any) -> float | None:
     """Seconds the RPC's etcd operations may take: the client's time left less a margin."""
-    remaining = context.time_remaining()
+    remaining: float | None = context.time_remaining()
     if remaining is None:
         return None
     return max(remaining - min(DEADLINE_MARGIN_S, remaining / 10), 0.0)

@@ -77,6 +77,8 @@ class MemoryLog(WriteAheadLog):
         self._head = 0  # index of the oldest batch held
         self._held_messages = 0
         self._held_bytes = 0
+        self._records_stored = 0
+        self._bytes_stored = 0
         self._next_offset = initial_offset
         self._end = initial_offset  # one past the last offset stored (readable)
         self._first = initial_offset
@@ -109,6 +111,16 @@ class MemoryLog(WriteAheadLog):
     def size_bytes(self) -> int:
         """Batch bytes held in memory."""
         return self._held_bytes
+
+    @property
+    def record_count(self) -> int:
+        """Records appended since the log was created."""
+        return self._records_stored
+
+    @property
+    def byte_count(self) -> int:
+        """Batch bytes appended since the log was created."""
+        return self._bytes_stored
 
     @property
     def held_messages(self) -> int:
@@ -220,8 +232,8 @@ class MemoryLog(WriteAheadLog):
         self._held_messages += stored.record_count
         self._held_bytes += len(stored.data)
         self._end = stored.last_offset + 1
-        self.record_count += stored.record_count
-        self.byte_count += len(stored.data)
+        self._records_stored += stored.record_count
+        self._bytes_stored += len(stored.data)
         if self._held_messages - stored.record_count == 0:
             self._first = stored.base_offset
         self._evict()

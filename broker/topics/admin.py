@@ -12,7 +12,7 @@ Deleting a topic removes, in this order:
    its producers are closed (their next batch is answered ``ProducerNotFoundError``) and its
    consumers' streams end;
 2. its WAL directory and the segments this broker kept after releasing it earlier
-   (:attr:`broker.core.Broker.released_dir`);
+   (:attr:`broker.topics.released.ReleasedSegments.directory`);
 3. its segment objects in object storage (``topics/{ns}/{topic}/``: those the descriptors
    name, §5.1, and anything else under that folder);
 4. every etcd key of the topic: everything under ``/topics/{ns}/{topic}/`` (delivery mode,
@@ -36,17 +36,18 @@ kept after releasing the topic (their local retention never finds them tiered an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
-from collections.abc import Iterator
 
 import grpc
 
 from danube_pipeline.format.batches import iter_batch
-from danube_pipeline.errors import (
+from danube_pipeline.error_codec import (
     ERROR_CLASS_METADATA_KEY,
     ERROR_FIELDS_METADATA_KEY,
+    error_from_status,
+)
+from danube_pipeline.errors import (
     BrokerUnavailableError,
     DanubeError,
     MalformedRequestError,
@@ -55,10 +56,9 @@ from danube_pipeline.errors import (
     SubscriptionNotFoundError,
     TopicInUseError,
     TopicNotFoundError,
-    error_from_status,
 )
 from danube_pipeline.metadata import keys, values
-from danube_pipeline.metadata.store import remaining_budget_s
+from danube_pipeline.metadata.connection import remaining_budget_s
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.storage.objectstore import segment_object_path
 from danube_pipeline.partitions import partition_names
@@ -139,20 +139,6 @@ def _users(topic: Topic) -> tuple[int, int]:
     return len(topic.producers), sum(len(sub.consumers) for sub in topic.subscriptions.values())
 
 
-@contextlib.contextmanager
-def _fenced(broker: Broker, path: str) -> Iterator[None]:
-    """Keep ``path`` from being loaded on this broker inside the block (a load answers
-    ``NotServedHereError``, as during a release)."""
-    releasing: set[str] = broker._releasing  # the fence release_topic uses (private)
-    if path in releasing:
-        raise NotServedHereError(path, broker.broker_id)
-    releasing.add(path)
-    try:
-        yield
-    finally:
-        releasing.discard(path)
-
-
 async def _delete_served(broker: Broker, topic: Topic, *, force: bool) -> None:
     """Delete a topic this broker serves (steps 1 to 4 of the module docstring).
 
@@ -165,10 +151,10 @@ async def _delete_served(broker: Broker, topic: Topic, *, force: bool) -> None:
     producers, consumers = _users(topic)
     if (producers or consumers) and not force:
         raise TopicInUseError(path, producers, consumers)
-    with _fenced(broker, path):
+    with broker.served.fenced(path):
         if broker.topics.get(path) is topic:
             del broker.topics[path]
-        topic.closed = True  # served_topic refuses it from here on
+        topic.closed = True  # ServedTopics.served refuses it from here on
         for producer_id in list(topic.producers):
             producer = broker.producers.pop(producer_id, None)
             if producer is not None:
@@ -178,7 +164,7 @@ async def _delete_served(broker: Broker, topic: Topic, *, force: bool) -> None:
             await topic.close()  # ends the consumers' streams, closes the WAL
         except Exception as exc:  # noqa: BLE001 - the WAL is deleted next anyway
             log.warning("topic %s: closing before the deletion failed: %s", path, exc)
-        broker._on_topics_changed()  # the load report, as an unload sends it (private)
+        broker.served.changed()  # the load report, as an unload sends it
         log.info("topic %s: deleting (%d producers and %d consumers closed)", path, producers, consumers)
         await _delete_files(broker, name)
         objects = await _delete_objects(broker, name)
@@ -312,7 +298,7 @@ async def _delete_partition(broker: Broker, partition: TopicName, *, force: bool
 
 def _remote_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
     """The typed error another broker answered with (its class and fields travel in trailing
-    metadata, :func:`danube_pipeline.errors.error_from_status`)."""
+    metadata, :func:`danube_pipeline.error_codec.error_from_status`)."""
     metadata = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in exc.trailing_metadata() or ()}
     error_class = metadata.get(ERROR_CLASS_METADATA_KEY)
     if error_class is None:
@@ -430,8 +416,9 @@ async def reset_cursor(
     the topic's owner; its cursor is stored at once as that offset - 1 (§3.5).
 
     Unacknowledged deliveries are dropped; connected consumers' streams end and the clients
-    subscribe again (:meth:`Topic.reset_cursor`). Acks of messages delivered before the reset
-    that a client sends after it may still acknowledge offsets delivered again.
+    subscribe again (:meth:`broker.topics.subscriptions.TopicSubscriptions.reset_cursor`). Acks
+    of messages delivered before the reset that a client sends after it may still acknowledge
+    offsets delivered again.
 
     Args:
         broker: the broker core.
@@ -458,6 +445,6 @@ async def reset_cursor(
     if subscription not in topic.subscriptions and broker.cache.get(keys.topic_subscription(name, subscription)) is None:
         raise SubscriptionNotFoundError(name.path, subscription)
     target = await resolve_position(topic, offset=offset, earliest=earliest, latest=latest, timestamp_ms=timestamp_ms)
-    await topic.reset_cursor(subscription, target)
+    await topic.subscriptions.reset_cursor(subscription, target)
     log.info("%s/%s: cursor reset, next offset %d", name, subscription, target)
     return target

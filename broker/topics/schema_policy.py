@@ -60,7 +60,8 @@ async def check_producer_schema(broker: _Broker, name: TopicName, schema: Regist
     """Apply the topic's schema settings to a producer about to be created (module docstring).
 
     Args:
-        broker: the broker core.
+        broker: the metadata it reads and writes (``cache``, ``store``, ``registry``): the
+            producer sessions (:class:`broker.sessions.ProducerSessions`).
         name: the topic (a plain topic or a partition).
         schema: the producer's registered schema, ``None`` for a producer without one.
 

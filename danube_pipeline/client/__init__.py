@@ -11,10 +11,11 @@ Usage::
                 await consumer.ack(message)
 
 Layout (nats.py / aiokafka style): this module, :mod:`.producer`,
-:mod:`.consumer`, :mod:`.admin` and :mod:`.types` are public; ``_connection`` (channel pool),
-``_metadata`` (broker map and topic owners), ``_status`` (gRPC status to
-:class:`~danube_pipeline.errors.DanubeError`), ``_accumulator`` (batching) and ``_context``
-(the shared retry loop) are private. Generated protobuf types never leave the client.
+:mod:`.consumer`, :mod:`.admin`, :mod:`.types` and :mod:`.status` (gRPC status to
+:class:`~danube_pipeline.errors.DanubeError`) are public; ``_connection`` (channel pool),
+``_metadata`` (broker map and topic owners), ``_accumulator`` (batching), ``_redelivery``
+(subscription settings and ack ranges in wire form) and ``_context`` (the shared retry loop)
+are private. Generated protobuf types never leave the client.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from danube_pipeline.client._connection import ConnectionPool
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client.admin import AdminClient
-from danube_pipeline.client.consumer import Consumer, ConsumerClosedError
-from danube_pipeline.client.producer import Producer, ProducerClosedError
+from danube_pipeline.client.consumer import Consumer
+from danube_pipeline.client.producer import Producer
 from danube_pipeline.client.schemas import SchemaClient
 from danube_pipeline.client.types import (
     AvroSchema,
@@ -48,6 +49,7 @@ from danube_pipeline.client.types import (
     TopicInfo,
     TopicSchemaPolicy,
 )
+from danube_pipeline.errors import ConsumerClosedError, ProducerClosedError
 from danube_pipeline.names import TopicName
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._metadata import ClusterMetadata
-from danube_pipeline.client._status import rpc_errors, unavailable
+from danube_pipeline.client.status import rpc_errors, unavailable
 from danube_pipeline.errors import (
     BrokerUnavailableError,
     DanubeError,

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import grpc
 
 from danube_pipeline.client._connection import ConnectionPool, Stubs
-from danube_pipeline.client._status import (
+from danube_pipeline.client.status import (
     from_rpc_error,
     is_transport_failure,
     rpc_errors,

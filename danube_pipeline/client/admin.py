@@ -2,16 +2,19 @@
 
 Every per-topic call goes to the broker that owns the topic (looked up through the cluster
 metadata) and is retried there after a refresh when the broker answers with an
-``invalid_metadata`` error.
+``invalid_metadata`` error. The calls themselves live in
+:mod:`~danube_pipeline.client._topic_admin` (topics and subscriptions) and
+:mod:`~danube_pipeline.client._segment_admin` (sealed segments).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
-from danube_pipeline.client._connection import Stubs
+from danube_pipeline.client import _segment_admin, _topic_admin
 from danube_pipeline.client._context import Context
-from danube_pipeline.client._status import rpc_errors
+from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.client.types import (
     ClusterInfo,
     LocalRetentionResult,
@@ -19,13 +22,9 @@ from danube_pipeline.client.types import (
     TopicDescription,
     TopicInfo,
     TopicSchemaPolicy,
-    _segment_info_from_pb,
-    _topic_description_from_pb,
-    _topic_info_from_pb,
 )
-from danube_pipeline.errors import CorruptRecordError, DanubeError, MalformedRequestError, PartitionedTopicError
 from danube_pipeline.modes import DeliveryMode
-from danube_pipeline.names import TopicName, validate_part
+from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
@@ -80,12 +79,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: every metadata pass failed.
         """
-        path = TopicName.parse(topic).path
-        try:
-            await self._ctx.metadata.lookup(path)
-        except PartitionedTopicError as exc:
-            return exc.partitions
-        return 0
+        return await _topic_admin.topic_partitions(self._ctx, topic)
 
     async def list_topics(self, namespace: str = "") -> list[TopicInfo]:
         """Topics of one namespace, or of all namespaces.
@@ -104,23 +98,7 @@ class AdminClient:
             BrokerUnavailableError: a broker did not answer, or none is known.
             DanubeError: another refusal from a broker.
         """
-        if namespace:
-            validate_part("namespace", namespace)
-        if not self._ctx.metadata.brokers:
-            await self._ctx.metadata.refresh()
-        merged: dict[str, TopicInfo] = {}
-        for broker in self._ctx.metadata.ordered_brokers():
-            stubs = self._ctx.pool.stubs(broker.address)
-            with rpc_errors(broker.address):
-                response = await stubs.admin.ListTopics(
-                    pb.ListTopicsRequest(namespace=namespace), timeout=self._ctx.request_timeout_s
-                )
-            for t in response.topics:
-                info = _topic_info_from_pb(t)
-                seen = merged.get(info.topic)
-                if seen is None or (info.next_offset, info.wal_syncs) > (seen.next_offset, seen.wal_syncs):
-                    merged[info.topic] = info
-        return [merged[name] for name in sorted(merged)]
+        return await _topic_admin.list_topics(self._ctx, namespace)
 
     async def list_sealed_segments(self, topic: str) -> list[SegmentInfo]:
         """Sealed (immutable) WAL segments of a topic, ascending by ``start_offset``.
@@ -130,15 +108,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> list[SegmentInfo]:
-            response = await stubs.admin.ListSealedSegments(
-                pb.ListSealedSegmentsRequest(topic=path), timeout=self._ctx.request_timeout_s
-            )
-            return [_segment_info_from_pb(s) for s in response.segments]
-
-        return await self._ctx.call_owner(path, call)
+        return await _segment_admin.list_sealed_segments(self._ctx, topic)
 
     async def seal_active_segment(self, topic: str) -> SegmentInfo | None:
         """Seal the topic's active WAL segment now.
@@ -151,15 +121,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> SegmentInfo | None:
-            response = await stubs.admin.SealActiveSegment(
-                pb.SealActiveSegmentRequest(topic=path), timeout=self._ctx.request_timeout_s
-            )
-            return _segment_info_from_pb(response.segment) if response.sealed else None
-
-        return await self._ctx.call_owner(path, call)
+        return await _segment_admin.seal_active_segment(self._ctx, topic)
 
     async def apply_local_retention(
         self, topic: str, *, retention_bytes: int | None = None, retention_ms: int | None = None
@@ -187,18 +149,9 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-        request = pb.ApplyLocalRetentionRequest(topic=path)
-        if retention_bytes is not None:
-            request.retention_bytes = retention_bytes
-        if retention_ms is not None:
-            request.retention_ms = retention_ms
-
-        async def call(stubs: Stubs) -> LocalRetentionResult:
-            r = await stubs.admin.ApplyLocalRetention(request, timeout=self._ctx.request_timeout_s)
-            return LocalRetentionResult(r.deleted_segments, r.deleted_bytes, r.first_local_offset, r.wal_bytes)
-
-        return await self._ctx.call_owner(path, call)
+        return await _segment_admin.apply_local_retention(
+            self._ctx, topic, retention_bytes=retention_bytes, retention_ms=retention_ms
+        )
 
     async def describe_topic(self, topic: str) -> TopicDescription:
         """Where the topic's offsets live (WAL, object storage) and its loaded subscriptions.
@@ -208,13 +161,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> TopicDescription:
-            response = await stubs.admin.DescribeTopic(pb.DescribeTopicRequest(topic=path), timeout=self._ctx.request_timeout_s)
-            return _topic_description_from_pb(response)
-
-        return await self._ctx.call_owner(path, call)
+        return await _topic_admin.describe_topic(self._ctx, topic)
 
     async def unload_topic(self, topic: str) -> int:
         """Release the topic from its owner; the leader assigns it to another broker
@@ -228,15 +175,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> int:
-            response = await stubs.admin.UnloadTopic(pb.UnloadTopicRequest(topic=path), timeout=self._ctx.request_timeout_s)
-            return int(response.next_offset)
-
-        next_offset = await self._ctx.call_owner(path, call)
-        self._ctx.metadata.invalidate(path)
-        return next_offset
+        return await _topic_admin.unload_topic(self._ctx, topic)
 
     async def delete_topic(self, topic: str, *, force: bool = False) -> list[str]:
         """Delete the topic and everything it holds, on its owner.
@@ -272,21 +211,7 @@ class AdminClient:
             DanubeError: another refusal from the broker (``MetadataStoreError`` when etcd
                 was unreachable).
         """
-        path = TopicName.parse(topic).path
-        request = pb.DeleteTopicRequest(topic=path, force=force)
-
-        async def call(stubs: Stubs) -> list[str]:
-            response = await stubs.admin.DeleteTopic(request, timeout=self._ctx.request_timeout_s)
-            return list(response.deleted)
-
-        try:
-            deleted = await self._ctx.call_owner(path, call)
-        except PartitionedTopicError:  # no owner: any broker deletes it, partition by partition
-            deleted = await self._ctx.call_any(call)
-        self._ctx.metadata.invalidate(path)
-        for partition in deleted:
-            self._ctx.metadata.invalidate(partition)
-        return deleted
+        return await _topic_admin.delete_topic(self._ctx, topic, force=force)
 
     async def reset_cursor(
         self,
@@ -335,32 +260,9 @@ class AdminClient:
             DanubeError: another refusal from the broker (``MetadataStoreError`` when the
                 cursor could not be stored; retrying is safe).
         """
-        path = TopicName.parse(topic).path
-        validate_part("subscription", subscription)
-        given = sum((offset is not None, earliest, latest, timestamp_ms is not None))
-        if given != 1:
-            raise MalformedRequestError(
-                f"give exactly one position (offset, earliest, latest or timestamp_ms), got {given}"
-            )
-        request = pb.ResetCursorRequest(topic=path, subscription=subscription)
-        if offset is not None:
-            if offset < 0:
-                raise MalformedRequestError(f"offset must not be negative, got {offset}")
-            request.offset = offset
-        elif timestamp_ms is not None:
-            if timestamp_ms < 0:
-                raise MalformedRequestError(f"timestamp_ms must not be negative, got {timestamp_ms}")
-            request.timestamp_ms = timestamp_ms
-        elif earliest:
-            request.earliest = True
-        else:
-            request.latest = True
-
-        async def call(stubs: Stubs) -> int:
-            response = await stubs.admin.ResetCursor(request, timeout=self._ctx.request_timeout_s)
-            return int(response.next_offset)
-
-        return await self._ctx.call_owner(path, call)
+        return await _topic_admin.reset_cursor(
+            self._ctx, topic, subscription, offset=offset, earliest=earliest, latest=latest, timestamp_ms=timestamp_ms
+        )
 
     async def abandon_unavailable_range(self, topic: str, start_offset: int) -> int:
         """Give up waiting for the topic's unavailable range starting at ``start_offset``
@@ -376,16 +278,7 @@ class AdminClient:
             UnavailableRangeNotFoundError: no range starts at ``start_offset``.
             BrokerUnavailableError: the owner could not be reached within the retry budget.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> int:
-            response = await stubs.admin.AbandonUnavailableRange(
-                pb.AbandonUnavailableRangeRequest(topic=path, start_offset=start_offset),
-                timeout=self._ctx.request_timeout_s,
-            )
-            return int(response.skipped)
-
-        return await self._ctx.call_owner(path, call)
+        return await _topic_admin.abandon_unavailable_range(self._ctx, topic, start_offset)
 
     async def set_topic_schema_policy(self, topic: str, *, allow_raw: bool) -> list[TopicSchemaPolicy]:
         """Set whether producers without a schema may publish to ``topic`` once it has a schema
@@ -406,15 +299,7 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: no broker answered.
         """
-        path = TopicName.parse(topic).path
-
-        async def call(stubs: Stubs) -> list[TopicSchemaPolicy]:
-            response = await stubs.admin.SetTopicSchemaPolicy(
-                pb.SetTopicSchemaPolicyRequest(topic=path, allow_raw=allow_raw), timeout=self._ctx.request_timeout_s
-            )
-            return [TopicSchemaPolicy(p.topic, p.subject, p.allow_raw) for p in response.policies]
-
-        return await self._ctx.call_any(call)
+        return await _topic_admin.set_topic_schema_policy(self._ctx, topic, allow_raw=allow_raw)
 
     async def drain_broker(self, address: str) -> list[str]:
         """Drain the broker at ``address``: it is marked ``draining``, releases every topic it
@@ -443,20 +328,7 @@ class AdminClient:
             InvalidNameError: the name is malformed.
             BrokerUnavailableError: the cluster metadata could not be read.
         """
-        path = TopicName.parse(topic).path
-        cluster = await self.cluster_metadata()
-        found: list[tuple[str, SegmentInfo]] = []
-        for broker in cluster.brokers:
-            stubs = self._ctx.pool.stubs(broker.address)
-            try:
-                with rpc_errors(broker.address):
-                    response = await stubs.admin.ListSealedSegments(
-                        pb.ListSealedSegmentsRequest(topic=path, released=True), timeout=self._ctx.request_timeout_s
-                    )
-            except DanubeError:  # a broker that cannot answer holds nothing we can read now
-                continue
-            found.extend((broker.address, _segment_info_from_pb(seg)) for seg in response.segments)
-        return sorted(found, key=lambda pair: pair[1].start_offset)
+        return await _segment_admin.list_released_segments(self._ctx, topic)
 
     async def read_segment(self, topic: str, start_offset: int, *, address: str | None = None) -> AsyncIterator[bytes]:
         """Stream the bytes of one sealed segment, in chunks of at most 1 MiB.
@@ -476,30 +348,10 @@ class AdminClient:
             TopicNotFoundError: the topic does not exist.
             BrokerUnavailableError: the owner could not be reached.
         """
-        path = TopicName.parse(topic).path
-        broker_address = address if address is not None else (await self._ctx.metadata.lookup(path)).address
-        stubs = self._ctx.pool.stubs(broker_address)
-        call = stubs.admin.ReadSegment(
-            pb.ReadSegmentRequest(topic=path, start_offset=start_offset, released=address is not None),
-            timeout=None,
-        )
-        where = f"segment {start_offset} of {path}"
-        expected = 0
-        try:
-            with rpc_errors(broker_address):
-                async for chunk in call:
-                    if chunk.position != expected:
-                        raise CorruptRecordError(
-                            where, chunk.position, f"chunk at byte {chunk.position}, expected byte {expected}"
-                        )
-                    expected += len(chunk.data)
-                    yield bytes(chunk.data)
-        except DanubeError as exc:
-            if exc.invalid_metadata:
-                self._ctx.metadata.invalidate(path)
-            raise
-        finally:
-            call.cancel()
+        chunks = _segment_admin.read_segment(self._ctx, topic, start_offset, address=address)
+        async with contextlib.aclosing(chunks):  # closing this generator closes (cancels) the stream
+            async for chunk in chunks:
+                yield chunk
 
     async def read_segment_bytes(self, topic: str, start_offset: int, *, address: str | None = None) -> bytes:
         """The whole sealed segment as bytes (see :meth:`read_segment`).

@@ -389,7 +389,7 @@ def _table_days(env: dict[str, str]) -> list[dt.date]:
 
 
 def _spark_question(env: dict[str, str], summary: DemoSummary) -> None:
-    from danube_pipeline.lake.spark import build_spark_session
+    from danube_pipeline.lake.spark.session import build_spark_session
 
     spark = build_spark_session(catalog_name=env["DANUBE_CATALOG_NAME"], catalog_uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
     try:

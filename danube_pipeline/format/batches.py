@@ -159,9 +159,10 @@ def parse_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:
 
 def crc_matches(data: bytes | memoryview, position: int, length_bytes: int) -> bool:
     """Whether the batch at ``position`` (``length_bytes`` long) carries the CRC32C of its bytes."""
-    crc = _PREFIX.unpack_from(data, position)[2]
+    crc: int = _PREFIX.unpack_from(data, position)[2]
     view = memoryview(data)[position + _CRC_START : position + length_bytes]
-    return _crc32c.crc32c(view) == crc
+    computed: int = _crc32c.crc32c(view)
+    return computed == crc
 
 
 def validate_batch(

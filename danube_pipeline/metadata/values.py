@@ -31,17 +31,20 @@ def decode(raw: bytes | str) -> JsonValue:
     Raises:
         ValueError: if ``raw`` is not JSON.
     """
-    return json.loads(raw)  # type: ignore[no-any-return]
+    value: JsonValue = json.loads(raw)
+    return value
 
 
 class JsonRecord:
     """Base of the structured values: ``to_json`` keeps the dataclass field order."""
 
     _nested: ClassVar[dict[str, type[JsonRecord]]] = {}
+    # Every subclass is a dataclass: declared (not set) here so that dataclasses.fields() takes it.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if isinstance(v, JsonRecord):
                 v = v.to_json()
@@ -57,10 +60,17 @@ class JsonRecord:
         Raises:
             ValueError: if ``data`` is not an object or lacks a required field.
         """
+        return cls._from_fields(data)
+
+    @classmethod
+    def _from_fields(cls, data: Any) -> Self:
+        """:meth:`from_json` without a subclass's own checks, for the subclasses to call (the
+        dataclasses are made with ``slots=True``, which makes new classes, so a zero-argument
+        ``super()`` does not work in them)."""
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in dataclasses.fields(cls):
             if f.name not in data:
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                     continue
@@ -162,8 +172,7 @@ class NamespacePolicy(JsonRecord):
             for alias, name in cls.ALIASES.items():
                 if alias in data and name not in data:
                     data[name] = data[alias]
-        # (no zero-argument super(): slots=True makes a new class)
-        policy = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        policy = cls._from_fields(data)
         for name in ("retention_size_mb", "retention_time_minutes"):
             value = getattr(policy, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -346,7 +355,7 @@ class TopicSchema(JsonRecord):
             ValueError: ``data`` is not an object, ``subject`` not a string or ``allow_raw``
                 not a boolean.
         """
-        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        value = cls._from_fields(data)
         if not isinstance(value.subject, str) or not isinstance(value.allow_raw, bool):
             raise ValueError(f"TopicSchema: subject must be a string and allow_raw a boolean, got {data!r}")
         return value
@@ -407,12 +416,12 @@ class LocalRetention(JsonRecord):
         Raises:
             ValueError: ``data`` is not an object, or a field is not an integer ≥ -1.
         """
-        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        value = cls._from_fields(data)
         for name in ("bytes", "ms"):
             v = getattr(value, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < -1:
                 raise ValueError(f"LocalRetention: {name} must be an integer >= -1, got {v!r}")
-        return value  # type: ignore[no-any-return]
+        return value
 
 
 PARTITION_TRANSFORMS = ("hour", "day", "month", "year", "none")
@@ -440,13 +449,13 @@ class TableLayout(JsonRecord):
             ValueError: ``data`` is not an object, or ``partition_transform`` is not one of
                 :data:`PARTITION_TRANSFORMS`.
         """
-        value = JsonRecord.from_json.__func__(cls, data)  # type: ignore[attr-defined]
+        value = cls._from_fields(data)
         if value.partition_transform not in PARTITION_TRANSFORMS:
             raise ValueError(
                 f"TableLayout: partition_transform must be one of {', '.join(PARTITION_TRANSFORMS)}, "
                 f"got {value.partition_transform!r}"
             )
-        return value  # type: ignore[no-any-return]
+        return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from danube_pipeline.errors import (
@@ -357,6 +358,7 @@ class SchemaRegistry:
         self, subject: str, parsed: ParsedSchema, created_by: str, mode: str, now: int
     ) -> RegisteredSchema | None:
         counter = await self._store.get(keys.SCHEMA_NEXT_ID)
+        # The counter is an int this class wrote (§4.1); a list or object there fails in int().
         schema_id = 1 if counter is None else int(counter.value)  # type: ignore[arg-type]
         version = _new_version(1, parsed, created_by, now)
         meta = SchemaMetadata(
@@ -385,7 +387,9 @@ class SchemaRegistry:
         )
         return None if written is None else _registered(subject, schema_id, version)
 
-    async def _update_metadata(self, subject: str, change: Any) -> SchemaMetadata:
+    async def _update_metadata(
+        self, subject: str, change: Callable[[SchemaMetadata], SchemaMetadata | None]
+    ) -> SchemaMetadata:
         """Apply ``change(meta) -> SchemaMetadata | None`` (``None``: nothing to write) with
         compare-and-put on the metadata key, retried until it holds."""
         metadata_key = keys.schema_metadata(subject)

@@ -2,89 +2,38 @@
 
 A topic's WAL is a directory of segment files (:mod:`broker.storage.wal.segment`): sealed, immutable
 ``{start:020d}-{end:020d}.dnb1`` files and one active ``{start:020d}.log``; offsets are
-contiguous across them. :mod:`broker.storage.wal.recovery` brings the directory back at open.
-
-Group commit: :meth:`WriteAheadLog.enqueue` takes one producer-framed record batch, assigns
-its offsets at once and queues it; one writer task takes everything queued since its previous
-write and does ONE ``os.writev`` (each batch's bytes as received, behind the base offset it was
-given) and ONE ``os.fdatasync`` in a worker thread (so the event loop keeps accepting appends
-meanwhile), then resolves every waiting future. A producer is acknowledged only after the
-``fdatasync`` that covers its batch. No Python object is made per message.
-
-All file descriptors are opened, closed and renamed from the event loop or from the writer
-while it holds the I/O lock, and reads are synchronous ``os.pread`` calls from the event loop,
-so a reader never races a rename or a close.
+contiguous across them. :mod:`broker.storage.wal.recovery` brings the directory back at open,
+:mod:`broker.storage.wal.local_log` holds the segments (roll, read, delete), and
+:mod:`broker.storage.wal.group_commit` writes the appends: everything queued since the previous
+write in ONE ``os.writev`` and ONE ``os.fdatasync``; a producer is acknowledged only after the
+``fdatasync`` that covers its batch. :class:`WriteAheadLog` is the facade over them.
 
 A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 :class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
 reads go on, and the next write that fits succeeds. The WAL tells its
-:class:`StorageMonitor` when it becomes full and when a write succeeds again, and logs once per
-episode.
+:class:`~broker.storage.wal.group_commit.StorageMonitor` when it becomes full and when a write
+succeeds again, and logs once per episode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import errno
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
-from danube_pipeline.errors import StorageFullError
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.format.segments import StoredBatch
 
-from broker.tasks import run_to_completion
-from broker.storage.wal.pending import PendingAppend, plan_write, write_all
-from broker.storage.wal.recovery import LogLoader, Quarantine
-from broker.storage.wal.segment import (
-    DEFAULT_INDEX_INTERVAL_BYTES,
-    SealedSegment,
-    Segment,
-    create_active_segment,
-    fsync_dir,
-    now_ms,
-    sealed_name,
-)
+from broker.storage.wal.group_commit import GroupCommit, OffsetGuard, StorageMonitor
+from broker.storage.wal.local_log import LocalLog
+from broker.storage.wal.recovery import Quarantine
+from broker.storage.wal.segment import DEFAULT_INDEX_INTERVAL_BYTES, SealedSegment
 
 log = logging.getLogger(__name__)
-
-_MAX_OPEN_SEALED_FDS = 64
-DEFAULT_INLINE_WRITE_MAX_BYTES = 64 * 1024
-"""Group commits up to this size are written and synced on the event loop; larger ones in a
-worker thread, so the loop keeps serving while the disk works."""
-
-
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def storage_error(exc: BaseException, path: Path) -> BaseException:
-    """``exc`` as the error an append reports: a full disk becomes
-    :class:`~danube_pipeline.errors.StorageFullError`, anything else stays as it is."""
-    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
-        return StorageFullError(str(path), os.strerror(exc.errno))
-    return exc
-
-
-class StorageMonitor(Protocol):
-    """Who learns that a WAL's disk is full, and that it takes writes again."""
-
-    def storage_full(self, directory: Path, error: StorageFullError) -> None: ...
-
-    def storage_available(self, directory: Path) -> None: ...
-
-
-class OffsetGuard(Protocol):
-    """Reserves offsets before the WAL writes them (:class:`broker.cluster.ownership.Ownership`)."""
-
-    reserved_end: int
-
-    async def reserve_through(self, offset: int) -> None: ...
 
 
 class WriteAheadLog:
@@ -107,30 +56,17 @@ class WriteAheadLog:
         self.segment_max_bytes = segment_max_bytes
         self.segment_max_age_s = segment_max_age_s
         self.index_interval_bytes = index_interval_bytes
-        self.inline_write_max_bytes = DEFAULT_INLINE_WRITE_MAX_BYTES
-        self.sync_count = 0
-        self.record_count = 0
-        self.byte_count = 0
-        self._sealed: list[Segment] = []
-        self._sealed_starts: list[int] = []
-        self._active: Segment | None = None
-        self._active_first_append_s: float | None = None
-        self._next_offset = 0  # next offset enqueue hands out
-        self._queue: list[PendingAppend] = []
-        self._wakeup = asyncio.Event()
+        self._local = LocalLog(directory, index_interval_bytes=index_interval_bytes)
         self._advanced = asyncio.Event()
         self._io_lock = asyncio.Lock()
-        self._writer_task: asyncio.Task[None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._failed: BaseException | None = None
-        self._roll_pending = False  # the active segment was sealed but no new one exists yet
         self._listeners: list[Callable[[int], None]] = []
-        self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
-        self.storage_monitor: StorageMonitor | None = None
-        self.offset_guard: OffsetGuard | None = None
-        self._storage_full = False
         self._seal_outage = OutageLog(log, f"sealing WAL segments in {directory}")
+        self._commit = GroupCommit(
+            self._local, io_lock=self._io_lock, segment_max_bytes=segment_max_bytes, seal_outage=self._seal_outage,
+            on_written=self._signal_advanced, on_handed_back=self._wake_waiters,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,8 +109,8 @@ class WriteAheadLog:
             segment_max_age_s=segment_max_age_s,
             index_interval_bytes=index_interval_bytes,
         )
-        await asyncio.to_thread(wal._load, initial_offset)
-        wal._writer_task = asyncio.create_task(wal._writer(), name=f"wal-writer:{directory}")
+        wal._commit.next_offset = await asyncio.to_thread(wal._local.load, initial_offset)
+        wal._commit.start()
         wal._timer_task = asyncio.create_task(wal._age_timer(), name=f"wal-timer:{directory}")
         return wal
 
@@ -190,41 +126,10 @@ class WriteAheadLog:
                 self._timer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer_task
-        self._wakeup.set()
-        if self._writer_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
+        await self._commit.stop()
         async with self._io_lock:
-            active = self._active
-            if active is not None and active.fd is not None:
-                fd = active.fd
-                active.fd = None
-                await asyncio.to_thread(self._sync_and_close, fd)
-            for seg in self._open_sealed_fds:
-                if seg.fd is not None:
-                    os.close(seg.fd)
-                    seg.fd = None
-            self._open_sealed_fds.clear()
+            await self._local.close()
         self._advanced.set()
-
-    @staticmethod
-    def _sync_and_close(fd: int) -> None:
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-
-    def _load(self, initial_offset: int) -> None:
-        loaded = LogLoader(self.directory, index_interval_bytes=self.index_interval_bytes).load(initial_offset)
-        self._sealed = loaded.sealed
-        self._sealed_starts = [seg.start for seg in loaded.sealed]
-        self._active = loaded.active
-        self._active_first_append_s = loaded.first_append_s
-        self._next_offset = loaded.active.end + 1
-        self._quarantine = loaded.quarantine
-
-    def _create_active(self, start: int) -> Segment:
-        return create_active_segment(self.directory, start, self.index_interval_bytes)
 
     # ------------------------------------------------------------------ appending
 
@@ -236,30 +141,57 @@ class WriteAheadLog:
     @property
     def next_offset(self) -> int:
         """The offset the next enqueued message will get."""
-        return self._next_offset
+        return self._commit.next_offset
 
     @property
     def durable_end(self) -> int:
         """One past the last durable offset: every offset below it is on disk and readable."""
-        assert self._active is not None
-        return self._active.end + 1
+        return self._local.durable_end
 
     @property
     def first_offset(self) -> int:
         """The lowest offset still held locally (the first segment's start)."""
-        if self._sealed:
-            return self._sealed[0].start
-        assert self._active is not None
-        return self._active.start
-
-    _quarantine: Quarantine | None = None  # set by _load
+        return self._local.first_offset
 
     @property
     def quarantine(self) -> Quarantine | None:
         """The segment recovery quarantined (corruption in the middle, valid batches after it;
         :mod:`broker.storage.wal.recovery`), or ``None``. While set, reads serve offsets up to its last
         good offset and appends are refused; ``python -m broker.storage.wal.repair`` lifts it offline."""
-        return self._quarantine
+        return self._local.quarantine
+
+    @property
+    def sync_count(self) -> int:
+        """``fdatasync`` calls since the WAL was opened (writes and seals)."""
+        return self._commit.sync_count + self._local.sync_count
+
+    @property
+    def record_count(self) -> int:
+        """Records written since the WAL was opened."""
+        return self._commit.record_count
+
+    @property
+    def byte_count(self) -> int:
+        """Record-batch bytes written since the WAL was opened."""
+        return self._commit.byte_count
+
+    @property
+    def storage_monitor(self) -> StorageMonitor | None:
+        """Told when the disk becomes full and when it takes writes again."""
+        return self._commit.storage_monitor
+
+    @storage_monitor.setter
+    def storage_monitor(self, monitor: StorageMonitor | None) -> None:
+        self._commit.storage_monitor = monitor
+
+    @property
+    def offset_guard(self) -> OffsetGuard | None:
+        """Reserves offsets before the WAL writes them (checked before every write), or ``None``."""
+        return self._commit.offset_guard
+
+    @offset_guard.setter
+    def offset_guard(self, guard: OffsetGuard | None) -> None:
+        self._commit.offset_guard = guard
 
     def enqueue(self, batch: bytes, record_count: int) -> asyncio.Future[tuple[int, int]]:
         """Give a record batch its offsets now and queue it for the next group commit.
@@ -286,15 +218,12 @@ class WriteAheadLog:
             raise ValueError("nothing to append")
         if self._closed:
             raise RuntimeError(f"WAL {self.directory} is closed")
-        if self._quarantine is not None:
-            raise self._quarantine.append_error()
-        if self._failed is not None:
-            raise RuntimeError(f"WAL {self.directory} failed: {self._failed}")
-        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(PendingAppend(self._next_offset, batch, record_count, fut))
-        self._next_offset += record_count
-        self._wakeup.set()
-        return fut
+        quarantine = self._local.quarantine
+        if quarantine is not None:
+            raise quarantine.append_error()
+        if self._commit.failed is not None:
+            raise RuntimeError(f"WAL {self.directory} failed: {self._commit.failed}")
+        return self._commit.enqueue(batch, record_count)
 
     async def append(self, batch: bytes, record_count: int) -> tuple[int, int]:
         """Append a record batch and return ``(first_offset, last_offset)`` once durable.
@@ -351,166 +280,10 @@ class WriteAheadLog:
             except Exception:  # a listener must not break the writer
                 log.exception("WAL listener failed")
 
-    async def _writer(self) -> None:
-        while True:
-            if not self._queue:
-                if self._closed:
-                    return
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                continue
-            async with self._io_lock:
-                if self._roll_pending:
-                    try:
-                        await run_to_completion(self._finish_roll())
-                    except OSError as exc:
-                        self._fail_queued(exc)
-                        continue
-                batch = self._take_batch()
-                guard = self.offset_guard
-                if guard is not None and batch[-1].last_offset > guard.reserved_end:
-                    try:
-                        await guard.reserve_through(batch[-1].last_offset)
-                    except Exception as exc:  # noqa: BLE001 - fenced or etcd down: nothing is written
-                        self._refuse_queued(batch, exc)
-                        continue
-                await self._write_batch(batch)
-                active = self._active
-                if (
-                    self._failed is None
-                    and active is not None
-                    and active.length >= self.segment_max_bytes
-                    and active.end >= active.start
-                ):
-                    try:
-                        await self._seal_locked()
-                        self._seal_outage.succeeded()
-                    except OSError as exc:  # keep appending to the active segment; retried next write
-                        self._seal_outage.failed(exc)
-
-    def _take_batch(self) -> list[PendingAppend]:
-        """Everything queued, but no more than fits the active segment (at least one append),
-        so segments stay close to ``segment_max_bytes``; the rest goes after the roll."""
-        assert self._active is not None
-        room = self.segment_max_bytes - self._active.length
-        taken = 0
-        size = 0
-        for item in self._queue:
-            if taken and size + len(item.data) > room:
-                break
-            size += len(item.data)
-            taken += 1
-        batch, self._queue = self._queue[:taken], self._queue[taken:]
-        return batch
-
-    async def _write_batch(self, batch: list[PendingAppend]) -> None:
-        active = self._active
-        assert active is not None and active.fd is not None
-        fd = active.fd
-        start_length = active.length
-
-        buffers, positions, size = plan_write(batch, start_length)
-
-        def work() -> None:
-            write_all(fd, buffers)
-            os.fdatasync(fd)
-
-        try:
-            if size <= self.inline_write_max_bytes:
-                # A small commit is cheaper on the event loop than handed to a thread and back
-                # (about 0.1 ms each way); appends arriving meanwhile join the next commit.
-                work()
-            else:
-                await asyncio.to_thread(work)
-        except BaseException as exc:
-            self._fail_batch(batch, exc, fd, start_length)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self.sync_count += 1
-        self.record_count += sum(item.record_count for item in batch)
-        self.byte_count += size
-        assert active.index is not None
-        for offset, pos in positions:
-            active.index.add(offset, pos)
-        active.length = start_length + size
-        active.end = batch[-1].last_offset
-        if self._active_first_append_s is None:
-            self._active_first_append_s = time.time()
-        if self._storage_full:
-            self._storage_full = False
-            log.info("WAL %s: writes succeed again", self.directory)
-            if self.storage_monitor is not None:
-                self.storage_monitor.storage_available(self.directory)
-        self._signal_advanced()
-        for item in batch:
-            if not item.future.done():
-                item.future.set_result((item.first_offset, item.last_offset))
-
-    def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
-        """A write failed: drop the batch and everything queued after it (their offsets were
-        never acknowledged), cut the file back, and hand the offsets out again."""
-        failed = batch + self._queue
-        self._queue = []
-        error = self._report_failure(exc, len(failed))
-        assert self._active is not None
-        self._next_offset = self._active.end + 1
-        try:
-            os.ftruncate(fd, good_length)
-            os.fsync(fd)
-        except OSError as trunc_exc:
-            self._failed = trunc_exc
-            log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self.directory, trunc_exc)
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(error)
-        self._wake_waiters()  # offsets were handed back: waiters such as seal_active re-check
-
-    def _refuse_queued(self, batch: list[PendingAppend], exc: Exception) -> None:
-        """The offsets of ``batch`` could not be reserved (:attr:`offset_guard`): fail it and
-        everything queued after it with ``exc``, unwritten, and hand the offsets back."""
-        failed = batch + self._queue
-        self._queue = []
-        assert self._active is not None
-        self._next_offset = self._active.end + 1
-        log.warning("WAL %s: %d appends refused: offsets not reserved: %s", self.directory, len(failed), exc)
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(exc)
-        self._wake_waiters()
-
-    def _fail_queued(self, exc: OSError) -> None:
-        """No active segment to write to: fail everything queued (nothing was written)."""
-        failed, self._queue = self._queue, []
-        error = self._report_failure(exc, len(failed))
-        assert self._active is not None
-        self._next_offset = self._active.end + 1
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(error)
-        self._wake_waiters()
-
-    def _report_failure(self, exc: BaseException, appends: int) -> Exception:
-        """Log a failed write (a full disk once per episode) and return the error the
-        appends fail with."""
-        error = storage_error(exc, self.directory)
-        if isinstance(error, StorageFullError):
-            if not self._storage_full:
-                self._storage_full = True
-                log.warning(
-                    "WAL %s: disk full, appends refused until space is freed (reads go on): %s",
-                    self.directory, exc,
-                )
-                if self.storage_monitor is not None:
-                    self.storage_monitor.storage_full(self.directory, error)
-            return error
-        log.error("WAL %s: write failed, failing %d queued appends: %s", self.directory, appends, exc)
-        return error if isinstance(error, Exception) else OSError(str(error))
-
     @property
     def storage_full(self) -> bool:
         """Whether the last write failed for lack of space (cleared by the next good write)."""
-        return self._storage_full
+        return self._commit.storage_full
 
     # ------------------------------------------------------------------ sealing
 
@@ -523,129 +296,47 @@ class WriteAheadLog:
         Raises:
             OSError: sync, rename or directory sync failed.
         """
-        target = self._next_offset
+        target = self._commit.next_offset
         # Wait until every append enqueued before this call is either durable or failed: a
-        # failed write hands its offsets back (``_next_offset`` drops), which ends the wait too.
+        # failed write hands its offsets back (``next_offset`` drops), which ends the wait too.
         while True:
             event = self._advanced
-            if self._closed or self.durable_end >= min(target, self._next_offset):
+            if self._closed or self.durable_end >= min(target, self._commit.next_offset):
                 break
             await event.wait()
         async with self._io_lock:
-            return await self._seal_locked()
-
-    async def _seal_locked(self) -> SealedSegment | None:
-        """Seal the active segment; the caller holds the I/O lock.
-
-        Cancellation-safe: once started, the seal (sync, rename, new active segment, state
-        update) runs to its end even if the caller is cancelled, and the caller's
-        cancellation is delivered only afterwards, so the I/O lock is never released while
-        the files and the in-memory state disagree.
-        """
-        if self._roll_pending:
-            await run_to_completion(self._finish_roll())
-            return None
-        active = self._active
-        if active is None or active.end < active.start or active.fd is None:
-            return None
-        if self._quarantine is not None:  # its bytes go past the corruption: never seal them
-            return None
-        return await run_to_completion(self._seal_steps(active))
-
-    async def _seal_steps(self, active: Segment) -> SealedSegment:
-        assert active.fd is not None
-        fd = active.fd
-        new_path = self.directory / sealed_name(active.start, active.end)
-        old_path = active.path
-
-        def work() -> OSError | None:
-            os.fdatasync(fd)
-            os.rename(old_path, new_path)
-            try:
-                fsync_dir(self.directory)
-            except OSError as exc:  # the rename happened: the state must follow it
-                return exc
-            return None
-
-        dir_error = await asyncio.to_thread(work)
-        # From here on the file is sealed on disk: never append to it again.
-        self.sync_count += 1
-        if dir_error is not None:
-            log.warning(
-                "WAL %s: directory sync after sealing %s failed (retried with the next segment): %s",
-                self.directory, new_path.name, dir_error,
-            )
-        create_error: OSError | None = None
-        new_active: Segment | None = None
-        try:
-            # Creating the new active segment syncs the directory again (covering the rename).
-            new_active = await asyncio.to_thread(self._create_active, active.end + 1)
-        except OSError as exc:
-            create_error = exc
-        # Publish the new state in one step (no await in between).
-        active.path = new_path
-        active.sealed_at_ms = now_ms()
-        self._sealed.append(active)
-        self._sealed_starts.append(active.start)
-        self._active_first_append_s = None
-        if new_active is not None:
-            self._active = new_active
-            self._remember_sealed_fd(active)
-        else:
-            # ``_active`` stays the sealed segment (for reads and durable_end) until a new
-            # active segment exists; the writer creates it before its next write.
-            self._roll_pending = True
-        log.info("WAL %s: sealed %s (%d bytes)", self.directory, new_path.name, active.length)
-        if create_error is not None:
-            log.error("WAL %s: cannot create the next active segment: %s", self.directory, create_error)
-            raise create_error
-        return active.info()
-
-    async def _finish_roll(self) -> None:
-        """Create the active segment that a seal could not create; the caller holds the lock."""
-        sealed = self._active
-        assert sealed is not None and self._roll_pending
-        new_active = await asyncio.to_thread(self._create_active, sealed.end + 1)
-        self._active = new_active
-        self._roll_pending = False
-        self._remember_sealed_fd(sealed)
+            return await self._local.seal()
 
     async def _age_timer(self) -> None:
         interval = min(1.0, max(0.01, self.segment_max_age_s / 4))
         while True:
             await asyncio.sleep(interval)
-            first = self._active_first_append_s
+            first = self._local.active_first_append_s
             if first is None or time.time() - first < self.segment_max_age_s:
                 continue
             try:
                 async with self._io_lock:
                     if self._closed:
                         return
-                    first = self._active_first_append_s
+                    first = self._local.active_first_append_s
                     if first is not None and time.time() - first >= self.segment_max_age_s:
-                        await self._seal_locked()
+                        await self._local.seal()
                         self._seal_outage.succeeded()
             except OSError as exc:
                 self._seal_outage.failed(exc)
 
     def sealed_segments(self) -> list[SealedSegment]:
         """Every sealed segment, ascending by start offset."""
-        return [s.info() for s in self._sealed]
+        return self._local.sealed_segments()
 
     def sealed_segment(self, start_offset: int) -> SealedSegment | None:
         """The sealed segment starting at ``start_offset``, or ``None``."""
-        i = bisect.bisect_left(self._sealed_starts, start_offset)
-        if i < len(self._sealed) and self._sealed[i].start == start_offset:
-            return self._sealed[i].info()
-        return None
+        return self._local.sealed_segment(start_offset)
 
     @property
     def size_bytes(self) -> int:
         """Bytes of every segment file on disk, sealed and active (headers included)."""
-        total = sum(seg.length for seg in self._sealed)
-        if self._active is not None and not self._roll_pending:
-            total += self._active.length
-        return total
+        return self._local.size_bytes
 
     async def delete_oldest_sealed(self, start_offset: int) -> int:
         """Delete the oldest sealed segment from disk (local retention).
@@ -666,53 +357,14 @@ class WriteAheadLog:
                 open finds it again).
         """
         async with self._io_lock:
-            if not self._sealed or self._sealed[0].start != start_offset:
-                raise ValueError(f"WAL {self.directory}: {start_offset} is not the oldest sealed segment")
-            seg = self._sealed[0]
-            if seg is self._active:  # sealed, but the next active segment does not exist yet
-                raise ValueError(f"WAL {self.directory}: segment {start_offset} is still the newest")
-            path = seg.path
-            # Drop it from the state first, in one step: from here on readers go to object
-            # storage for these offsets and never open the file again.
-            self._sealed.pop(0)
-            self._sealed_starts.pop(0)
-            if seg in self._open_sealed_fds:
-                self._open_sealed_fds.remove(seg)
-            if seg.fd is not None:
-                os.close(seg.fd)
-                seg.fd = None
-            # A failed unlink leaves the file behind; recovery takes it back at the next open.
-            await asyncio.to_thread(os.unlink, path)
-            try:
-                await asyncio.to_thread(fsync_dir, self.directory)
-            except OSError as exc:  # the unlink happened; a crash may bring the name back
-                log.warning("WAL %s: directory sync after deleting %s failed: %s", self.directory, path.name, exc)
-            log.info("WAL %s: deleted %s (%d bytes, offsets %d..%d)", self.directory, path.name, seg.length, seg.start, seg.end)
-            return seg.length
+            return await self._local.delete_oldest_sealed(start_offset)
 
     @property
     def active_path(self) -> Path:
         """Path of the active ``.log`` segment."""
-        assert self._active is not None
-        return self._active.path
+        return self._local.active_path
 
     # ------------------------------------------------------------------ reading
-
-    def _remember_sealed_fd(self, seg: Segment) -> None:
-        if seg in self._open_sealed_fds:
-            self._open_sealed_fds.remove(seg)
-        self._open_sealed_fds.append(seg)
-        while len(self._open_sealed_fds) > _MAX_OPEN_SEALED_FDS:
-            old = self._open_sealed_fds.pop(0)
-            if old.fd is not None:
-                os.close(old.fd)
-                old.fd = None
-
-    def _sealed_fd(self, seg: Segment) -> int:
-        if seg.fd is None:
-            seg.fd = os.open(seg.path, os.O_RDONLY)
-        self._remember_sealed_fd(seg)
-        return seg.fd
 
     def read(self, from_offset: int, max_records: int, *, max_bytes: int = 4 * 1024 * 1024) -> list[StoredBatch]:
         """Read durable batches holding ``from_offset`` and the offsets after it.
@@ -733,38 +385,4 @@ class WriteAheadLog:
         Raises:
             CorruptRecordError: a durable batch fails its CRC (disk corruption).
         """
-        out: list[StoredBatch] = []
-        if self._active is None or max_records <= 0:
-            return out
-        offset = max(from_offset, self.first_offset)
-        budget = max_bytes
-        records = 0
-        while records < max_records and offset < self.durable_end and budget > 0:
-            seg = self._segment_for(offset)
-            if seg is None:
-                break
-            if seg is self._active:
-                assert seg.fd is not None
-                fd = seg.fd
-            else:
-                fd = self._sealed_fd(seg)
-            seg.ensure_index(fd, self.index_interval_bytes)
-            got, used = seg.read(fd, offset, max_records - records, budget)
-            if not got:
-                break
-            out.extend(got)
-            budget -= used
-            records += got[-1].last_offset + 1 - offset
-            offset = got[-1].last_offset + 1
-        return out
-
-    def _segment_for(self, offset: int) -> Segment | None:
-        active = self._active
-        assert active is not None
-        if offset >= active.start:
-            return active
-        i = bisect.bisect_right(self._sealed_starts, offset) - 1
-        if i < 0:
-            return None
-        seg = self._sealed[i]
-        return seg if offset <= seg.end else None
+        return self._local.read(from_offset, max_records, max_bytes=max_bytes)

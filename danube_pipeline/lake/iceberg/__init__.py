@@ -9,6 +9,8 @@
 * :mod:`.arrow`, :mod:`.rows`: records to the Arrow table an append writes;
 * :mod:`.dead_letter`: the ``{topic}__dlq`` table of records that cannot be rows;
 * :mod:`.append`: the exactly-once append (the committed end offset in a table property);
+* :mod:`.binding`: writer schemas bound to the table (create or evolve it, dead-letter the
+  versions it cannot take, map renames): the one path of tiering and bulk loads;
 * :mod:`.commit`: one segment object into the table (evolve, decode, dead-letter, append).
 """
 
@@ -26,6 +28,7 @@ from danube_pipeline.lake.iceberg.append import (
     committed_end_offset,
     committed_end_offset_property,
     pending_records,
+    without_commit_retries,
 )
 from danube_pipeline.lake.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.lake.iceberg.catalog import (
@@ -41,12 +44,23 @@ from danube_pipeline.lake.iceberg.catalog import (
     snapshot_row_count,
     table_identifier,
 )
-from danube_pipeline.lake.iceberg.commit import ObjectCommit, RegisteredWriter, commit_object, recorded_schema
+from danube_pipeline.lake.iceberg.binding import (
+    RegisteredWriter,
+    WriterBinding,
+    bind_writers,
+    ensure_table_for_writers,
+    raw_message_error,
+    recorded_schema,
+    supersedes,
+)
+from danube_pipeline.lake.iceberg.commit import ObjectCommit, commit_object
 from danube_pipeline.lake.iceberg.dead_letter import (
     DEAD_LETTER_SUFFIX,
     DeadLetter,
+    DeadLetterAppend,
     DeadLetterReason,
     append_dead_letters,
+    commit_dead_letters,
     dead_letter_identifier,
     dead_letter_offsets,
     dead_letter_schema,
@@ -94,6 +108,7 @@ __all__ = [
     "VALUE_COLUMN",
     "AppendResult",
     "DeadLetter",
+    "DeadLetterAppend",
     "DeadLetterReason",
     "EvolutionPlan",
     "ObjectCommit",
@@ -101,11 +116,14 @@ __all__ = [
     "PayloadDecodeError",
     "RegisteredWriter",
     "SchemaChange",
+    "WriterBinding",
     "WriterSchema",
     "append_dead_letters",
     "append_records",
     "append_rows",
     "arrow_table_for_records",
+    "bind_writers",
+    "commit_dead_letters",
     "commit_object",
     "committed_end_offset",
     "committed_end_offset_property",
@@ -118,6 +136,7 @@ __all__ = [
     "ensure_dead_letter_table",
     "ensure_table",
     "ensure_table_for_schema",
+    "ensure_table_for_writers",
     "evolve_table",
     "iceberg_schema_for_avro",
     "iceberg_schema_for_json_schema",
@@ -130,12 +149,15 @@ __all__ = [
     "pending_records",
     "plan_evolution",
     "protobuf_payload_to_row",
+    "raw_message_error",
     "read_offsets",
     "recorded_schema",
     "renamed_columns",
     "row_count",
     "snapshot_row_count",
+    "supersedes",
     "table_identifier",
     "widen_avro_schema",
+    "without_commit_retries",
     "writer_for_parsed",
 ]

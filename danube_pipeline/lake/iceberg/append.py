@@ -68,6 +68,7 @@ __all__ = [
     "committed_end_offset",
     "committed_end_offset_property",
     "pending_records",
+    "without_commit_retries",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class AppendResult:
     dead_lettered: int = 0
 
 
-def _without_commit_retries(table: Table) -> Table:
+def without_commit_retries(table: Table) -> Table:
     """A handle on ``table`` whose commits are not retried by pyiceberg itself.
 
     pyiceberg 0.12 retries a conflicting snapshot commit by rebasing the same data files onto
@@ -174,6 +175,13 @@ def _without_commit_retries(table: Table) -> Table:
     already made, that commits the rows twice. The handle carries ``commit.retry.num-retries=0``
     in its in-memory metadata only; the catalog applies the commit to the table's stored
     metadata, so the stored properties (which Spark's own retries read) are unchanged.
+
+    Args:
+        table: the table as loaded.
+
+    Returns:
+        A new handle on the same metadata location whose commits fail with
+        ``CommitFailedException`` on a conflict instead of being rebased.
     """
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     metadata = table.metadata.model_copy(update={"properties": properties})
@@ -305,7 +313,7 @@ def append_rows(
         }
         if partition is not None:
             properties[SUMMARY_PARTITION] = str(partition)
-        handle = _without_commit_retries(table)
+        handle = without_commit_retries(table)
         try:
             # One commit: the snapshot and the property, on top of the snapshot read above.
             with MetadataCachingTransaction(handle) as transaction:

@@ -71,7 +71,7 @@ def load_catalog(
     The catalog database is an embedded SQLite file (one host) or a PostgreSQL database
     (several hosts: brokers' tiering runs, Dagster, Spark). Either way pyiceberg creates the
     catalog tables (``iceberg_tables``, ``iceberg_namespace_properties``) when they are missing;
-    Iceberg's ``JdbcCatalog`` in Spark uses the same tables (:func:`danube_pipeline.lake.spark.spark_conf`).
+    Iceberg's ``JdbcCatalog`` in Spark uses the same tables (:func:`danube_pipeline.lake.spark.session.spark_conf`).
 
     Args:
         name: catalog name; Spark uses the same one (``spark.sql.catalog.<name>``). Defaults to

@@ -71,9 +71,9 @@ from danube_pipeline.lake.iceberg.append import (
     SUMMARY_PARTITION,
     SUMMARY_START_OFFSET,
     SUMMARY_TOPIC,
-    _without_commit_retries,
     committed_end_offset,
     committed_end_offset_property,
+    without_commit_retries,
 )
 from danube_pipeline.lake.iceberg.schema import PARTITION_COLUMN, PAYLOAD_COLUMN
 from danube_pipeline.names import TopicName
@@ -87,6 +87,7 @@ __all__ = [
     "DeadLetterAppend",
     "DeadLetterReason",
     "append_dead_letters",
+    "commit_dead_letters",
     "dead_letter_identifier",
     "dead_letter_offsets",
     "dead_letter_schema",
@@ -352,7 +353,7 @@ def append_dead_letters(
         if partition is not None:
             summary[SUMMARY_PARTITION] = str(partition)
         high = end_offset if committed is None else max(committed, end_offset)
-        handle = _without_commit_retries(table)
+        handle = without_commit_retries(table)
         try:
             with handle.transaction() as transaction:
                 transaction.set_properties({committed_end_offset_property(partition): str(high)})
@@ -371,3 +372,55 @@ def append_dead_letters(
             snapshot.snapshot_id if snapshot else None, len(new), len(letters) - len(new), offsets
         )
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def commit_dead_letters(
+    catalog: Catalog,
+    table_topic: TopicName,
+    letters: Sequence[DeadLetter],
+    object_id: str,
+    *,
+    topic: str,
+    start_offset: int,
+    end_offset: int,
+    partition: int | None = None,
+) -> DeadLetterAppend:
+    """A range's dead letters in ``{topic}__dlq``, before its rows go to the topic's table.
+
+    With dead letters, the dead-letter table is created if needed and they are appended
+    (:func:`append_dead_letters`). Without, an earlier try of the same range may have
+    dead-lettered records that now decode (the registry was fixed meanwhile): when the
+    dead-letter table's committed end offset reaches ``start_offset``, the offsets it holds in
+    the range are read back, and they stay there (module docstring, "Exactly once").
+
+    Args:
+        catalog: the shared catalog.
+        table_topic: the topic whose table it is (the partitioned topic, for a partition).
+        letters: the range's dead letters, in offset order (may be empty).
+        object_id: the segment object (or objects) of the range.
+        topic: ``/ns/topic`` of the records (the partition's name, for a partition).
+        start_offset: the range's first offset.
+        end_offset: the range's last offset.
+        partition: the partition index, for a partitioned topic.
+
+    Returns:
+        A :class:`DeadLetterAppend` whose ``offsets`` are the range's offsets in the
+        dead-letter table (those the topic's table leaves out).
+
+    Raises:
+        CommitFailedException: the dead-letter commit kept conflicting.
+        InvalidNameError: a table named like the dead-letter table is not one.
+    """
+    if letters:
+        dlq = ensure_dead_letter_table(catalog, table_topic, partitioned=partition is not None)
+        return append_dead_letters(
+            dlq, letters, object_id, topic=topic, start_offset=start_offset, end_offset=end_offset,
+            partition=partition,
+        )
+    existing = load_dead_letter_table(catalog, table_topic)
+    dlq_committed = committed_end_offset(existing, partition=partition) if existing is not None else None
+    if existing is not None and dlq_committed is not None and dlq_committed >= start_offset:
+        # An earlier try of this range dead-lettered records that now decode: they stay there.
+        present = dead_letter_offsets(existing, partition=partition, start_offset=start_offset, end_offset=end_offset)
+        return DeadLetterAppend(None, 0, len(present), frozenset(present))
+    return DeadLetterAppend(None, 0, 0, frozenset())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -59,7 +59,7 @@ OFFSET_COLUMN = "_offset"
 DEFAULT_LAYOUT = TableLayout()
 """``day(_publish_time)``, sorted by ``_offset``: the layout of a topic without a §3.9 key."""
 
-_TRANSFORMS: dict[str, type[HourTransform | DayTransform | MonthTransform | YearTransform]] = {
+_TRANSFORMS: dict[str, type[HourTransform[Any] | DayTransform[Any] | MonthTransform[Any] | YearTransform[Any]]] = {
     "hour": HourTransform,
     "day": DayTransform,
     "month": MonthTransform,

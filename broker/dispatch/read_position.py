@@ -1,0 +1,238 @@
+"""Where one subscription reads next: from the WAL or object storage, and what happens when
+that position falls below retention, into an unavailable range (``docs/etcd-layout.md``
+§5.5) or into a hole that nothing holds."""
+
+from __future__ import annotations
+
+import logging
+
+from danube_pipeline.errors import PositionBelowRetentionError
+from danube_pipeline.format.segments import StoredBatch
+from danube_pipeline.metadata.values import UnavailableRange
+
+from broker.dispatch.consumer import Consumer
+from broker.dispatch.handouts import HandoutLedger
+from broker.storage.remote import RemoteLog
+from broker.storage.wal import WriteAheadLog
+
+log = logging.getLogger("broker.dispatch.subscription")  # the subscription's log lines keep one logger name
+
+BELOW_RETENTION_EARLIEST = "earliest"
+BELOW_RETENTION_ERROR = "error"
+BELOW_RETENTION_MODES = (BELOW_RETENTION_EARLIEST, BELOW_RETENTION_ERROR)
+UNAVAILABLE_WAIT = "wait"
+UNAVAILABLE_SKIP = "skip"
+UNAVAILABLE_MODES = (UNAVAILABLE_WAIT, UNAVAILABLE_SKIP)
+
+
+def earliest_offset(wal: WriteAheadLog, remote: RemoteLog | None) -> int:
+    """The earliest offset a subscription of the topic can read.
+
+    Without an object store, the WAL's first offset. With one: object storage's first offset
+    when it has any below the WAL's first (offsets below it expired: retention deleted their
+    descriptors, ``docs/etcd-layout.md`` §5.1); 0 when object storage holds nothing of the
+    topic yet, since offsets below the WAL may still be tiered (an earlier owner's segments).
+    """
+    local = wal.first_offset
+    if remote is None:
+        return local
+    first = remote.first_offset
+    if first is None:
+        return 0
+    return min(first, local)
+
+
+class ReadPosition:
+    """The next offset one subscription reads, and the policies that move it.
+
+    Args:
+        topic: the topic path ``/ns/topic`` (for logs and errors).
+        name: the subscription name.
+        wal: the topic's WAL.
+        remote: the topic's offsets in object storage; ``None`` without an object store.
+        ledger: the subscription's handouts (for the ack floor, and to forget batches skipped).
+        start_offset: the first offset to deliver.
+        below_retention: ``"earliest"`` or ``"error"`` (see
+            :class:`~broker.dispatch.subscription.Subscription`).
+        unavailable_range: ``"wait"`` or ``"skip"`` (see
+            :class:`~broker.dispatch.subscription.Subscription`).
+
+    Attributes:
+        offset: the next offset never handed to any consumer.
+        records_from_object_storage: records handed out from object storage.
+        skipped_below_retention: offsets jumped over because they expired.
+        skipped_unavailable: offsets of unavailable ranges skipped (policy or abandoned).
+        position_error: set once the position fell below retention in ``"error"`` mode.
+
+    Raises:
+        ValueError: ``below_retention`` or ``unavailable_range`` is not a known mode.
+    """
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        name: str,
+        wal: WriteAheadLog,
+        remote: RemoteLog | None,
+        ledger: HandoutLedger,
+        start_offset: int,
+        below_retention: str,
+        unavailable_range: str,
+    ) -> None:
+        if below_retention not in BELOW_RETENTION_MODES:
+            raise ValueError(f"below_retention must be one of {BELOW_RETENTION_MODES}")
+        if unavailable_range not in UNAVAILABLE_MODES:
+            raise ValueError(f"unavailable_range must be one of {UNAVAILABLE_MODES}")
+        self.topic = topic
+        self.name = name
+        self.wal = wal
+        self.remote = remote
+        self.below_retention_mode = below_retention
+        self.unavailable_range = unavailable_range
+        self._ledger = ledger
+        self.offset = start_offset
+        self.records_from_object_storage = 0
+        self.skipped_below_retention = 0
+        self.skipped_unavailable = 0
+        self.position_error: PositionBelowRetentionError | None = None
+        self._waiting_at: int | None = None
+
+    @property
+    def earliest_offset(self) -> int:
+        """The earliest offset this subscription can read (:func:`earliest_offset`)."""
+        return earliest_offset(self.wal, self.remote)
+
+    def reset(self, offset: int) -> None:
+        """Read from ``offset`` next, forgetting a position error and a wait."""
+        self.offset = offset
+        self.position_error = None
+        self._waiting_at = None
+
+    def read(self, offset: int, max_records: int) -> list[StoredBatch] | None:
+        """Batches from ``offset`` on: from the WAL when it holds ``offset``, else from object
+        storage; ``None`` while an object is being fetched (the fetch wakes the dispatcher)."""
+        if offset >= self.wal.first_offset:
+            return self.wal.read(offset, max_records)
+        if self.remote is None:
+            return []
+        return self.remote.read_cached(offset, max_records)
+
+    def _untiered(self, offset: int) -> bool:
+        """Whether ``offset``, below the WAL, lies above everything object storage holds: not
+        tiered *yet* (an earlier owner's segments after a topic move), so worth waiting for."""
+        if self.remote is None:
+            return False
+        end = self.remote.end_offset
+        return end is None or offset > end
+
+    def skip_below(self, offset: int) -> None:
+        """Move the read position up to ``offset`` and forget the batches below it (they are
+        acknowledged in place: nothing can deliver them any more)."""
+        self.offset = max(self.offset, offset)
+        self._ledger.acknowledge_below(offset)
+
+    def below_retention(self, earliest: int, consumers: list[Consumer]) -> bool:
+        """The position (or a batch to redeliver) lies below ``earliest``: jump or fail, by
+        ``below_retention``. Returns whether dispatch may go on.
+
+        Args:
+            earliest: the earliest offset the subscription can read.
+            consumers: the subscription's consumers (their streams end in ``"error"`` mode).
+        """
+        floor = self._ledger.ack_floor(self.offset)
+        if self.below_retention_mode == BELOW_RETENTION_ERROR:
+            if self.position_error is None:
+                self.position_error = PositionBelowRetentionError(self.topic, self.name, floor, earliest)
+                log.error("%s", self.position_error)
+            for consumer in list(consumers):
+                consumer.fail(self.position_error)
+            return False
+        skipped = max(0, earliest - floor)
+        self.skipped_below_retention += skipped
+        log.warning(
+            "%s/%s: offsets %d..%d expired before they were acknowledged; the subscription jumps "
+            "to the earliest retained offset %d (%d skipped, %d in all)",
+            self.topic, self.name, floor, earliest - 1, earliest, skipped, self.skipped_below_retention,
+        )
+        self.skip_below(earliest)
+        return True
+
+    def past_gap(self) -> bool:
+        """Nothing was read at the position, which lies below the WAL: it is in an unavailable
+        range (:meth:`_at_unavailable`), not tiered yet (wait: the descriptors' watch wakes the
+        dispatcher), or in a hole (skipped, :meth:`skip_hole`).
+
+        Returns:
+            Whether dispatch may go on at once (``False``: it waits).
+        """
+        rng = self.remote.unavailable_at(self.offset) if self.remote is not None else None
+        if rng is not None:
+            return self._at_unavailable(rng)
+        if self._untiered(self.offset):
+            # An unavailable range: wait until it is tiered (the descriptors' watch
+            # wakes the dispatcher), never skip it.
+            if self._waiting_at != self.offset:
+                self._waiting_at = self.offset
+                log.warning(
+                    "%s/%s: offsets %d..%d are not in object storage yet (an earlier owner's "
+                    "untiered segments); waiting for them to be tiered",
+                    self.topic, self.name, self.offset, self.wal.first_offset - 1,
+                )
+            return False
+        self.skip_hole(self.offset)
+        return True
+
+    def skip_hole(self, offset: int, target: int | None = None) -> None:
+        """Nothing holds ``offset`` although offsets above it exist (descriptors or WAL
+        segments not contiguous): skip to ``target`` (default: the next offset held), logged
+        and counted."""
+        if target is None:
+            local = self.wal.first_offset
+            nxt = self.remote.next_start_after(offset) if self.remote is not None else None
+            target = min(nxt, local) if nxt is not None else local
+        if target <= offset:
+            return
+        self.skipped_below_retention += target - offset
+        log.error(
+            "%s/%s: offsets %d..%d are held neither in object storage nor in the WAL; skipped",
+            self.topic, self.name, offset, target - 1,
+        )
+        self.skip_below(target)
+
+    def _at_unavailable(self, rng: UnavailableRange) -> bool:
+        """The read position lies in an unavailable range (``docs/etcd-layout.md`` §5.5) and
+        object storage does not hold it. Offsets the failed owner never handed out are passed
+        over; the others are waited for, or skipped (counted in ``skipped_unavailable``) when
+        the range was abandoned or the subscription's policy is ``"skip"``.
+
+        Returns:
+            Whether the position moved.
+        """
+        position = self.offset
+        unused = rng.unused_from()
+        if unused is not None and position >= unused:
+            log.info("%s/%s: offsets %d..%d were never handed out (broker %d failed before); passed over",
+                     self.topic, self.name, position, rng.end_offset, rng.broker_id)
+            self.skip_below(rng.end_offset + 1)
+            return True
+        if rng.abandoned or self.unavailable_range == UNAVAILABLE_SKIP:
+            limit = unused if unused is not None else rng.end_offset + 1
+            nxt = self.remote.next_start_after(position) if self.remote is not None else None
+            target = min(limit, nxt) if nxt is not None and nxt > position else limit
+            self.skipped_unavailable += target - position
+            log.error(
+                "%s/%s: offsets %d..%d held only by broker %d are skipped (%s; %d skipped in all)",
+                self.topic, self.name, position, target - 1, rng.broker_id,
+                "range abandoned" if rng.abandoned else "policy skip", self.skipped_unavailable,
+            )
+            self.skip_below(target)
+            return True
+        if self._waiting_at != position:
+            self._waiting_at = position
+            log.warning(
+                "%s/%s: offset %d is in an unavailable range (%d..%d, held only by broker %d); waiting until "
+                "its segments are tiered",
+                self.topic, self.name, position, rng.start_offset, rng.end_offset, rng.broker_id,
+            )
+        return False

@@ -1,0 +1,230 @@
+"""``danube.v1.ProducerService``: creating producers, sending batches, closing producers.
+
+The servicer only translates: protobuf requests become calls on the broker core
+(:class:`ProducerBroker`, implemented by :class:`broker.core.Broker`), results become protobuf
+answers. Every exception becomes a status in one place, :func:`broker.rpc.status.rpc`; on a
+``SendStream`` a refused batch is answered with its error as data instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import math
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from danube_pipeline.error_codec import (
+    ERROR_CLASS_METADATA_KEY,
+    ERROR_FIELDS_METADATA_KEY,
+    encode_error_metadata,
+)
+from danube_pipeline.errors import BatchNotAppendedError, DanubeError
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.modes import DeliveryMode
+from danube_pipeline.proto import danube_pb2 as pb
+from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
+
+from broker.cluster.partitions import refuse_partitioned
+from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
+from broker.rpc.request_ids import RecentRequests
+from broker.rpc.status import rpc
+from broker.topics.producer import Producer
+
+__all__ = ["ProducerBroker", "ProducerServicer"]
+
+
+def _failed(fut: asyncio.Future[tuple[int, int]]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is not None
+
+
+def _ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds, rounded up (a wait never reads as 0)."""
+    return math.ceil(seconds * 1000) if seconds > 0 else 0
+
+
+def _error_status(error: DanubeError) -> pb.ErrorStatus:
+    """``error`` as data, with what a failed RPC carries as its status and trailing metadata."""
+    metadata = dict(encode_error_metadata(error))
+    return pb.ErrorStatus(
+        code=error.grpc_code.value[0],
+        message=str(error),
+        error_class=metadata[ERROR_CLASS_METADATA_KEY],
+        fields=metadata[ERROR_FIELDS_METADATA_KEY],
+    )
+
+
+class ProducerBroker(Protocol):
+    """What :class:`ProducerServicer` needs of the broker core (:class:`broker.core.Broker`)."""
+
+    broker_id: int
+    requests: RecentRequests
+    cache: LocalCache
+    store: MetadataStore
+
+    async def create_producer(
+        self,
+        topic_path: str,
+        producer_name: str,
+        *,
+        access_mode: int,
+        schema_id: int = 0,
+        schema_version: int = 0,
+        delivery: DeliveryMode = DeliveryMode.RELIABLE,
+    ) -> Producer: ...
+
+    def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]: ...
+
+    async def throttle_publish(self, producer_id: int, batch: bytes) -> float: ...
+
+    async def close_producer(self, producer_id: int) -> None: ...
+
+
+class ProducerServicer(pb_grpc.ProducerServiceServicer):
+    """``danube.v1.ProducerService``.
+
+    Args:
+        broker: the broker core.
+        max_unanswered_bytes: batch bytes one ``SendStream`` may have received and not
+            answered yet; above it the stream's requests are not read until answers go out.
+    """
+
+    def __init__(self, broker: ProducerBroker, *, max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES) -> None:
+        self._broker = broker
+        self._max_unanswered_bytes = max_unanswered_bytes
+
+    @rpc
+    async def CreateProducer(self, request: pb.CreateProducerRequest, context: Any) -> pb.CreateProducerResponse:
+        await refuse_partitioned(self._broker, request.topic)
+        schema = request.schema if request.HasField("schema") else None
+        producer = await self._broker.requests.run(
+            "producer",
+            request.request_id,
+            functools.partial(
+                self._broker.create_producer,
+                request.topic,
+                request.producer_name,
+                access_mode=request.access_mode,
+                schema_id=schema.schema_id if schema else 0,
+                schema_version=schema.schema_version if schema else 0,
+                delivery=DeliveryMode.from_wire(request.delivery),
+            ),
+            still_valid=lambda p: not p.closed,
+        )
+        return pb.CreateProducerResponse(
+            producer_id=producer.id,
+            broker_id=self._broker.broker_id,
+            max_message_size_bytes=producer.topic.max_message_size_bytes(),
+            max_batch_bytes=producer.topic.max_batch_bytes,
+        )
+
+    @rpc
+    async def SendBatch(self, request: pb.SendBatchRequest, context: Any) -> pb.SendBatchResponse:
+        # max_publish_rate: the answer is held back (nothing appended yet) until the rate admits it.
+        waited_s = await self._broker.throttle_publish(request.producer_id, request.batch)
+        first, last = await asyncio.shield(self._broker.publish(request.producer_id, request.batch))
+        return pb.SendBatchResponse(
+            first_offset=first, last_offset=last, sequence_id=request.sequence_id, throttled_ms=_ms(waited_s)
+        )
+
+    @rpc
+    async def SendStream(
+        self, request_iterator: AsyncIterator[pb.SendBatchRequest], context: Any
+    ) -> AsyncIterator[pb.SendBatchResponse]:
+        """Read requests in order, enqueue each append at once, answer in the same order.
+
+        A batch that is refused or whose append fails is answered with its error as data
+        (``SendBatchResponse.error``). Nothing after it is appended: later batches would be
+        persisted after a gap, so a client resending from the failed one would duplicate and
+        reorder; each is answered with :class:`~danube_pipeline.errors.BatchNotAppendedError`.
+        The broker keeps the stream open until the client ends it, so no write of the client
+        runs into a finished call and every answer arrives, in order.
+
+        Memory is bounded per stream: once ``max_unanswered_bytes`` of batches are received
+        and not answered, no more requests are read until answers go out (gRPC flow control
+        then holds the producer back). The topic's ``max_publish_rate`` holds the stream back
+        the same way: no request is read while the rate does not admit the last one, and each
+        answer says how long its batch waited (``throttled_ms``).
+        """
+        # The reader appends (sequence id, batch size, append future or error, throttled ms);
+        # None marks the end.
+        pending: collections.deque[
+            tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException, int] | None
+        ] = collections.deque()
+        arrived = asyncio.Event()
+        room = asyncio.Event()
+        unanswered = 0
+
+        def put(item: tuple[int, int, asyncio.Future[tuple[int, int]] | BaseException, int] | None) -> None:
+            pending.append(item)
+            arrived.set()
+
+        async def reader() -> None:
+            nonlocal unanswered
+            last: tuple[int, asyncio.Future[tuple[int, int]]] | None = None
+            failed: int | None = None  # sequence id of the first batch that failed
+            try:
+                async for request in request_iterator:
+                    if failed is None and last is not None and _failed(last[1]):
+                        failed = last[0]
+                    if failed is not None:
+                        put((request.sequence_id, 0, BatchNotAppendedError(request.sequence_id, failed), 0))
+                        continue
+                    size = len(request.batch)
+                    throttled_ms = _ms(await self._broker.throttle_publish(request.producer_id, request.batch))
+                    try:
+                        fut = self._broker.publish(request.producer_id, request.batch)
+                    except Exception as exc:  # noqa: BLE001 - answered in order
+                        failed = request.sequence_id
+                        put((request.sequence_id, 0, exc, throttled_ms))
+                        continue
+                    last = (request.sequence_id, fut)
+                    unanswered += size
+                    put((request.sequence_id, size, fut, throttled_ms))
+                    while unanswered > self._max_unanswered_bytes:
+                        room.clear()
+                        await room.wait()
+            finally:
+                put(None)
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while True:
+                while not pending:
+                    arrived.clear()
+                    await arrived.wait()
+                item = pending.popleft()
+                if item is None:
+                    break
+                sequence_id, size, outcome, throttled_ms = item
+                if not isinstance(outcome, BaseException):
+                    # Not shielded: if the stream dies, the append still completes (the WAL
+                    # resolves futures it finds still pending and skips cancelled ones).
+                    try:
+                        first, last = await outcome
+                    except DanubeError as exc:
+                        outcome = exc
+                    else:
+                        yield pb.SendBatchResponse(
+                            first_offset=first, last_offset=last, sequence_id=sequence_id, throttled_ms=throttled_ms
+                        )
+                if isinstance(outcome, DanubeError):
+                    yield pb.SendBatchResponse(sequence_id=sequence_id, error=_error_status(outcome))
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                unanswered -= size
+                room.set()
+            await reader_task
+        finally:
+            if not reader_task.done():
+                reader_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader_task
+
+    @rpc
+    async def CloseProducer(self, request: pb.CloseProducerRequest, context: Any) -> pb.CloseProducerResponse:
+        await self._broker.close_producer(request.producer_id)
+        return pb.CloseProducerResponse()

@@ -1,0 +1,326 @@
+"""The segment files of one topic's WAL on local disk: the sealed ones and the active one,
+rolling (seal the active segment, create the next), reading across them, and deleting the
+oldest (Kafka's ``LocalLog``).
+
+All file descriptors are opened, closed and renamed from the event loop or from the writer
+while it holds the WAL's I/O lock, and reads are synchronous ``os.pread`` calls from the event
+loop, so a reader never races a rename or a close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+from pathlib import Path
+
+from danube_pipeline.format.segments import StoredBatch
+
+from broker.storage.wal.recovery import LogLoader, Quarantine
+from broker.storage.wal.segment import (
+    SealedSegment,
+    Segment,
+    create_active_segment,
+    fsync_dir,
+    now_ms,
+    sealed_name,
+)
+from broker.tasks import run_to_completion
+
+log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
+
+_MAX_OPEN_SEALED_FDS = 64
+
+
+class LocalLog:
+    """The segments of one WAL directory, sealed and active, with contiguous offsets.
+
+    The caller (:class:`~broker.storage.wal.log.WriteAheadLog`) holds its I/O lock around
+    every method that changes files (:meth:`seal`, :meth:`finish_roll`,
+    :meth:`delete_oldest_sealed`, :meth:`close`).
+
+    Args:
+        directory: the topic's WAL directory.
+        index_interval_bytes: spacing of the sparse read index.
+
+    Attributes:
+        active: the active segment (after :meth:`load`); while :attr:`roll_pending`, the
+            segment just sealed, for reads and :attr:`durable_end`.
+        roll_pending: the active segment was sealed but no new one exists yet.
+        active_first_append_s: when the active segment got its first record (s since the
+            epoch), or ``None`` while it holds none.
+        quarantine: the segment recovery quarantined, or ``None``.
+        sync_count: ``fdatasync`` calls made by seals.
+    """
+
+    def __init__(self, directory: Path, *, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.index_interval_bytes = index_interval_bytes
+        self._sealed: list[Segment] = []
+        self._sealed_starts: list[int] = []
+        self.active: Segment | None = None
+        self.active_first_append_s: float | None = None
+        self.roll_pending = False
+        self.quarantine: Quarantine | None = None
+        self.sync_count = 0
+        self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
+
+    def load(self, initial_offset: int) -> int:
+        """Recover the directory (:mod:`broker.storage.wal.recovery`); blocking.
+
+        Returns:
+            The next offset to hand out.
+        """
+        loaded = LogLoader(self.directory, index_interval_bytes=self.index_interval_bytes).load(initial_offset)
+        self._sealed = loaded.sealed
+        self._sealed_starts = [seg.start for seg in loaded.sealed]
+        self.active = loaded.active
+        self.active_first_append_s = loaded.first_append_s
+        self.quarantine = loaded.quarantine
+        return loaded.active.end + 1
+
+    def _create_active(self, start: int) -> Segment:
+        return create_active_segment(self.directory, start, self.index_interval_bytes)
+
+    async def close(self) -> None:
+        """Sync and close the active segment, and close the sealed segments' descriptors."""
+        active = self.active
+        if active is not None and active.fd is not None:
+            fd = active.fd
+            active.fd = None
+            await asyncio.to_thread(self._sync_and_close, fd)
+        for seg in self._open_sealed_fds:
+            if seg.fd is not None:
+                os.close(seg.fd)
+                seg.fd = None
+        self._open_sealed_fds.clear()
+
+    @staticmethod
+    def _sync_and_close(fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    @property
+    def durable_end(self) -> int:
+        """One past the last durable offset: every offset below it is on disk and readable."""
+        assert self.active is not None
+        return self.active.end + 1
+
+    @property
+    def first_offset(self) -> int:
+        """The lowest offset still held locally (the first segment's start)."""
+        if self._sealed:
+            return self._sealed[0].start
+        assert self.active is not None
+        return self.active.start
+
+    @property
+    def active_path(self) -> Path:
+        """Path of the active ``.log`` segment."""
+        assert self.active is not None
+        return self.active.path
+
+    # ------------------------------------------------------------------ sealing
+
+    async def seal(self) -> SealedSegment | None:
+        """Seal the active segment; the caller holds the I/O lock.
+
+        Cancellation-safe: once started, the seal (sync, rename, new active segment, state
+        update) runs to its end even if the caller is cancelled, and the caller's
+        cancellation is delivered only afterwards, so the I/O lock is never released while
+        the files and the in-memory state disagree.
+
+        Returns:
+            The new sealed segment, or ``None`` if there was nothing to seal (no record, a
+            roll to finish, or a quarantined segment).
+
+        Raises:
+            OSError: sync, rename or directory sync failed, or the next active segment could
+                not be created (the segment is sealed then; the writer creates the next one
+                before its next write).
+        """
+        if self.roll_pending:
+            await run_to_completion(self.finish_roll())
+            return None
+        active = self.active
+        if active is None or active.end < active.start or active.fd is None:
+            return None
+        if self.quarantine is not None:  # its bytes go past the corruption: never seal them
+            return None
+        return await run_to_completion(self._seal_steps(active))
+
+    async def _seal_steps(self, active: Segment) -> SealedSegment:
+        assert active.fd is not None
+        fd = active.fd
+        new_path = self.directory / sealed_name(active.start, active.end)
+        old_path = active.path
+
+        def work() -> OSError | None:
+            os.fdatasync(fd)
+            os.rename(old_path, new_path)
+            try:
+                fsync_dir(self.directory)
+            except OSError as exc:  # the rename happened: the state must follow it
+                return exc
+            return None
+
+        dir_error = await asyncio.to_thread(work)
+        # From here on the file is sealed on disk: never append to it again.
+        self.sync_count += 1
+        if dir_error is not None:
+            log.warning(
+                "WAL %s: directory sync after sealing %s failed (retried with the next segment): %s",
+                self.directory, new_path.name, dir_error,
+            )
+        create_error: OSError | None = None
+        new_active: Segment | None = None
+        try:
+            # Creating the new active segment syncs the directory again (covering the rename).
+            new_active = await asyncio.to_thread(self._create_active, active.end + 1)
+        except OSError as exc:
+            create_error = exc
+        # Publish the new state in one step (no await in between).
+        active.path = new_path
+        active.sealed_at_ms = now_ms()
+        self._sealed.append(active)
+        self._sealed_starts.append(active.start)
+        self.active_first_append_s = None
+        if new_active is not None:
+            self.active = new_active
+            self._remember_sealed_fd(active)
+        else:
+            # ``active`` stays the sealed segment (for reads and durable_end) until a new
+            # active segment exists; the writer creates it before its next write.
+            self.roll_pending = True
+        log.info("WAL %s: sealed %s (%d bytes)", self.directory, new_path.name, active.length)
+        if create_error is not None:
+            log.error("WAL %s: cannot create the next active segment: %s", self.directory, create_error)
+            raise create_error
+        return active.info()
+
+    async def finish_roll(self) -> None:
+        """Create the active segment that a seal could not create; the caller holds the lock."""
+        sealed = self.active
+        assert sealed is not None and self.roll_pending
+        new_active = await asyncio.to_thread(self._create_active, sealed.end + 1)
+        self.active = new_active
+        self.roll_pending = False
+        self._remember_sealed_fd(sealed)
+
+    def sealed_segments(self) -> list[SealedSegment]:
+        """Every sealed segment, ascending by start offset."""
+        return [s.info() for s in self._sealed]
+
+    def sealed_segment(self, start_offset: int) -> SealedSegment | None:
+        """The sealed segment starting at ``start_offset``, or ``None``."""
+        i = bisect.bisect_left(self._sealed_starts, start_offset)
+        if i < len(self._sealed) and self._sealed[i].start == start_offset:
+            return self._sealed[i].info()
+        return None
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of every segment file on disk, sealed and active (headers included)."""
+        total = sum(seg.length for seg in self._sealed)
+        if self.active is not None and not self.roll_pending:
+            total += self.active.length
+        return total
+
+    async def delete_oldest_sealed(self, start_offset: int) -> int:
+        """Delete the oldest sealed segment from disk; the caller holds the I/O lock (see
+        :meth:`broker.storage.wal.log.WriteAheadLog.delete_oldest_sealed`).
+
+        Returns:
+            The bytes freed.
+
+        Raises:
+            ValueError: ``start_offset`` is not the oldest sealed segment.
+            OSError: the file could not be removed.
+        """
+        if not self._sealed or self._sealed[0].start != start_offset:
+            raise ValueError(f"WAL {self.directory}: {start_offset} is not the oldest sealed segment")
+        seg = self._sealed[0]
+        if seg is self.active:  # sealed, but the next active segment does not exist yet
+            raise ValueError(f"WAL {self.directory}: segment {start_offset} is still the newest")
+        path = seg.path
+        # Drop it from the state first, in one step: from here on readers go to object
+        # storage for these offsets and never open the file again.
+        self._sealed.pop(0)
+        self._sealed_starts.pop(0)
+        if seg in self._open_sealed_fds:
+            self._open_sealed_fds.remove(seg)
+        if seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
+        # A failed unlink leaves the file behind; recovery takes it back at the next open.
+        await asyncio.to_thread(os.unlink, path)
+        try:
+            await asyncio.to_thread(fsync_dir, self.directory)
+        except OSError as exc:  # the unlink happened; a crash may bring the name back
+            log.warning("WAL %s: directory sync after deleting %s failed: %s", self.directory, path.name, exc)
+        log.info("WAL %s: deleted %s (%d bytes, offsets %d..%d)", self.directory, path.name, seg.length, seg.start, seg.end)
+        return seg.length
+
+    # ------------------------------------------------------------------ reading
+
+    def _remember_sealed_fd(self, seg: Segment) -> None:
+        if seg in self._open_sealed_fds:
+            self._open_sealed_fds.remove(seg)
+        self._open_sealed_fds.append(seg)
+        while len(self._open_sealed_fds) > _MAX_OPEN_SEALED_FDS:
+            old = self._open_sealed_fds.pop(0)
+            if old.fd is not None:
+                os.close(old.fd)
+                old.fd = None
+
+    def _sealed_fd(self, seg: Segment) -> int:
+        if seg.fd is None:
+            seg.fd = os.open(seg.path, os.O_RDONLY)
+        self._remember_sealed_fd(seg)
+        return seg.fd
+
+    def read(self, from_offset: int, max_records: int, *, max_bytes: int) -> list[StoredBatch]:
+        """Read durable batches holding ``from_offset`` and the offsets after it (see
+        :meth:`broker.storage.wal.log.WriteAheadLog.read`).
+
+        Raises:
+            CorruptRecordError: a durable batch fails its CRC (disk corruption).
+        """
+        out: list[StoredBatch] = []
+        if self.active is None or max_records <= 0:
+            return out
+        offset = max(from_offset, self.first_offset)
+        budget = max_bytes
+        records = 0
+        while records < max_records and offset < self.durable_end and budget > 0:
+            seg = self._segment_for(offset)
+            if seg is None:
+                break
+            if seg is self.active:
+                assert seg.fd is not None
+                fd = seg.fd
+            else:
+                fd = self._sealed_fd(seg)
+            seg.ensure_index(fd, self.index_interval_bytes)
+            got, used = seg.read(fd, offset, max_records - records, budget)
+            if not got:
+                break
+            out.extend(got)
+            budget -= used
+            records += got[-1].last_offset + 1 - offset
+            offset = got[-1].last_offset + 1
+        return out
+
+    def _segment_for(self, offset: int) -> Segment | None:
+        active = self.active
+        assert active is not None
+        if offset >= active.start:
+            return active
+        i = bisect.bisect_right(self._sealed_starts, offset) - 1
+        if i < 0:
+            return None
+        seg = self._sealed[i]
+        return seg if offset <= seg.end else None

@@ -1,0 +1,259 @@
+"""Giving topics up: release (unload, drain), fenced unloads, and WALs of topics owned elsewhere.
+
+A released topic hands its offsets over to the next owner in one etcd transaction
+(``docs/etcd-layout.md`` §1.5, §5.3); an unloaded one lost its assignment to someone else.
+Either way the WAL is kept as released segments (:mod:`broker.topics.released`) until tiering
+copied them. :meth:`TopicReleaser.abandon_unavailable_range` gives up waiting for offsets that
+only a former owner held (§5.5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from danube_pipeline.errors import MetadataStoreError, NotServedHereError, UnavailableRangeNotFoundError
+from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
+
+from broker.cluster.ownership import record_last_written
+from broker.cluster_view import ClusterView
+from broker.config import BrokerConfig
+from broker.storage.wal import WriteAheadLog
+from broker.topics.lifecycle import TopicLoader
+from broker.topics.released import ReleasedSegments
+from broker.topics.served import ServedTopics
+from broker.topics.topic import Topic
+
+__all__ = ["TopicReleaser"]
+
+log = logging.getLogger(__name__)
+
+
+class TopicReleaser:
+    """Releases and unloads the topics of one broker.
+
+    Args:
+        served: the topics served here.
+        config: the broker's configuration (``wal_dir``, segment settings).
+        store: etcd, for the hand-over.
+        cache: the LocalCache, waited on after the hand-over.
+        cluster: whether a topic is assigned here.
+        released: where released WALs are kept.
+        close_producers: forgets the producers of a topic given up and marks their keys
+            closed (:meth:`broker.sessions.ProducerSessions.close_topic_producers`).
+        loader: finds the topic of an unavailable range.
+    """
+
+    def __init__(
+        self,
+        served: ServedTopics,
+        config: BrokerConfig,
+        *,
+        store: MetadataStore,
+        cache: LocalCache,
+        cluster: ClusterView,
+        released: ReleasedSegments,
+        close_producers: Callable[[Topic], Awaitable[None]],
+        loader: TopicLoader,
+    ) -> None:
+        self._served = served
+        self._config = config
+        self._store = store
+        self._cache = cache
+        self._cluster = cluster
+        self._released = released
+        self._close_producers = close_producers
+        self._loader = loader
+        self._broker_id = served.broker_id
+
+    async def release_topic(self, name: TopicName, *, reason: str = "unload") -> int:
+        """Give ``name`` up so the leader assigns it to another broker (``docs/etcd-layout.md``
+        §1.5, §5.3).
+
+        Steps: stop taking batches (producers get ``NotServedHereError`` and look the topic up
+        again); seal the active segment once every batch already taken is durable; mark the
+        producers closed; store every cursor and close the WAL; then, in one etcd transaction,
+        write the sealed state (``last_committed_offset``), delete this broker's assignment and
+        put the topic in the unassigned queue with ``{"reason", "from_broker"}``. The WAL
+        directory moves to :attr:`ReleasedSegments.directory`, whose sealed segments this broker
+        keeps serving over ``ListSealedSegments`` / ``ReadSegment`` (``released``) until local
+        retention finds them tiered.
+
+        Returns:
+            The first offset the next owner hands out.
+
+        Raises:
+            NotServedHereError: the topic is not served here (or is being released).
+            MetadataStoreError: etcd unreachable at the hand-over (the topic stays assigned
+                here and is loaded again by the next request).
+        """
+        path = name.path
+        topic = self._served.topics.get(path)
+        if topic is None:
+            raise NotServedHereError(path, self._broker_id)
+        with self._served.fenced(path):
+            topic.closed = True  # ServedTopics.served refuses new batches from here on
+            del self._served.topics[path]
+            try:
+                await topic.wal.seal_active()  # waits for every batch already taken
+            except OSError as exc:
+                log.warning("topic %s: sealing before the release failed (%s); the active segment moves as it is", name, exc)
+            last = topic.wal.next_offset - 1
+            await self._close_producers(topic)
+            await topic.close()
+            self._served.changed()
+            puts: list[tuple[str, Any]] = [
+                (keys.sealed_state(name), values.SealedState(
+                    sealed=True, last_committed_offset=last, broker_id=self._broker_id, timestamp=int(time.time())
+                )),
+                (keys.unassigned_topic(name), values.UnassignedReason(reason=reason, from_broker=self._broker_id)),
+            ]
+            ownership = topic.ownership
+            if ownership is not None:  # the block shrinks to what was handed out (§5.4)
+                puts.append((keys.offset_reservation(name), ownership.reservation(last)))
+            puts.append((keys.producer_sequences(name), topic.sequences.to_json()))  # §5.6
+            untiered_from = self._untiered_from(topic)
+            if untiered_from is not None and untiered_from <= last:
+                # Offsets only this broker holds until they are tiered (§5.5): if it dies before,
+                # consumers and tiering wait for it rather than take the gap for a loss.
+                puts.append((keys.unavailable_range(name, untiered_from), values.UnavailableRange(
+                    start_offset=untiered_from, end_offset=last, broker_id=self._broker_id,
+                    since=int(time.time()), last_written=last,
+                )))
+            revision = await self._store.transaction(
+                created=ownership.guard if ownership is not None else None,
+                exists=[keys.topic_assignment(self._broker_id, name)],
+                puts=puts,
+                deletes=[keys.topic_assignment(self._broker_id, name)],
+            )
+            if revision is None:
+                raise NotServedHereError(path, self._broker_id)
+            self._released.move(name)
+            await self._cache.wait_for_revision(revision)
+            log.info("topic %s released (%s): the next owner starts at offset %d", name, reason, last + 1)
+            return last + 1
+
+    @staticmethod
+    def _untiered_from(topic: Topic) -> int | None:
+        """The first offset of ``topic`` not in object storage, ``None`` without an object store."""
+        remote = topic.remote
+        if remote is None:
+            return None
+        return 0 if remote.end_offset is None else remote.end_offset + 1
+
+    async def unload_topic(self, name: TopicName) -> None:
+        """Stop serving ``name``: its assignment was removed by someone else (the leader failed
+        this broker over, or the topic was deleted). Producers are closed; the WAL is kept as
+        released segments (:meth:`keep_as_released`)."""
+        topic = self._served.topics.pop(name.path, None)
+        if topic is None:
+            return
+        topic.closed = True
+        await self._close_producers(topic)
+        await topic.close()
+        self._served.changed()
+        log.warning("topic %s unloaded: its assignment to broker %d was removed (fenced)", name, self._broker_id)
+        if name.path not in self._served.releasing:
+            await self.keep_as_released(name)
+
+    async def keep_as_released(self, name: TopicName) -> int | None:
+        """Keep a WAL of a topic this broker no longer owns as released segments, and record
+        the last offset it holds (``docs/etcd-layout.md`` §5.4, §5.5).
+
+        The WAL is opened (recovery drops a torn tail), its active segment sealed, and the
+        directory moved to :attr:`ReleasedSegments.directory`, from where its sealed segments
+        are served for tiering under their own offsets. The last offset is recorded on this
+        broker's reservation, or on the unavailable ranges the next owner recorded for it, so
+        consumers and tiering pass over the offsets above it, which were never handed out.
+
+        Returns:
+            The last offset held, ``None`` when there was no WAL.
+
+        Raises:
+            OSError, CorruptRecordError: the WAL cannot be opened.
+            MetadataStoreError: etcd unreachable (the WAL is moved all the same).
+        """
+        wal_dir = self._config.wal_dir / name.namespace / name.topic
+        if not wal_dir.exists():
+            return None
+        wal = await WriteAheadLog.open(
+            wal_dir, segment_max_bytes=self._config.segment_max_bytes, segment_max_age_s=self._config.segment_max_age_s
+        )
+        try:
+            await wal.seal_active()
+        finally:
+            await wal.close()
+        last = wal.next_offset - 1
+        self._released.move(name)
+        log.warning("topic %s: WAL kept as released segments (last offset %d); served for tiering", name, last)
+        await record_last_written(self._store, name, self._broker_id, last)
+        return last
+
+    async def keep_unowned_wals(self) -> list[str]:
+        """At start: keep as released (:meth:`keep_as_released`) every local WAL of a topic
+        not assigned to this broker (it was taken over while this broker was away).
+
+        Returns:
+            The topics whose WAL was kept.
+        """
+        kept: list[str] = []
+        base = self._config.wal_dir
+        if not base.is_dir():
+            return kept
+        for ns_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+            for topic_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir()):
+                try:
+                    name = TopicName.parse(f"/{ns_dir.name}/{topic_dir.name}")
+                except ValueError:
+                    continue
+                if self._cluster.is_assigned_here(name):
+                    continue
+                try:
+                    await self.keep_as_released(name)
+                except Exception:
+                    log.exception("topic %s: the WAL of a topic no longer owned could not be kept", name)
+                    continue
+                kept.append(name.path)
+        return kept
+
+    async def abandon_unavailable_range(self, name: TopicName, start_offset: int) -> int:
+        """Give up waiting for the unavailable range of ``name`` starting at ``start_offset``
+        (``docs/etcd-layout.md`` §5.5): subscriptions skip its offsets that object storage does
+        not hold, counted, and tiering passes over them. Done on the topic's owner.
+
+        Returns:
+            The offsets of the range that were not in object storage (and were not known to
+            be unused).
+
+        Raises:
+            TopicNotFoundError, NotServedHereError: see :meth:`TopicLoader.topic_for`.
+            UnavailableRangeNotFoundError: no range starts there.
+            MetadataStoreError: etcd unreachable, or the range changed meanwhile (retriable).
+        """
+        topic = await self._loader.topic_for(name)
+        key = keys.unavailable_range(name, start_offset)
+        kv = await self._store.get(key)
+        if kv is None:
+            raise UnavailableRangeNotFoundError(name.path, start_offset)
+        rng = values.UnavailableRange.from_json(kv.value)
+        if rng.abandoned:
+            return 0
+        revision = await self._store.transaction(
+            modified={key: kv.mod_revision}, puts=[(key, dataclasses.replace(rng, abandoned=True))]
+        )
+        if revision is None:
+            raise MetadataStoreError("abandon unavailable range", f"{key} changed meanwhile; try again")
+        await self._cache.wait_for_revision(revision)
+        end = rng.end_offset if rng.last_written is None else min(rng.end_offset, rng.last_written)
+        tiered_end = topic.remote.end_offset if topic.remote is not None else None
+        first_missing = rng.start_offset if tiered_end is None else max(rng.start_offset, tiered_end + 1)
+        skipped = max(0, end - first_missing + 1)
+        log.error("topic %s: unavailable range %d..%d of broker %d abandoned: %d offsets will never be delivered",
+                  name, rng.start_offset, rng.end_offset, rng.broker_id, skipped)
+        return skipped

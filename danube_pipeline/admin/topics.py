@@ -1,0 +1,435 @@
+"""``danube-admin topics``: create, list, describe, unload and delete topics (``docs/etcd-layout.md`` §3).
+
+Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "address": "host:port"}``):
+
+``topics create /NS/TOPIC [--delivery Reliable|NonReliable] [--partitions N]``
+    ``{"topic": str, "created": bool, "requested_delivery": str, "owner": owner}``; an existing
+    topic keeps its own delivery mode (§3.2). With ``--partitions N`` (1 to 100) a partitioned
+    topic: its root holds N (§3.1) and its partitions ``TOPIC-part-{i}`` are topics of their
+    own, each assigned an owner; the document is then ``{"topic": str, "created": bool,
+    "requested_delivery": str, "partitions": int, "partition_topics": [{"topic": str,
+    "owner": owner}]}`` (an existing topic keeps its own partition count).
+``topics list [--namespace NS]``
+    ``{"topics": [{"topic": str, "owner": owner | null, "delivery": str, "next_offset": int |
+    null, "sealed_segments": int | null, "wal_syncs": int | null}]}``: every topic root in etcd
+    (§3.1) with its assignment (§1.4) and delivery mode (§3.2), merged with what the brokers
+    report for the topics they have loaded (``Admin.ListTopics``; nulls when none has it loaded).
+``topics describe /NS/TOPIC``
+    ``{"topic": str, "owner": owner, "delivery": str, "next_offset": int,
+    "first_local_offset": int, "wal_bytes": int, "sealed_segments": int, "remote_first_offset":
+    int | null, "remote_end_offset": int | null, "earliest_offset": int, "cache_bytes": int,
+    "subscriptions": [{"name": str, "type": str, "cursor": int | null, "read_position": int,
+    "consumers": int, "records_from_object_storage": int, "skipped_below_retention": int}]}``:
+    the owner from a lookup, the rest from ``Admin.DescribeTopic`` (WAL, object storage §5.1,
+    loaded subscriptions). A partitioned topic (§3.1) has no owner or WAL of its own:
+    ``{"topic": str, "partitions": int, "delivery": str, "partition_topics": [{"topic": str,
+    "owner": owner, "next_offset": int}]}``, each partition described by its owner.
+``topics unload /NS/TOPIC``
+    ``{"topic": str, "previous_owner": owner, "next_offset": int, "owner": owner}``: the owner
+    releases the topic (§1.5, §5.3); ``next_offset`` is the first offset the next owner hands
+    out, ``owner`` the owner a lookup finds afterwards.
+``topics delete /NS/TOPIC [--force]``
+    ``{"topic": str, "force": bool, "deleted": [str]}``: the topic's owner deletes it with its
+    etcd keys (§1.4, §1.5, §2.2, §3, §5), its WAL and its segment objects; a partitioned topic
+    is deleted partition by partition (``deleted`` lists the partitions). No confirmation is
+    asked. Refused (exit 1) while producers or consumers are connected, unless ``--force``
+    (they are closed). The Iceberg table is kept.
+``topics set-schema-policy /NS/TOPIC (--allow-raw | --no-allow-raw)``
+    ``{"topic": str, "policies": [{"topic": str, "subject": str, "allow_raw": bool}]}``: whether
+    producers without a schema may publish to the topic once it has a schema subject
+    (``Admin.SetTopicSchemaPolicy`` on any broker, §3.7); a partitioned topic's partitions are
+    each written (``policies`` lists them). ``subject`` is empty until a producer with a schema
+    was created on the topic.
+"""
+
+from __future__ import annotations
+
+import click
+
+from danube_pipeline.admin.arguments import parse_namespace, parse_topic
+from danube_pipeline.admin.config import AdminError, Config, danube_client, metadata_store, run
+from danube_pipeline.admin.output import Json, emit, field_lines, owner_json, owner_text, table
+from danube_pipeline.client import DanubeClient, DeliveryMode
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, TableLayout
+from danube_pipeline.names import TopicName
+from danube_pipeline.partitions import MAX_PARTITIONS, partition_names
+
+
+@click.group(short_help="Create, list, describe, unload and delete topics.")
+def topics() -> None:
+    """Topics: create, list, describe, unload, delete (docs/etcd-layout.md §3)."""
+
+
+async def _topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int = 0) -> Json:
+    async with danube_client(cfg) as client:
+        created = await client.admin.create_topic(topic.path, delivery=DeliveryMode(delivery), partitions=partitions)
+        count = await client.admin.topic_partitions(topic.path)
+        if count:
+            return {
+                "topic": topic.path,
+                "created": created,
+                "requested_delivery": delivery,
+                "partitions": count,
+                "partition_topics": [
+                    {"topic": p.path, "owner": owner_json(await client.lookup_topic(p.path))}
+                    for p in partition_names(topic, count)
+                ],
+            }
+        owner = await client.lookup_topic(topic.path)
+    return {"topic": topic.path, "created": created, "requested_delivery": delivery, "owner": owner_json(owner)}
+
+
+def _created_text(d: Json) -> str:
+    what = f"partitioned topic {d['topic']}" if "partitions" in d else f"topic {d['topic']}"
+    head = f"created {what} ({d['requested_delivery']})" if d["created"] else f"{what} already existed"
+    if "partitions" not in d:
+        return f"{head}; owner {owner_text(d['owner'])}"
+    rows = table(["PARTITION", "OWNER"], [[p["topic"], owner_text(p["owner"])] for p in d["partition_topics"]])
+    return f"{head}; {d['partitions']} partitions:\n{rows}"
+
+
+@topics.command("create")
+@click.argument("topic", callback=parse_topic)
+@click.option(
+    "--delivery",
+    type=click.Choice([m.value for m in DeliveryMode]),
+    default=DeliveryMode.RELIABLE.value,
+    show_default=True,
+    help="Delivery mode (§3.2); an existing topic keeps its own.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(0, MAX_PARTITIONS),
+    default=0,
+    show_default=True,
+    help="Partitions of a partitioned topic (§3.1), named TOPIC-part-{i}; 0 for a plain topic.",
+)
+@click.pass_obj
+def topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int) -> None:
+    """Create TOPIC (/namespace/topic); the leader assigns its owner (§1.4, §3.1), or each
+    partition's owner with --partitions."""
+    emit(cfg, run(_topics_create(cfg, topic, delivery, partitions)), _created_text)
+
+
+async def _topics_list(cfg: Config, namespace: str | None) -> Json:
+    prefix = keys.TOPICS + "/" + (f"{namespace}/" if namespace else "")
+    async with metadata_store(cfg) as store:
+        topic_kvs, _ = await store.get_prefix(prefix)
+        assignment_kvs, _ = await store.get_prefix(keys.BROKERS_PREFIX)
+    roots: dict[str, str] = {}
+    for kv in topic_kvs:
+        parts = kv.key[len(keys.TOPICS) + 1 :].split("/")
+        path = f"/{parts[0]}/{parts[1]}" if len(parts) >= 2 else None
+        if path is None:
+            continue
+        if len(parts) == 2:
+            roots.setdefault(path, DeliveryMode.RELIABLE.value)
+        elif len(parts) == 3 and parts[2] == "delivery" and path in roots:
+            roots[path] = DeliveryMode.from_stored(kv.value).value
+    owner_ids: dict[str, int] = {}
+    for kv in assignment_kvs:
+        parts = kv.key[len(keys.BROKERS_PREFIX) :].split("/")
+        if len(parts) == 3 and parts[0].isdigit():
+            owner_ids[f"/{parts[1]}/{parts[2]}"] = int(parts[0])
+    async with danube_client(cfg) as client:
+        info = await client.admin.cluster_metadata()
+        loaded = {t.topic: t for t in await client.admin.list_topics(namespace or "")}
+    addresses = {b.broker_id: b.address for b in info.brokers}
+    rows = []
+    for path in sorted(set(roots) | set(loaded)):
+        owner_id = owner_ids.get(path)
+        stats = loaded.get(path)
+        rows.append(
+            {
+                "topic": path,
+                "owner": None if owner_id is None else {"broker_id": owner_id, "address": addresses.get(owner_id)},
+                "delivery": roots.get(path, DeliveryMode.RELIABLE.value),
+                "next_offset": stats.next_offset if stats else None,
+                "sealed_segments": stats.sealed_segments if stats else None,
+                "wal_syncs": stats.wal_syncs if stats else None,
+            }
+        )
+    return {"topics": rows}
+
+
+@topics.command("list")
+@click.option("--namespace", callback=parse_namespace, default=None, help="Only this namespace.")
+@click.pass_obj
+def topics_list(cfg: Config, namespace: str | None) -> None:
+    """Every topic (§3.1) with its owner (§1.4), delivery mode (§3.2) and, when a broker has it
+    loaded, its next offset, sealed segments and WAL syncs."""
+    doc = run(_topics_list(cfg, namespace))
+    emit(
+        cfg,
+        doc,
+        lambda d: table(
+            ["TOPIC", "OWNER", "DELIVERY", "NEXT_OFFSET", "SEALED_SEGMENTS", "WAL_SYNCS"],
+            [
+                [t["topic"], owner_text(t["owner"]), t["delivery"], t["next_offset"], t["sealed_segments"], t["wal_syncs"]]
+                for t in d["topics"]
+            ],
+        ),
+    )
+
+
+async def _describe_partitioned(cfg: Config, client: DanubeClient, topic: TopicName, partitions: int) -> Json:
+    rows = []
+    for p in partition_names(topic, partitions):
+        owner = await client.lookup_topic(p.path)
+        description = await client.admin.describe_topic(p.path)
+        rows.append({"topic": p.path, "owner": owner_json(owner), "next_offset": description.next_offset})
+    async with metadata_store(cfg) as store:
+        delivery = await store.get(keys.topic_delivery(topic))
+    return {
+        "topic": topic.path,
+        "partitions": partitions,
+        "delivery": DeliveryMode.from_stored(delivery.value if delivery else None).value,
+        "partition_topics": rows,
+    }
+
+
+async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
+    async with danube_client(cfg) as client:
+        partitions = await client.admin.topic_partitions(topic.path)
+        if partitions:
+            return await _describe_partitioned(cfg, client, topic, partitions)
+        owner = await client.lookup_topic(topic.path)
+        description = await client.admin.describe_topic(topic.path)
+    async with metadata_store(cfg) as store:
+        delivery = await store.get(keys.topic_delivery(topic))
+    return {
+        "topic": topic.path,
+        "owner": owner_json(owner),
+        "delivery": DeliveryMode.from_stored(delivery.value if delivery else None).value,
+        "next_offset": description.next_offset,
+        "first_local_offset": description.first_local_offset,
+        "wal_bytes": description.wal_bytes,
+        "sealed_segments": description.sealed_segments,
+        "remote_first_offset": description.remote_first_offset,
+        "remote_end_offset": description.remote_end_offset,
+        "earliest_offset": description.earliest_offset,
+        "cache_bytes": description.cache_bytes,
+        "owner_epoch": description.owner_epoch,
+        "reserved_end_offset": description.reserved_end_offset,
+        "publish_throttled_ms": description.publish_throttled_ms,
+        "dropped_messages": description.dropped_messages,
+        "buffered_messages": description.buffered_messages,
+        "buffered_bytes": description.buffered_bytes,
+        "unavailable_ranges": [
+            {
+                "start_offset": u.start_offset,
+                "end_offset": u.end_offset,
+                "broker_id": u.broker_id,
+                "since": u.since,
+                "last_written": u.last_written,
+                "abandoned": u.abandoned,
+            }
+            for u in description.unavailable_ranges
+        ],
+        "subscriptions": [
+            {
+                "name": s.name,
+                "type": s.subscription_type.name.capitalize(),
+                "cursor": s.cursor,
+                "read_position": s.read_position,
+                "consumers": s.consumers,
+                "records_from_object_storage": s.records_from_object_storage,
+                "skipped_below_retention": s.skipped_below_retention,
+                "skipped_unavailable": s.skipped_unavailable,
+                "dispatch_throttled_ms": s.dispatch_throttled_ms,
+            }
+            for s in description.subscriptions
+        ],
+    }
+
+
+def _describe_text(d: Json) -> str:
+    if "partitions" in d:
+        head = field_lines([("topic", d["topic"]), ("partitions", d["partitions"]), ("delivery", d["delivery"])])
+        rows = table(
+            ["PARTITION", "OWNER", "NEXT_OFFSET"],
+            [[p["topic"], owner_text(p["owner"]), p["next_offset"]] for p in d["partition_topics"]],
+        )
+        return f"{head}\n\npartitions:\n{rows}"
+    summary = field_lines(
+        [
+            ("topic", d["topic"]),
+            ("owner", owner_text(d["owner"])),
+            ("delivery", d["delivery"]),
+            ("next offset", d["next_offset"]),
+            ("first local offset", d["first_local_offset"]),
+            ("WAL bytes", d["wal_bytes"]),
+            ("sealed segments", d["sealed_segments"]),
+            ("remote offsets", "-" if d["remote_first_offset"] is None
+             else f"{d['remote_first_offset']}..{d['remote_end_offset']}"),
+            ("earliest offset", d["earliest_offset"]),
+            ("owner epoch", d["owner_epoch"]),
+            ("reserved through", d["reserved_end_offset"]),
+            ("publish throttled", f"{d['publish_throttled_ms']} ms"),
+            *(
+                [
+                    ("in memory", f"{d['buffered_messages']} messages, {d['buffered_bytes']} bytes"),
+                    ("dropped", f"{d['dropped_messages']} (buffer full, oldest first)"),
+                ]
+                if d["delivery"] == DeliveryMode.NON_RELIABLE.value
+                else []
+            ),
+        ]
+    )
+    ranges = d["unavailable_ranges"]
+    unavailable = "" if not ranges else "\n\nunavailable ranges (held by failed brokers, §5.5):\n" + table(
+        ["START", "END", "BROKER", "LAST_WRITTEN", "ABANDONED"],
+        [[u["start_offset"], u["end_offset"], u["broker_id"], u["last_written"], u["abandoned"]] for u in ranges],
+    )
+    subs = table(
+        ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS", "DISPATCH_THROTTLED_MS"],
+        [
+            [s["name"], s["type"], s["cursor"], s["read_position"], s["consumers"], s["dispatch_throttled_ms"]]
+            for s in d["subscriptions"]
+        ],
+    )
+    return f"{summary}{unavailable}\n\nloaded subscriptions:\n{subs}"
+
+
+@topics.command("describe")
+@click.argument("topic", callback=parse_topic)
+@click.pass_obj
+def topics_describe(cfg: Config, topic: TopicName) -> None:
+    """Where TOPIC's offsets live: owner, WAL, object storage (§5.1), loaded subscriptions."""
+    emit(cfg, run(_topics_describe(cfg, topic)), _describe_text)
+
+
+async def _topics_unload(cfg: Config, topic: TopicName) -> Json:
+    async with danube_client(cfg) as client:
+        previous = await client.lookup_topic(topic.path)
+        next_offset = await client.admin.unload_topic(topic.path)
+        owner = await client.lookup_topic(topic.path)
+    return {"topic": topic.path, "previous_owner": owner_json(previous), "next_offset": next_offset, "owner": owner_json(owner)}
+
+
+async def _topics_abandon_range(cfg: Config, topic: TopicName, start_offset: int) -> Json:
+    async with danube_client(cfg) as client:
+        skipped = await client.admin.abandon_unavailable_range(topic.path, start_offset)
+    return {"topic": topic.path, "start_offset": start_offset, "skipped": skipped}
+
+
+@topics.command("abandon-range")
+@click.argument("topic", callback=parse_topic)
+@click.argument("start_offset", type=click.IntRange(min=0))
+@click.pass_obj
+def topics_abandon_range(cfg: Config, topic: TopicName, start_offset: int) -> None:
+    """Give up waiting for TOPIC's unavailable range starting at START_OFFSET (§5.5): its
+    offsets not in object storage are skipped by subscriptions (counted) and by tiering. Use
+    it when the failed broker's disk is lost for good."""
+    doc = run(_topics_abandon_range(cfg, topic, start_offset))
+    emit(cfg, doc, lambda d: f"abandoned the unavailable range of {d['topic']} at {d['start_offset']}: "
+          f"{d['skipped']} offsets will never be delivered")
+
+
+@topics.command("unload")
+@click.argument("topic", callback=parse_topic)
+@click.pass_obj
+def topics_unload(cfg: Config, topic: TopicName) -> None:
+    """Release TOPIC from its owner; the leader assigns it again, to another active broker
+    when there is one (§1.5, §5.3). Prints the next owner's first offset and the new owner."""
+    doc = run(_topics_unload(cfg, topic))
+    emit(
+        cfg,
+        doc,
+        lambda d: f"unloaded {d['topic']} from {owner_text(d['previous_owner'])}; "
+        f"now owned by {owner_text(d['owner'])}, continuing at offset {d['next_offset']}",
+    )
+
+
+async def _topics_delete(cfg: Config, topic: TopicName, force: bool) -> Json:
+    async with danube_client(cfg) as client:
+        deleted = await client.admin.delete_topic(topic.path, force=force)
+    return {"topic": topic.path, "force": force, "deleted": deleted}
+
+
+@topics.command("delete")
+@click.argument("topic", callback=parse_topic)
+@click.option("--force", is_flag=True, help="Delete even with producers or consumers connected (they are closed).")
+@click.pass_obj
+def topics_delete(cfg: Config, topic: TopicName, force: bool) -> None:
+    """Delete TOPIC, without asking: its etcd keys (§1.4, §1.5, §2.2, §3, §5), its WAL and its
+    segment objects; a partitioned topic partition by partition. Its Iceberg table is kept.
+
+    Refused while producers or consumers are connected, unless --force closes them (a client
+    producer that keeps sending creates the topic again). The name can be created again; it
+    starts at offset 0. Prints every topic deleted.
+    """
+    doc = run(_topics_delete(cfg, topic, force))
+    emit(
+        cfg,
+        doc,
+        lambda d: f"deleted {d['topic']}"
+        if d["deleted"] == [d["topic"]]
+        else f"deleted partitioned topic {d['topic']}" + "".join(f"\ndeleted {p}" for p in d["deleted"]),
+    )
+
+
+async def _topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> Json:
+    async with danube_client(cfg) as client:
+        policies = await client.admin.set_topic_schema_policy(topic.path, allow_raw=allow_raw)
+    return {
+        "topic": topic.path,
+        "policies": [{"topic": p.topic, "subject": p.subject, "allow_raw": p.allow_raw} for p in policies],
+    }
+
+
+@topics.command("set-schema-policy")
+@click.argument("topic", callback=parse_topic)
+@click.option(
+    "--allow-raw/--no-allow-raw",
+    required=True,
+    help="Accept (or refuse) producers without a schema on a topic that has a schema subject.",
+)
+@click.pass_obj
+def topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> None:
+    """Set whether producers without a schema may publish to TOPIC once it has a schema
+    subject (§3.7). Their messages carry schema id 0 and are kept raw, never decoded with the
+    topic's schema. A partitioned topic is set on every partition."""
+    doc = run(_topics_set_schema_policy(cfg, topic, allow_raw))
+    emit(
+        cfg,
+        doc,
+        lambda d: "\n".join(
+            f"{p['topic']}: raw messages {'allowed' if p['allow_raw'] else 'refused'}"
+            + (f" (schema subject {p['subject']})" if p["subject"] else " (no schema subject yet)")
+            for p in d["policies"]
+        ),
+    )
+
+
+async def _topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> Json:
+    async with metadata_store(cfg) as store:
+        if await store.get(keys.topic_root(topic)) is None:
+            raise AdminError(f"topic {topic.path!r} not found")
+        layout = TableLayout(partition_transform=partition_by)
+        revision = await store.put(keys.topic_table(topic), layout)
+    return {"topic": topic.path, "key": keys.topic_table(topic), "revision": revision, **layout.to_json()}
+
+
+@topics.command("set-table-layout")
+@click.argument("topic", callback=parse_topic)
+@click.option(
+    "--partition-by",
+    type=click.Choice(PARTITION_TRANSFORMS),
+    required=True,
+    help="Partition TOPIC's Iceberg table by this transform of _publish_time (none: unpartitioned).",
+)
+@click.pass_obj
+def topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> None:
+    """Choose how TOPIC's Iceberg table is partitioned (§3.9; default day). The next tiering
+    evolves the table's partition spec in place: files already written keep theirs until
+    compaction rewrites them."""
+    doc = run(_topics_set_table_layout(cfg, topic, partition_by))
+    emit(
+        cfg,
+        doc,
+        lambda d: f"{d['topic']}: table partitioned by "
+        + ("nothing" if d["partition_transform"] == "none" else f"{d['partition_transform']}(_publish_time)")
+        + f" from the next tiering on ({d['key']} at revision {d['revision']})",
+    )

@@ -1,0 +1,406 @@
+"""One producer's batches over the ``SendStream`` RPC: the producer created on the topic's owner,
+its batches written in order with at most ``max_in_flight_batches`` unanswered, the answers
+read in the same order, and every unanswered batch resent after a failure.
+
+What each kind of stream failure leads to is told in :mod:`danube_pipeline.client.producer`;
+:meth:`BatchSender._stream_failed` is the one place deciding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+
+import grpc
+
+from danube_pipeline.client._accumulator import Accumulator, Batch
+from danube_pipeline.client._connection import Stubs
+from danube_pipeline.client._context import Context
+from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client.status import from_rpc_error, rpc_errors, unavailable
+from danube_pipeline.client.types import _SCHEMA_TYPE_TO_PB, Schema
+from danube_pipeline.error_codec import error_from_status
+from danube_pipeline.errors import (
+    BrokerUnavailableError,
+    DanubeError,
+    MalformedRequestError,
+    OffsetRangeError,
+    ProducerClosedError,
+)
+from danube_pipeline.modes import DeliveryMode
+from danube_pipeline.proto import danube_pb2 as pb
+
+# The facade's logger: users configure one logger per public module.
+log = logging.getLogger("danube_pipeline.client.producer")
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class BatchSender:
+    """Sends the batches of one producer of a plain topic, and follows the topic's owner.
+
+    Args:
+        ctx: the client's shared context.
+        topic: ``"/{namespace}/{topic}"``.
+        producer_name: the producer's name.
+        schema: the producer's schema, registered before the producer is created; ``None``
+            for raw messages.
+        linger_ms: how long a batch waits for more messages, in milliseconds; 0 sends a
+            batch as soon as an in-flight slot is free.
+        max_batch_messages: messages per batch, at most.
+        max_batch_bytes: framed bytes per batch, at most (lowered to the broker's limit).
+        max_in_flight_batches: unanswered batches on the stream, at most.
+
+    Attributes:
+        accumulator: frames messages into batches; each closed batch is queued here.
+        producer_id: the broker-assigned id; 0 before the producer is created.
+        schema_id: the registered schema's global id; 0 without a schema.
+        schema_version: the schema's version within its subject; 0 without a schema.
+        max_message_size_bytes: largest payload the broker accepts, in bytes; 0 before.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: str,
+        *,
+        producer_name: str,
+        schema: Schema | None,
+        linger_ms: int,
+        max_batch_messages: int,
+        max_batch_bytes: int,
+        max_in_flight_batches: int,
+    ) -> None:
+        self._ctx = ctx
+        self._topic = topic
+        self._producer_name = producer_name
+        self._schema = schema
+        self._max_in_flight = max_in_flight_batches
+        self._max_batch_bytes = max_batch_bytes
+        self._adaptive = linger_ms == 0
+        self.accumulator = Accumulator(
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
+            linger_ms=linger_ms,
+            on_ready=self._batch_ready,
+        )
+        self.producer_id = 0
+        self.schema_id = 0
+        self.schema_version = 0
+        self.max_message_size_bytes = 0
+        self._pending: collections.deque[Batch] = collections.deque()
+        self._inflight: collections.deque[Batch] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._stream: grpc.aio.StreamStreamCall | None = None
+        self._stream_gen = 0
+        self._owner_address: str | None = None
+        self._needs_lookup = False
+        self._needs_producer = False
+        self._retry_at = 0.0
+        self._sequence = itertools.count(1)
+        # Message sequence numbers for idempotent produce (the broker's ``broker/topics/producer_sequences.py``):
+        # they start at the wall clock in µs, so a producer re-opened under the same name starts
+        # above the numbers its earlier incarnation used (while it sent under 1 message per µs).
+        self._next_message_sequence = time.time_ns() // 1000
+        self._runner: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ the producer's side
+
+    def start(self) -> None:
+        """Start the sending task (after :meth:`connect` created the producer)."""
+        self._runner = asyncio.get_running_loop().create_task(self._run())
+
+    def append(
+        self, payload: bytes, attributes: Mapping[str, str] | None, key: str | None
+    ) -> asyncio.Future[int]:
+        """Frame one message into the current batch (see :meth:`Accumulator.append`).
+
+        Returns:
+            The message's future, resolved with its :class:`MessageId` once acknowledged.
+
+        Raises:
+            MessageTooLargeError: the payload is too large; nothing is queued.
+            MalformedRequestError: an attribute breaks a limit of the record format.
+        """
+        future = self.accumulator.append(payload, attributes, key)
+        if self._adaptive:
+            self._wakeup.set()
+        return future
+
+    async def flush(self) -> None:
+        """Close the current batch and wait until every queued message is answered."""
+        self.accumulator.close_batch()
+        futures = [f for b in itertools.chain(self._inflight, self._pending) for f in b.futures]
+        futures = [f for f in futures if not f.done()]
+        if futures:
+            await asyncio.wait(futures)
+
+    async def close(self, closed: ProducerClosedError) -> None:
+        """Fail every message not answered yet with ``closed``, stop sending and
+        ``CloseProducer`` on the owner (a refusal is logged)."""
+        self.accumulator.abort(closed)
+        for batch in itertools.chain(self._inflight, self._pending):
+            batch.fail(closed)
+        self._inflight.clear()
+        self._pending.clear()
+        await cancel_and_wait(self._runner, self._reader)
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        await self._close_on_broker()
+
+    def _batch_ready(self, batch: Batch) -> None:
+        self._pending.append(batch)
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ connection
+
+    async def _close_on_broker(self, timeout_s: float | None = None) -> None:
+        if not self.producer_id or self._owner_address is None:
+            return
+        stubs = self._ctx.pool.stubs(self._owner_address)
+        try:
+            with rpc_errors(stubs.address):
+                await stubs.producer.CloseProducer(
+                    pb.CloseProducerRequest(producer_id=self.producer_id),
+                    timeout=timeout_s or self._ctx.request_timeout_s,
+                )
+        except DanubeError as exc:
+            log.info("CloseProducer %d on %s failed: %s", self.producer_id, stubs.address, exc)
+
+    async def connect(self, *, refresh: bool, create: bool) -> None:
+        """(Re-)create the producer on the topic's owner if needed and open a stream.
+
+        Args:
+            refresh: look the topic up again first.
+            create: create the producer (else a new stream to the same owner is enough).
+
+        Raises:
+            PartitionedTopicError: the topic is partitioned (on the first lookup).
+            DanubeError: the schema or the producer was refused, or no broker answered.
+        """
+        if not create and self._owner_address is not None:
+            self._open_stream(self._ctx.pool.stubs(self._owner_address))
+            return
+
+        if self.producer_id:
+            # Replacing a producer: close the old one if its broker still has it (a stream can
+            # fail while the broker lives), so its key does not stay ``status: true``. A broker
+            # that restarted forgot it and closes its key when it loads the topic.
+            await self._close_on_broker(timeout_s=min(1.0, self._ctx.request_timeout_s))
+
+        request_id = uuid.uuid4().hex  # the same on every retry of this creation
+
+        async def create_producer(stubs: Stubs) -> tuple[Stubs, pb.CreateProducerResponse]:
+            timeout = self._ctx.request_timeout_s
+            if self._schema is not None and not self.schema_id:
+                registered = await stubs.schema.RegisterSchema(
+                    pb.RegisterSchemaRequest(
+                        subject=self._schema.subject,
+                        schema_type=_SCHEMA_TYPE_TO_PB[self._schema.schema_type],
+                        raw_schema=self._schema.raw_schema,
+                        created_by=self._producer_name,
+                    ),
+                    timeout=timeout,
+                )
+                self.schema_id = registered.schema_id
+                self.schema_version = registered.version
+            schema_ref = None
+            if self._schema is not None:
+                schema_ref = pb.SchemaReference(
+                    schema_id=self.schema_id,
+                    schema_version=self.schema_version,
+                    subject=self._schema.subject,
+                )
+            response = await stubs.producer.CreateProducer(
+                pb.CreateProducerRequest(
+                    topic=self._topic,
+                    producer_name=self._producer_name,
+                    access_mode=0,
+                    schema=schema_ref,
+                    delivery=DeliveryMode.RELIABLE.name,
+                    request_id=request_id,
+                ),
+                timeout=timeout,
+            )
+            return stubs, response
+
+        stubs, response = await self._ctx.call_owner(
+            self._topic, create_producer, refresh=refresh, create_missing=True
+        )
+        self.producer_id = response.producer_id
+        self.max_message_size_bytes = response.max_message_size_bytes
+        self.accumulator.max_message_size_bytes = response.max_message_size_bytes
+        if response.max_batch_bytes:
+            self.accumulator.max_batch_bytes = min(self._max_batch_bytes, response.max_batch_bytes)
+        self._needs_lookup = False
+        self._needs_producer = False
+        self._open_stream(stubs)
+
+    def _open_stream(self, stubs: Stubs) -> None:
+        call = stubs.producer.SendStream()
+        self._stream_gen += 1
+        self._stream = call
+        self._owner_address = stubs.address
+        # Unanswered batches go first on the new stream, in their original order.
+        self._pending.extendleft(reversed(self._inflight))
+        self._inflight.clear()
+        self._reader = asyncio.get_running_loop().create_task(
+            self._read(call, self._stream_gen, stubs.address)
+        )
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ the stream
+
+    def _stream_failed(self, gen: int, exc: DanubeError) -> None:
+        """React to the end of stream ``gen`` (ignored if a newer stream already replaced it)."""
+        if gen != self._stream_gen or self._stream is None:
+            return
+        call, self._stream = self._stream, None
+        call.cancel()
+        if exc.retriable or exc.invalid_metadata:
+            log.info("producer %s: stream failed (%s); reconnecting", self._producer_name, exc)
+            self._needs_lookup = self._needs_lookup or exc.invalid_metadata
+            # A broker that is gone or no longer owns the topic forgot the producer; one that
+            # only refused for now (storage full) still has it: a new stream is enough.
+            self._needs_producer = self._needs_producer or exc.invalid_metadata
+            self._retry_at = asyncio.get_running_loop().time() + self._ctx.backoff_s
+            if isinstance(exc, BrokerUnavailableError) and self._owner_address is not None:
+                self._ctx.pool.discard(self._owner_address)
+                self._ctx.metadata.invalidate(self._topic)
+            if self._inflight:
+                head = self._inflight[0]
+                head.attempts += 1
+                if head.attempts > self._ctx.retries:
+                    self._inflight.popleft().fail(exc)
+        elif self._inflight:
+            # The broker answers in order: the error belongs to the oldest unanswered batch.
+            self._inflight.popleft().fail(exc)
+        self._wakeup.set()
+
+    @contextlib.contextmanager
+    def _stream_failures(self, gen: int, address: str) -> Iterator[None]:
+        """The one place deciding what a failed ``SendStream`` read or write means: the stream
+        of generation ``gen`` failed (:meth:`_stream_failed`). Cancellation of the task itself
+        (close) propagates; a cancelled call is a failed stream."""
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            self._stream_failed(gen, from_rpc_error(exc, address))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+
+    async def _read(self, call: grpc.aio.StreamStreamCall, gen: int, address: str) -> None:
+        with self._stream_failures(gen, address):
+            while True:
+                response = await call.read()
+                if gen != self._stream_gen:
+                    return
+                if response is grpc.aio.EOF:
+                    self._stream_failed(gen, unavailable(address, "SendStream ended by the broker"))
+                    return
+                if not self._inflight:
+                    self._stream_failed(gen, MalformedRequestError("SendStream answer without a batch"))
+                    return
+                batch = self._inflight[0]
+                if response.sequence_id and response.sequence_id != batch.sequence_id:
+                    self._stream_failed(
+                        gen,
+                        unavailable(
+                            address,
+                            f"answer for sequence {response.sequence_id}, expected {batch.sequence_id}",
+                        ),
+                    )
+                    return
+                if response.HasField("error"):
+                    # The broker refused or failed this batch; later ones of this stream are
+                    # not appended. The error belongs to the oldest unanswered batch.
+                    error = response.error
+                    code = _STATUS_CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+                    self._stream_failed(gen, error_from_status(code, error.message, error.error_class, error.fields))
+                    return
+                self._inflight.popleft()
+                count = batch.message_count
+                if response.last_offset - response.first_offset + 1 != count:
+                    batch.fail(
+                        OffsetRangeError(
+                            response.first_offset + count - 1, response.last_offset, "SendStream answer"
+                        )
+                    )
+                else:
+                    batch.resolve(response.first_offset)
+                self._wakeup.set()
+
+    async def _run(self) -> None:
+        """The sender: keeps a stream open while there is work and writes ready batches."""
+        while True:
+            self._wakeup.clear()
+            waiting = self._pending or self._inflight or (self._adaptive and self.accumulator.has_open_batch)
+            if self._stream is None and waiting:
+                delay_s = self._retry_at - asyncio.get_running_loop().time()
+                if delay_s > 0:  # back off after a retriable failure
+                    await asyncio.sleep(delay_s)
+                try:
+                    await self.connect(refresh=self._needs_lookup, create=self._needs_producer)
+                except DanubeError as exc:
+                    log.warning("producer %s: cannot reconnect: %s", self._producer_name, exc)
+                    for batch in itertools.chain(self._inflight, self._pending):
+                        batch.fail(exc)
+                    self._inflight.clear()
+                    self._pending.clear()
+                    self._needs_lookup = True
+                    self._needs_producer = True
+                    continue
+            while self._stream is not None and len(self._inflight) < self._max_in_flight:
+                if not self._pending:
+                    if not self._adaptive or not self.accumulator.has_open_batch:
+                        break
+                    # A free in-flight slot and no linger: send what has accumulated now. Under
+                    # load every slot is busy and batches grow until one frees (self-clocking).
+                    self.accumulator.close_batch()
+                await self._write(self._stream, self._pending.popleft())
+            await self._wakeup.wait()
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, batch: Batch) -> None:
+        if not batch.sequence_id:
+            batch.sequence_id = next(self._sequence)
+        if batch.base_sequence < 0:
+            batch.base_sequence = self._next_message_sequence
+            self._next_message_sequence += batch.message_count
+        gen = self._stream_gen
+        address = self._owner_address or ""
+        self._inflight.append(batch)
+        request = pb.SendBatchRequest(
+            producer_id=self.producer_id,
+            batch=batch.builder.build(
+                producer_id=self.producer_id,
+                producer_name=self._producer_name,
+                schema_id=self.schema_id,
+                schema_version=self.schema_version,
+                base_sequence=batch.base_sequence,
+            ),
+            sequence_id=batch.sequence_id,
+        )
+        try:
+            await call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            # The call has ended: the reader reports why (the broker's answers, then the
+            # call's status). A failed write can also make gRPC replace that status with its
+            # own INTERNAL "Internal error from Core" (grpc/grpc#36066), so it is not reported
+            # here.
+            log.debug("producer %s: SendStream write failed: %s", self._producer_name, exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
