@@ -184,6 +184,8 @@ class Broker:
     async def _load_quietly(self, name: TopicName) -> None:
         try:
             await self.loader.load_topic(name)
+        except NotServedHereError:
+            log.info("newly assigned topic %s not loaded: no longer assigned here, or being deleted", name)
         except Exception:
             log.exception("cannot load newly assigned topic %s", name)
 

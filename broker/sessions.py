@@ -400,7 +400,8 @@ class ConsumerSessions:
                 raise
             return await forward_dead_letter(owner.address, name.path, producer_name, batch)
         producer = Producer(id=0, name=producer_name, access_mode=0, topic=topic)
-        return await topic.publish(producer, batch)
+        # Shielded: a cancelled caller must not cancel the write (the sequence state follows it).
+        return await asyncio.shield(topic.publish(producer, batch))
 
     async def close_consumer(self, consumer_id: int) -> None:
         """Detach the consumer (its unacknowledged messages are redelivered) and store the cursor.

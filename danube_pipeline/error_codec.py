@@ -19,6 +19,7 @@ import grpc
 
 from danube_pipeline.errors import (
     BatchNotAppendedError,
+    BrokerIdUnreadableError,
     BrokerUnavailableError,
     ConsumerNotFoundError,
     CorruptRecordError,
@@ -78,6 +79,7 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     BatchNotAppendedError,
     PositionBelowRetentionError,
     SegmentQuarantinedError,
+    BrokerIdUnreadableError,
     PartitionedTopicError,
     UnavailableRangeNotFoundError,
     DuplicateSequenceError,

@@ -403,6 +403,33 @@ class SegmentQuarantinedError(DanubeError):
         )
 
 
+class BrokerIdUnreadableError(DanubeError):
+    """The broker's id file (``data_dir/broker_id``) exists but holds no valid id: it is empty,
+    not a u64 in decimal, or cannot be read. The broker refuses to start rather than pick a new
+    id, which would make it take its own topics over as a failed broker's (its WAL moved aside,
+    its acknowledged messages unreadable).
+
+    Not retriable: the file must be repaired by hand.
+
+    Args:
+        path: the id file.
+        reason: what is wrong with it.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"broker id file {bounded(path)} is unreadable ({reason}); the broker will not start with a new id. "
+            "Write this broker's id back into it (one decimal u64: the id in an earlier log line "
+            "'broker <id> serving on ...', or the broker_id in /danube-data/storage/topics/{ns}/{topic}/reservation "
+            "of a topic under this data directory's wal/); delete the file only if the whole data directory is "
+            "given up"
+        )
+
+
 class PartitionedTopicError(DanubeError):
     """The topic is partitioned: it holds no messages itself, its partitions
     ``{topic}-part-{i}`` (``i`` in ``0..partitions-1``) do (``docs/etcd-layout.md`` §3.1).

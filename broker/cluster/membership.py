@@ -159,6 +159,18 @@ class Membership:
         self._reporter: asyncio.Task[None] | None = None
         self._remove_listener: Callable[[], None] | None = None
 
+    def owner_lease(self) -> int | None:
+        """The id of the lease this broker is registered under (§1.2) while that lease is
+        fresh, else ``None``: the registration of a lease renewed less than ``TTL - margin``
+        ago cannot have expired, so no topic of this broker can have been failed over (§1.4).
+        Topic owners refuse to acknowledge without it
+        (:class:`broker.cluster.ownership.Ownership`, :attr:`Lease.fresh
+        <danube_pipeline.metadata.lease.Lease.fresh>`)."""
+        lease = self._lease
+        if lease is None or not self._registered or not lease.fresh:
+            return None
+        return lease.id
+
     @property
     def is_leader(self) -> bool:
         """Whether this broker holds ``/cluster/leader`` (§1.7)."""

@@ -17,6 +17,34 @@ storage when the topic was taken over becomes an *unavailable range* (§5.5): th
 holds those offsets on its disk. When that broker comes back, it finds the topic gone, keeps
 its WAL as released segments (served for tiering) and records the last offset it wrote
 (:func:`record_last_written`); offsets above it were never handed out.
+
+Inside its block an owner also fences itself on its registration lease (§1.2, §1.4). The
+leader fails a broker over only once its registration is gone, that is once its lease expired
+in etcd; an owner cut off from etcd cannot learn that. So every append asks
+:meth:`Ownership.covers` (and :meth:`Ownership.reserve_through` when it says no), which needs:
+
+* the ownership not fenced;
+* the broker's lease *fresh*: its last successful renewal was *sent* less than
+  ``TTL - margin`` ago on the monotonic clock, ``margin = max(1 s, TTL / 3)`` (at most TTL / 2;
+  :func:`danube_pipeline.metadata.lease.safety_margin_s`). etcd expires the lease no sooner
+  than TTL after it processed that renewal, so the failover transaction comes after every
+  acknowledgement allowed before the lease went stale; the margin covers the write and
+  ``fdatasync`` between the check and the acknowledgement, and clock-rate differences;
+* ownership confirmed under that same lease: a guarded write of the reservation (an
+  extension, or a rewrite of the block as it is) succeeded after the broker registered under
+  it. A lease that expired is replaced by a new one (re-registration); the topic may have been
+  failed over in between, so the first append under the new lease writes the reservation
+  again, guarded by the owner epoch, before anything is acknowledged.
+
+Otherwise the append fails, unwritten, with the retriable
+:class:`~danube_pipeline.errors.NotServedHereError` (the client looks the topic up again and
+retries), and the owner resumes once a renewal succeeds and the confirming write shows it
+still owns the topic.
+
+Every write of the reservation is guarded by the owner epoch and by the reservation's mod
+revision as this owner last wrote or read it (the takeover reads it, §5.4): a reservation that
+someone else rewrote is never overwritten. A rewrite that left exactly this owner's block (its
+own write retried) is adopted; anything else fences the owner.
 """
 
 from __future__ import annotations
@@ -26,8 +54,9 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Protocol
 
-from danube_pipeline.errors import NotServedHereError
+from danube_pipeline.errors import MetadataStoreError, NotServedHereError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.etcd import KeyValue
 from danube_pipeline.metadata.store import MetadataStore
@@ -140,6 +169,16 @@ async def plan_takeover(
     )
 
 
+class OwnerSession(Protocol):
+    """The broker's registration, as topic owners see it
+    (:class:`broker.cluster.membership.Membership`)."""
+
+    def owner_lease(self) -> int | None:
+        """The id of the lease the broker is registered under while that lease is fresh, else
+        ``None`` (module docstring)."""
+        ...
+
+
 class Ownership:
     """This broker's ownership of one topic: the owner epoch and the reserved block.
 
@@ -151,14 +190,21 @@ class Ownership:
         first_offset: the first offset of this ownership.
         reserved_end: the last offset reserved (inclusive).
         block: offsets reserved per extension.
+        reservation_revision: the reservation key's mod revision as this owner wrote it.
+        session: the registration whose lease this owner fences itself on (module docstring);
+            ``None``: no lease check (tools and tests of the reservation alone).
+        confirmed_lease: the lease under which the write of ``reservation_revision`` confirmed
+            the ownership, or ``None``.
 
     Attributes:
         fenced: set once a guarded write failed because the topic changed hands.
+        reservations: reservation writes since the takeover (extensions and confirmations).
     """
 
     def __init__(
         self, store: MetadataStore, name: TopicName, broker_id: int, *, epoch: int, first_offset: int,
-        reserved_end: int, block: int = DEFAULT_OFFSET_BLOCK,
+        reserved_end: int, block: int = DEFAULT_OFFSET_BLOCK, reservation_revision: int = 0,
+        session: OwnerSession | None = None, confirmed_lease: int | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -167,8 +213,12 @@ class Ownership:
         self.first_offset = first_offset
         self.reserved_end = reserved_end
         self.block = block
+        self.reservation_revision = reservation_revision
+        self.session = session
         self.fenced = False
         self.reservations = 0
+        self._confirmed_lease = confirmed_lease
+        self._stale = False
         self._lock = asyncio.Lock()
 
     @property
@@ -188,26 +238,94 @@ class Ownership:
                         self.name, what, self.broker_id, self.epoch)
         return NotServedHereError(self.name.path, self.broker_id)
 
-    async def reserve_through(self, offset: int) -> None:
-        """Make sure ``offset`` lies inside the reserved block, extending it by whole blocks.
+    def covers(self, offset: int) -> bool:
+        """Whether an append up to ``offset`` may be written and acknowledged now without
+        :meth:`reserve_through`: not fenced, inside the block, and (with a session) the lease
+        fresh and the ownership confirmed under it (module docstring). Cheap: no etcd call."""
+        if self.fenced or offset > self.reserved_end:
+            return False
+        if self.session is None:
+            return True
+        lease = self.session.owner_lease()
+        return lease is not None and lease == self._confirmed_lease
+
+    def _fresh_lease(self) -> int | None:
+        """The session's fresh lease (``None`` without a session).
 
         Raises:
-            NotServedHereError: this broker no longer owns the topic (fenced).
+            NotServedHereError: the lease is not fresh: this broker may have been failed over.
+        """
+        if self.session is None:
+            return None
+        lease = self.session.owner_lease()
+        if lease is None:
+            if not self._stale:
+                self._stale = True
+                log.warning(
+                    "topic %s: appends refused: broker %d's registration lease was not renewed in time "
+                    "(it may be failed over); resuming once a renewal succeeds and it still owns the topic",
+                    self.name, self.broker_id,
+                )
+            raise NotServedHereError(self.name.path, self.broker_id)
+        return lease
+
+    async def reserve_through(self, offset: int) -> None:
+        """Make sure ``offset`` may be acknowledged: inside the reserved block, extended by
+        whole blocks if needed, with the lease fresh and the ownership confirmed under it
+        (module docstring). Called for every append :meth:`covers` does not allow.
+
+        Raises:
+            NotServedHereError: this broker no longer owns the topic (fenced), or its lease is
+                not fresh (retriable: the topic may have been failed over).
             MetadataStoreError: etcd unreachable (nothing above the old end may be written).
         """
         async with self._lock:
-            if offset <= self.reserved_end:
-                return
             if self.fenced:
                 raise NotServedHereError(self.name.path, self.broker_id)
-            end = offset + self.block - 1
+            lease = self._fresh_lease()
+            if offset <= self.reserved_end and (self.session is None or lease == self._confirmed_lease):
+                return
+            end = offset + self.block - 1 if offset > self.reserved_end else self.reserved_end
+            await self._write_reservation(end)
+            if self.session is not None:
+                if self._fresh_lease() != lease:  # went stale during the write: confirm again later
+                    raise NotServedHereError(self.name.path, self.broker_id)
+                self._confirmed_lease = lease
+                if self._stale:
+                    self._stale = False
+                    log.info("topic %s: lease renewed and ownership confirmed (epoch %d): appends resume",
+                             self.name, self.epoch)
+
+    async def _write_reservation(self, end: int) -> None:
+        """Write the reservation with ``end``, guarded by the owner epoch and the reservation's
+        mod revision (issue 21 #8); adopt a new revision whose value is still exactly this
+        owner's block.
+
+        Raises:
+            NotServedHereError: fenced: the topic changed hands, or someone else rewrote the
+                reservation.
+            MetadataStoreError: etcd unreachable.
+        """
+        key = keys.offset_reservation(self.name)
+        for _ in range(_TAKEOVER_ATTEMPTS):
             revision = await self.store.transaction(
-                created=self.guard, puts=[(keys.offset_reservation(self.name), self.reservation(end))]
+                created=self.guard, modified={key: self.reservation_revision}, puts=[(key, self.reservation(end))]
             )
-            if revision is None:
+            if revision is not None:
+                self.reservation_revision = revision
+                self.reserved_end = end
+                self.reservations += 1
+                return
+            assignment = await self.store.get(keys.topic_assignment(self.broker_id, self.name))
+            if assignment is None or assignment.create_revision != self.epoch:
                 raise self._fenced(f"reserving offsets up to {end}")
-            self.reserved_end = end
-            self.reservations += 1
+            res_kv = await self.store.get(key)
+            if res_kv is None or _parse(res_kv, values.OffsetReservation) != self.reservation(self.reserved_end):
+                log.warning("topic %s: the offset reservation was rewritten by someone else: %s",
+                            self.name, res_kv.value if res_kv is not None else "deleted")
+                raise self._fenced(f"reserving offsets up to {end}")
+            self.reservation_revision = res_kv.mod_revision  # our own block, rewritten as it was
+        raise MetadataStoreError("offset reservation", "the reservation kept changing")
 
     async def put(self, key: str, value: values.JsonValue | values.JsonRecord) -> None:
         """Write ``key`` only while this broker still owns the topic (cursors, §3.5).
@@ -223,6 +341,7 @@ class Ownership:
 async def commit_takeover(
     store: MetadataStore, name: TopicName, broker_id: int, plan: TakeoverPlan, next_offset: int, *,
     block: int = DEFAULT_OFFSET_BLOCK, wal_holds_data: bool, tiered_end: int | None,
+    session: OwnerSession | None = None,
 ) -> tuple[Ownership, TakeoverPlan]:
     """Write this broker's reservation (and the unavailable range of the plan) in one
     transaction guarded by the owner epoch and the reservation read; re-plan and retry when
@@ -230,6 +349,8 @@ async def commit_takeover(
 
     Args:
         next_offset: the opened WAL's next offset (at or above ``plan.floor``).
+        session: the registration the ownership fences itself on (:class:`Ownership`); the
+            lease fresh before the write counts as confirmed by it.
 
     Returns:
         The ownership and the plan that was written.
@@ -244,8 +365,10 @@ async def commit_takeover(
             end = max(plan.reservation.end_offset, next_offset - 1)
         else:
             first, end = next_offset, next_offset + block - 1
+        lease = session.owner_lease() if session is not None else None
         ownership = Ownership(
-            store, name, broker_id, epoch=plan.epoch, first_offset=first, reserved_end=end, block=block
+            store, name, broker_id, epoch=plan.epoch, first_offset=first, reserved_end=end, block=block,
+            session=session, confirmed_lease=lease,
         )
         puts: list[tuple[str, values.JsonValue | values.JsonRecord]] = [
             (keys.offset_reservation(name), ownership.reservation(end))
@@ -256,6 +379,7 @@ async def commit_takeover(
             created=ownership.guard, modified={keys.offset_reservation(name): plan.reservation_revision}, puts=puts
         )
         if revision is not None:
+            ownership.reservation_revision = revision
             if plan.unavailable is not None:
                 u = plan.unavailable
                 log.warning(
@@ -323,6 +447,7 @@ def unavailable_ranges(raw: dict[str, object]) -> list[values.UnavailableRange]:
 
 
 __all__ = [
+    "OwnerSession",
     "Ownership",
     "TakeoverPlan",
     "commit_takeover",

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from danube_pipeline.errors import MalformedRequestError, SegmentNotFoundError
+from danube_pipeline.metadata.values import UnavailableRange
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.proto import danube_pb2 as pb
@@ -29,6 +31,8 @@ from broker.topics.topic import Topic
 
 __all__ = ["SEGMENT_CHUNK_BYTES", "AdminServicer"]
 
+log = logging.getLogger(__name__)
+
 SEGMENT_CHUNK_BYTES = 1024 * 1024
 """Bytes per ``SegmentChunk`` of ``Admin.ReadSegment``."""
 
@@ -44,11 +48,35 @@ def _segment_info(seg: SealedSegment) -> pb.SegmentInfo:
     )
 
 
+def _unavailable_range(rng: UnavailableRange) -> pb.UnavailableRange:
+    """The wire form of an unavailable range (``docs/etcd-layout.md`` §5.5).
+
+    A negative ``last_written`` (``-1``: the broker returned with no offset written, its WAL's
+    next offset less one) is ``nothing_written``, with ``last_written`` unset: a ``uint64``
+    cannot carry it, and the range's offsets were all never handed out.
+
+    Raises:
+        TypeError, ValueError: a field of the record has a type or value the wire cannot carry.
+    """
+    item = pb.UnavailableRange(
+        start_offset=rng.start_offset, end_offset=rng.end_offset, broker_id=rng.broker_id,
+        since=rng.since, abandoned=rng.abandoned,
+    )
+    if rng.last_written is not None:
+        if rng.last_written < 0:
+            item.nothing_written = True
+        else:
+            item.last_written = rng.last_written
+    return item
+
+
 class AdminServicer(pb_grpc.AdminServicer):
     """``danube.v1.Admin``."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._reported_ranges: set[tuple[str, str]] = set()
+        """Unavailable range records already logged as unreadable (once each)."""
 
     async def _topic(self, raw: str) -> Topic:
         await refuse_partitioned(self._broker, raw)
@@ -220,13 +248,13 @@ class AdminServicer(pb_grpc.AdminServicer):
             response.owner_epoch = topic.ownership.epoch
             response.reserved_end_offset = max(topic.ownership.reserved_end, 0)
         for rng in remote.unavailable if remote is not None else []:
-            item = pb.UnavailableRange(
-                start_offset=rng.start_offset, end_offset=rng.end_offset, broker_id=rng.broker_id,
-                since=rng.since, abandoned=rng.abandoned,
-            )
-            if rng.last_written is not None:
-                item.last_written = rng.last_written
-            response.unavailable_ranges.append(item)
+            try:
+                response.unavailable_ranges.append(_unavailable_range(rng))
+            except (TypeError, ValueError) as exc:  # one bad record must not hide the topic
+                if (topic.path, repr(rng)) not in self._reported_ranges:
+                    self._reported_ranges.add((topic.path, repr(rng)))
+                    log.warning("topic %s: unavailable range record %r left out of DescribeTopic: %s",
+                                topic.path, rng, exc)
         if remote is not None and remote.first_offset is not None and remote.end_offset is not None:
             response.remote_first_offset = remote.first_offset
             response.remote_end_offset = remote.end_offset

@@ -201,10 +201,12 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                     break
                 sequence_id, size, outcome, throttled_ms = item
                 if not isinstance(outcome, BaseException):
-                    # Not shielded: if the stream dies, the append still completes (the WAL
-                    # resolves futures it finds still pending and skips cancelled ones).
+                    # Shielded, as in SendBatch: if the stream dies (the client cancels or
+                    # disconnects), the append and the producer's sequence state must follow
+                    # the WAL, not this call; a cancelled future would make the broker forget
+                    # a batch the WAL still writes, and write its resend a second time.
                     try:
-                        first, last = await outcome
+                        first, last = await asyncio.shield(outcome)
                     except DanubeError as exc:
                         outcome = exc
                     else:

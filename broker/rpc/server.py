@@ -27,6 +27,7 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from danube_pipeline.errors import BrokerIdUnreadableError
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.proto import danube_pb2 as pb
@@ -43,6 +44,7 @@ from broker.rpc.discovery_service import DiscoveryServicer
 from broker.rpc.producer_service import ProducerServicer
 from broker.rpc.schema_service import SchemaRegistryServicer
 from broker.rpc.status import tolerant_handler
+from broker.storage.wal.segment import fsync_dir, make_dirs_durable
 from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -51,15 +53,57 @@ PRODUCER_SERVICE = "danube.v1.ProducerService"
 """The health service name that turns ``NOT_SERVING`` while the WAL disk is full."""
 
 
+BROKER_ID_FILE = "broker_id"
+"""The file in ``data_dir`` holding the broker's id: one decimal u64 (1 to 2**64 - 1) and a newline."""
+
+
 def load_or_create_broker_id(data_dir: Path) -> int:
-    """The broker id kept in ``data_dir/broker_id``: a random u64 created on first start."""
-    path = data_dir / "broker_id"
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return int(path.read_text().strip())
+    """The broker id kept in ``data_dir/broker_id``: a random u64 created on first start.
+
+    Only a missing file creates an id. It is written durably before it is used (a temporary
+    file, synced, renamed into place, then the directory synced), so a power cut cannot leave
+    the broker without the id its topics' metadata names. A file that exists but holds no
+    valid id is never replaced: with a new id, the broker would take its own topics over as a
+    failed broker's.
+
+    Raises:
+        BrokerIdUnreadableError: the file exists but cannot be read, is empty, or does not
+            hold a decimal u64 above 0.
+        OSError: a new id cannot be written or synced.
+    """
+    path = data_dir / BROKER_ID_FILE
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return _create_broker_id(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BrokerIdUnreadableError(str(path), f"cannot be read: {exc}") from exc
+    value = text.strip()
+    if not value:
+        raise BrokerIdUnreadableError(str(path), "it is empty")
+    if not value.isdigit() or not 0 < int(value) < 2**64:
+        raise BrokerIdUnreadableError(str(path), f"{value[:40]!r} is not a decimal u64 above 0")
+    return int(value)
+
+
+def _create_broker_id(path: Path) -> int:
+    """Write a new random id to ``path`` durably and return it.
+
+    Raises:
+        OSError: the id cannot be written or synced.
+    """
     broker_id = secrets.randbits(64) or 1
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{broker_id}\n")
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = f"{broker_id}\n".encode("ascii")
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write of {tmp}")  # a cut id would read as another valid id
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+    fsync_dir(path.parent)
     return broker_id
 
 
@@ -136,11 +180,16 @@ class BrokerServer:
         broker_id: the u64 id persisted in ``data_dir/broker_id``.
         advertised_addr: ``host:port`` clients use (known after :meth:`start`).
         port: the bound gRPC port (known after :meth:`start`).
+
+    Raises:
+        BrokerIdUnreadableError: at construction, ``data_dir/broker_id`` exists but holds no
+            valid id (:func:`load_or_create_broker_id`); the broker must not start.
+        OSError: at construction, the data directory or a new id cannot be made durable.
     """
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs_durable(config.data_dir)
         self.broker_id = load_or_create_broker_id(config.data_dir)
         self.advertised_addr = ""
         self.port = 0
@@ -213,6 +262,7 @@ class BrokerServer:
             store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s
         )
         broker.set_state = membership.set_state
+        broker.loader.owner_session = membership  # owners stop acking on a stale lease
         membership.on_leadership = lambda _leader: duties.wake()
         duties.start()
         if cfg.rebalance:
@@ -286,4 +336,4 @@ class BrokerServer:
         log.info("broker %d stopped", self.broker_id)
 
 
-__all__ = ["BrokerServer", "create_server", "load_or_create_broker_id", "write_ready_file"]
+__all__ = ["BROKER_ID_FILE", "BrokerServer", "create_server", "load_or_create_broker_id", "write_ready_file"]

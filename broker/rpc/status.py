@@ -21,10 +21,12 @@ Two more things happen here for every RPC:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -144,24 +146,59 @@ def _passthrough(exc: BaseException) -> bool:
     return isinstance(exc, (aio.AbortError, asyncio.CancelledError, GeneratorExit))
 
 
+def _scope_until(deadline: float | None) -> contextlib.AbstractContextManager[None]:
+    """A :func:`deadline_scope` ending at ``deadline`` (monotonic seconds; ``None``: unbounded)."""
+    return deadline_scope(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+async def _close_quietly(items: AsyncGenerator[Any, None]) -> None:
+    """Close a stream handler's generator; a failure in its clean-up is logged, never raised
+    (the stream may be closed by a task nobody awaits: grpc.aio's or the loop's finalizer)."""
+    try:
+        await items.aclose()
+    except Exception:
+        log.exception("unexpected error in RPC clean-up")
+
+
 def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a servicer method (coroutine or async generator) with the status mapping."""
+    """Decorate a servicer method (coroutine or async generator) with the status mapping.
+
+    A stream handler runs each step (up to its next item) inside the RPC's
+    :func:`deadline_scope`, never across a ``yield``: grpc.aio may close a stream the client
+    cancelled from another task, whose context could not leave a scope opened in the handler's.
+    """
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def stream_wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            items: AsyncGenerator[Any, None] | None = None
             try:
                 if isinstance(request, UndecodableRequest):
                     raise request.error()
                 if not isinstance(request, Message):  # a client stream
                     request = checked_requests(request)
-                with deadline_scope(_deadline_budget(context)):
-                    async for item in fn(self, request, context):
-                        yield item
+                budget_s = _deadline_budget(context)
+                deadline = None if budget_s is None else time.monotonic() + budget_s
+                items = fn(self, request, context)
+                while True:
+                    with _scope_until(deadline):
+                        try:
+                            item = await anext(items)
+                        except StopAsyncIteration:
+                            break
+                    yield item
             except BaseException as exc:
                 if _passthrough(exc) or not isinstance(exc, Exception):
                     raise
-                await abort_with(context, exc)
+                try:
+                    await abort_with(context, exc)
+                except aio.AbortError:
+                    raise
+                except Exception:  # noqa: BLE001 - the call is over (the client left): no status can go
+                    return
+            finally:
+                if items is not None:
+                    await _close_quietly(items)
 
         return stream_wrapper
 

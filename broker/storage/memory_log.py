@@ -191,7 +191,7 @@ class MemoryLog(WriteAheadLog):
         stored = StoredBatch(first, record_count, b"".join(set_base_offset(batch, first)))
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         guard = self.offset_guard
-        if self._waiting or (guard is not None and last > guard.reserved_end):
+        if self._waiting or (guard is not None and not guard.covers(last)):
             self._waiting.append((stored, fut))
             if self._reserver is None or self._reserver.done():
                 self._reserver = asyncio.create_task(self._reserve(), name=f"memory-log-reserve:{self.name}")

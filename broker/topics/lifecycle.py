@@ -24,7 +24,7 @@ from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 
-from broker.cluster.ownership import commit_takeover, plan_takeover, wal_has_records
+from broker.cluster.ownership import OwnerSession, commit_takeover, plan_takeover, wal_has_records
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.reconcile import Reconciler
@@ -81,6 +81,8 @@ class TopicLoader:
         self._objects = objects
         self._object_cache = object_cache
         self._disk = disk
+        self.owner_session: OwnerSession | None = None
+        """The registration owners fence themselves on (set once the broker joined the cluster)."""
         self._broker_id = served.broker_id
         self._loading: dict[str, asyncio.Task[Topic]] = {}
 
@@ -88,24 +90,43 @@ class TopicLoader:
         """Open ``name`` locally (idempotent): its WAL, started at the sealed state's
         ``last_committed_offset + 1`` when the WAL is empty (``docs/etcd-layout.md`` §5.3).
 
+        A load waits for a release or an unload of the same topic under way on this broker
+        (:meth:`ServedTopics.exclusive`), so it never opens a WAL that is being kept as released
+        segments, nor starts below the offsets they hold.
+
         Raises:
+            NotServedHereError: the topic is not assigned here, or is being deleted.
             OSError, CorruptRecordError: the WAL cannot be opened.
         """
         path = name.path
         topic = self._served.topics.get(path)
         if topic is not None:
             return topic
-        if path in self._served.releasing:
-            raise NotServedHereError(path, self._broker_id)
         task = self._loading.get(path)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._open_topic(name))
+            task = asyncio.get_running_loop().create_task(self._open_alone(name))
             self._loading[path] = task
             task.add_done_callback(functools.partial(self._loading_done, path))
         return await asyncio.shield(task)
 
     def _loading_done(self, path: str, _task: asyncio.Task[Topic]) -> None:
         self._loading.pop(path, None)
+
+    async def _open_alone(self, name: TopicName) -> Topic:
+        """:meth:`_open_topic` once no release or unload of ``name`` runs here.
+
+        Raises:
+            NotServedHereError: it is being deleted (fenced), or not assigned here.
+            OSError, CorruptRecordError: the WAL cannot be opened.
+        """
+        path = name.path
+        async with self._served.exclusive(path):
+            topic = self._served.topics.get(path)
+            if topic is not None:
+                return topic
+            if path in self._served.releasing:
+                raise NotServedHereError(path, self._broker_id)
+            return await self._open_topic(name)
 
     def offset_floor(self, name: TopicName, remote: RemoteLog | None) -> int:
         """The lowest offset ``name`` may hand out next: above the sealed state's
@@ -160,7 +181,7 @@ class TopicLoader:
         try:
             ownership, plan = await commit_takeover(
                 self._store, name, self._broker_id, plan, wal.next_offset, block=cfg.offset_block,
-                wal_holds_data=holds_data, tiered_end=remote.end_offset,
+                wal_holds_data=holds_data, tiered_end=remote.end_offset, session=self.owner_session,
             )
         except BaseException:
             await wal.close()
@@ -212,7 +233,7 @@ class TopicLoader:
         )
         ownership, _plan = await commit_takeover(
             self._store, name, self._broker_id, plan, log_.next_offset, block=cfg.offset_block,
-            wal_holds_data=False, tiered_end=None,
+            wal_holds_data=False, tiered_end=None, session=self.owner_session,
         )
         log_.offset_guard = ownership
         topic = Topic(

@@ -9,6 +9,7 @@ only a former owner held (§5.5).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -33,6 +34,19 @@ from broker.topics.topic import Topic
 __all__ = ["TopicReleaser"]
 
 log = logging.getLogger(__name__)
+
+_SETTLE_ATTEMPTS = 6
+"""Reads of the assignment after a release transaction that failed or timed out."""
+_SETTLE_BACKOFF_S = 0.1
+"""The first wait between those reads; it doubles, up to 2 s."""
+
+
+class _StillServed(Exception):
+    """A release was not applied and the topic is still assigned here (internal)."""
+
+    def __init__(self, error: MetadataStoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class TopicReleaser:
@@ -88,10 +102,40 @@ class TopicReleaser:
         Returns:
             The first offset the next owner hands out.
 
+        The release runs alone among the loads and unloads of the topic
+        (:meth:`ServedTopics.exclusive`). When the transaction fails its compare or its outcome
+        is unknown (timed out), the assignment is read again (:meth:`_settle_release`): still
+        assigned here, the topic is loaded again and the error raised; applied, the release
+        completes; changed hands, the WAL is kept as released and its last offset recorded.
+
         Raises:
-            NotServedHereError: the topic is not served here (or is being released).
-            MetadataStoreError: etcd unreachable at the hand-over (the topic stays assigned
-                here and is loaded again by the next request).
+            NotServedHereError: the topic is not served here (or is being released), or it
+                changed hands during the release.
+            MetadataStoreError: the hand-over was not applied (etcd unreachable; the topic is
+                served here again), or its outcome stayed unknown.
+        """
+        path = name.path
+        if path not in self._served.topics:
+            raise NotServedHereError(path, self._broker_id)
+        try:
+            async with self._served.exclusive(path):
+                return await self._release_alone(name, reason)
+        except _StillServed as still:
+            # The hand-over was not applied: the topic stays here, so it is served again.
+            try:
+                await self._loader.load_topic(name)
+            except Exception:  # noqa: BLE001 - the next request loads it again
+                log.exception("topic %s: not loaded again after a release that did not happen", name)
+            raise still.error from None
+
+    async def _release_alone(self, name: TopicName, reason: str) -> int:
+        """:meth:`release_topic` inside :meth:`ServedTopics.exclusive`.
+
+        Raises:
+            NotServedHereError: not served here, or the topic changed hands meanwhile (its WAL
+                is kept as released and its last offset recorded).
+            _StillServed: the hand-over was not applied and the topic is still assigned here.
+            MetadataStoreError: etcd unreachable while the outcome was settled.
         """
         path = name.path
         topic = self._served.topics.get(path)
@@ -108,10 +152,11 @@ class TopicReleaser:
             await self._close_producers(topic)
             await topic.close()
             self._served.changed()
+            sealed = values.SealedState(
+                sealed=True, last_committed_offset=last, broker_id=self._broker_id, timestamp=int(time.time())
+            )
             puts: list[tuple[str, Any]] = [
-                (keys.sealed_state(name), values.SealedState(
-                    sealed=True, last_committed_offset=last, broker_id=self._broker_id, timestamp=int(time.time())
-                )),
+                (keys.sealed_state(name), sealed),
                 (keys.unassigned_topic(name), values.UnassignedReason(reason=reason, from_broker=self._broker_id)),
             ]
             ownership = topic.ownership
@@ -126,18 +171,76 @@ class TopicReleaser:
                     start_offset=untiered_from, end_offset=last, broker_id=self._broker_id,
                     since=int(time.time()), last_written=last,
                 )))
-            revision = await self._store.transaction(
-                created=ownership.guard if ownership is not None else None,
-                exists=[keys.topic_assignment(self._broker_id, name)],
-                puts=puts,
-                deletes=[keys.topic_assignment(self._broker_id, name)],
-            )
+            failure: MetadataStoreError | None = None
+            try:
+                revision = await self._store.transaction(
+                    created=ownership.guard if ownership is not None else None,
+                    exists=[keys.topic_assignment(self._broker_id, name)],
+                    puts=puts,
+                    deletes=[keys.topic_assignment(self._broker_id, name)],
+                )
+            except MetadataStoreError as exc:  # timed out or cut off: it may have been applied
+                failure, revision = exc, None
             if revision is None:
-                raise NotServedHereError(path, self._broker_id)
+                epoch = ownership.epoch if ownership is not None else None
+                await self._settle_release(name, epoch=epoch, sealed=sealed, failure=failure)
+                return last + 1  # applied after all
             self._released.move(name)
             await self._cache.wait_for_revision(revision)
             log.info("topic %s released (%s): the next owner starts at offset %d", name, reason, last + 1)
             return last + 1
+
+    async def _settle_release(
+        self, name: TopicName, *, epoch: int | None, sealed: values.SealedState, failure: MetadataStoreError | None
+    ) -> None:
+        """Finish a release whose transaction failed its compare (``failure`` is ``None``) or
+        whose outcome is unknown (``failure``), from what etcd holds now: the topic's WAL is
+        closed and this broker serves it no more.
+
+        * Still assigned here, in the same owner epoch: nothing was applied; the topic is
+          served again (:class:`_StillServed`).
+        * Otherwise, and the sealed state is the one this release wrote: it was applied; the WAL
+          moves to the released segments and the release succeeded (returns).
+        * Otherwise the topic changed hands under the release (failed over, reassigned): the WAL
+          is kept as released and its last offset recorded (§5.4, §5.5), as an unload does.
+
+        Raises:
+            _StillServed: still assigned here.
+            NotServedHereError: the topic changed hands under the release.
+            MetadataStoreError: etcd stayed unreachable (the WAL stays where it is; the
+                assignment's deletion, when it comes, unloads it: :meth:`unload_topic`).
+        """
+        assignment_key = keys.topic_assignment(self._broker_id, name)
+        for attempt in range(_SETTLE_ATTEMPTS):
+            try:
+                assignment = await self._store.get(assignment_key)
+                written = await self._store.get(keys.sealed_state(name))
+                break
+            except MetadataStoreError:
+                if attempt == _SETTLE_ATTEMPTS - 1:
+                    log.error("topic %s: the outcome of its release is unknown (etcd unreachable); its WAL "
+                              "stays until the assignment is seen again", name)
+                    raise
+                await asyncio.sleep(min(_SETTLE_BACKOFF_S * 2**attempt, 2.0))
+        if assignment is not None and (epoch is None or assignment.create_revision == epoch):
+            log.warning("topic %s: release not applied (%s); the topic stays here",
+                        name, failure if failure is not None else "compare failed")
+            raise _StillServed(failure or MetadataStoreError("release topic", f"{name.path}: not applied; try again"))
+        last = sealed.last_committed_offset
+        if written is not None and written.value == sealed.to_json():
+            self._released.move(name)
+            log.info("topic %s released (outcome settled after %s): the next owner starts at offset %d",
+                     name, failure, last + 1)
+            return
+        self._released.move(name)
+        log.warning("topic %s changed hands during its release: WAL kept as released segments (last offset %d)",
+                    name, last)
+        try:
+            await record_last_written(self._store, name, self._broker_id, last)
+        except MetadataStoreError as exc:
+            log.error("topic %s: last offset %d not recorded (%s); consumers wait at it until it is tiered",
+                      name, last, exc)
+        raise NotServedHereError(name.path, self._broker_id)
 
     @staticmethod
     def _untiered_from(topic: Topic) -> int | None:
@@ -150,17 +253,31 @@ class TopicReleaser:
     async def unload_topic(self, name: TopicName) -> None:
         """Stop serving ``name``: its assignment was removed by someone else (the leader failed
         this broker over, or the topic was deleted). Producers are closed; the WAL is kept as
-        released segments (:meth:`keep_as_released`)."""
-        topic = self._served.topics.pop(name.path, None)
-        if topic is None:
-            return
-        topic.closed = True
-        await self._close_producers(topic)
-        await topic.close()
-        self._served.changed()
-        log.warning("topic %s unloaded: its assignment to broker %d was removed (fenced)", name, self._broker_id)
-        if name.path not in self._served.releasing:
-            await self.keep_as_released(name)
+        released segments (:meth:`keep_as_released`), also when the topic was not loaded (a load
+        or a release that failed left it).
+
+        The unload runs alone among the loads and releases of the topic
+        (:meth:`ServedTopics.exclusive`) and fenced for its whole length: a load asked meanwhile
+        (the topic given back at once) waits, then starts past the offsets kept as released.
+
+        Raises:
+            OSError, CorruptRecordError: the WAL cannot be opened.
+            MetadataStoreError: etcd unreachable (the WAL is moved all the same).
+        """
+        path = name.path
+        async with self._served.exclusive(path):
+            if path in self._served.releasing:
+                return  # a deletion under way disposes of the WAL
+            with self._served.fenced(path):
+                topic = self._served.topics.pop(path, None)
+                if topic is not None:
+                    topic.closed = True
+                    await self._close_producers(topic)
+                    await topic.close()
+                    self._served.changed()
+                    log.warning("topic %s unloaded: its assignment to broker %d was removed (fenced)",
+                                name, self._broker_id)
+                await self.keep_as_released(name)
 
     async def keep_as_released(self, name: TopicName) -> int | None:
         """Keep a WAL of a topic this broker no longer owns as released segments, and record
@@ -212,13 +329,14 @@ class TopicReleaser:
                     name = TopicName.parse(f"/{ns_dir.name}/{topic_dir.name}")
                 except ValueError:
                     continue
-                if self._cluster.is_assigned_here(name):
-                    continue
-                try:
-                    await self.keep_as_released(name)
-                except Exception:
-                    log.exception("topic %s: the WAL of a topic no longer owned could not be kept", name)
-                    continue
+                async with self._served.exclusive(name.path):
+                    if self._cluster.is_assigned_here(name) or name.path in self._served.topics:
+                        continue
+                    try:
+                        await self.keep_as_released(name)
+                    except Exception:
+                        log.exception("topic %s: the WAL of a topic no longer owned could not be kept", name)
+                        continue
                 kept.append(name.path)
         return kept
 

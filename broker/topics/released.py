@@ -25,7 +25,7 @@ from danube_pipeline.storage.objectstore import ObjectStore
 from broker.config import BrokerConfig
 from broker.storage.local_retention import LocalRetention
 from broker.storage.remote import ObjectCache, RemoteLog
-from broker.storage.wal.segment import SEALED_NAME_RE
+from broker.storage.wal.segment import SEALED_NAME_RE, fsync_dir, make_dirs_durable
 
 __all__ = ["ReleasedSegments"]
 
@@ -81,13 +81,23 @@ class ReleasedSegments:
 
     def move(self, name: TopicName) -> Path | None:
         """Move the topic's WAL directory to :attr:`directory` (its sealed segments are
-        served for tiering from there); ``None`` when there is none."""
+        served for tiering from there); ``None`` when there is none.
+
+        Durable when it returns: the directories created under :attr:`directory` are synced
+        into their parents, and both parents of the rename are synced, so a power cut leaves
+        the WAL in exactly one of the two places.
+
+        Raises:
+            OSError: a directory cannot be created or synced, or the rename failed.
+        """
         wal_dir = self._config.wal_dir / name.namespace / name.topic
         if not wal_dir.exists():
             return None
         target = self.directory / name.namespace / name.topic / str(time.time_ns() // 1_000_000)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs_durable(target.parent)
         os.replace(wal_dir, target)
+        fsync_dir(target.parent)
+        fsync_dir(wal_dir.parent)
         return target
 
     async def retain(self) -> int:

@@ -8,8 +8,9 @@ same instance.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from danube_pipeline.errors import NotServedHereError
 
@@ -28,8 +29,8 @@ class ServedTopics:
     Attributes:
         broker_id: this broker's u64 id.
         topics: the loaded topics by path (``/{ns}/{topic}``).
-        releasing: paths being released (unload, drain) or deleted: a load of one answers
-            :class:`NotServedHereError`.
+        releasing: paths being released (unload, drain), unloaded (fenced) or deleted: a load
+            of one answers :class:`NotServedHereError`.
         stopping: the broker is stopping: assignments are no longer followed and no
             reconciliation starts.
     """
@@ -40,6 +41,7 @@ class ServedTopics:
         self.releasing: set[str] = set()
         self.stopping = False
         self._on_changed = on_changed
+        self._exclusive: dict[str, _PathLock] = {}
 
     def changed(self) -> None:
         """Report that a topic was loaded or unloaded (the load report)."""
@@ -56,6 +58,23 @@ class ServedTopics:
             raise NotServedHereError(path, self.broker_id)
         return topic
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self, path: str) -> AsyncIterator[None]:
+        """Run the block alone among the loads, releases and unloads of ``path`` on this broker,
+        in the order they asked (a load that waits here sees what the release or unload before
+        it left: the WAL kept as released, the last offset written recorded)."""
+        entry = self._exclusive.get(path)
+        if entry is None:
+            entry = self._exclusive[path] = _PathLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._exclusive[path]
+
     @contextlib.contextmanager
     def fenced(self, path: str) -> Iterator[None]:
         """Keep ``path`` from being loaded on this broker inside the block (a load answers
@@ -71,3 +90,13 @@ class ServedTopics:
             yield
         finally:
             self.releasing.discard(path)
+
+
+class _PathLock:
+    """The lock of one path in :meth:`ServedTopics.exclusive`, and how many hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0

@@ -322,7 +322,8 @@ class UnavailableRangeInfo:
         broker_id: the failed owner whose disk holds them.
         since: when the range was recorded, seconds since the epoch.
         last_written: the last offset that broker wrote, once it returned (offsets above it
-            were never handed out); ``None`` until then.
+            were never handed out); ``-1`` if it returned having written none; ``None`` until
+            it returned.
         abandoned: an operator gave up waiting: offsets not in object storage are skipped.
     """
 
@@ -498,7 +499,7 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
                 end_offset=u.end_offset,
                 broker_id=u.broker_id,
                 since=u.since,
-                last_written=u.last_written if u.HasField("last_written") else None,
+                last_written=u.last_written if u.HasField("last_written") else (-1 if u.nothing_written else None),
                 abandoned=u.abandoned,
             )
             for u in r.unavailable_ranges

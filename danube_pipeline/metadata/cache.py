@@ -35,6 +35,10 @@ _MAX_RELOAD_BACKOFF_S = 1.0
 state again within about a second of etcd answering."""
 
 
+_Revisions = tuple[int, int]
+"""A cached key's etcd ``(create_revision, mod_revision)``."""
+
+
 def _minimal_prefixes(prefixes: Sequence[str]) -> list[str]:
     """Drop prefixes covered by a shorter one: ``["/", "/a"]`` -> ``["/"]``."""
     out: list[str] = []
@@ -54,7 +58,10 @@ class LocalCache:
     etcd write and :meth:`wait_for_revision` works for any revision a write returned.
 
     If the watch breaks (etcd restart, compaction) the cache logs it, reloads at a new
-    revision, tells listeners about every difference as synthetic events, and resumes.
+    revision, tells listeners about every difference as synthetic events, and resumes. A key
+    is compared by value and by its create and mod revisions: one deleted and created again
+    meanwhile, even with the same value, is reported as a DELETE followed by a PUT (its create
+    revision, e.g. an owner epoch, changed), and one rewritten with the same value as a PUT.
 
     Listeners run synchronously on the event loop for each applied change; one watch response
     (one etcd transaction) is applied completely before any waiter wakes.
@@ -74,6 +81,7 @@ class LocalCache:
         self._prefixes = _minimal_prefixes(prefixes)
         self._everything = self._prefixes == ["/"]
         self._data: dict[str, JsonValue] = {}
+        self._revisions: dict[str, _Revisions] = {}
         self._revision = 0
         self._started = False
         self._stopping = False
@@ -95,8 +103,9 @@ class LocalCache:
         if self._started:
             return
         self._stopping = False
-        data, revision = await self._load()
+        data, revisions, revision = await self._load()
         self._data = data
+        self._revisions = revisions
         self._set_revision(revision)
         self._watch = await self._store.open_watch(ALL_KEYS, ALL_KEYS, revision + 1)
         self._started = True
@@ -126,7 +135,7 @@ class LocalCache:
     ) -> None:
         await self.stop()
 
-    async def _load(self) -> tuple[dict[str, JsonValue], int]:
+    async def _load(self) -> tuple[dict[str, JsonValue], dict[str, _Revisions], int]:
         first, *rest = self._prefixes
         response = await self._store.range_raw(first.encode(), prefix_range_end(first.encode()))
         revision = int(response.header.revision)
@@ -136,8 +145,10 @@ class LocalCache:
                 prefix.encode(), prefix_range_end(prefix.encode()), revision=revision
             )
             kvs.extend(pinned.kvs)
-        data = {kv.key: kv.value for kv in map(key_value, kvs)}
-        return dict(sorted(data.items())), revision
+        loaded = sorted(map(key_value, kvs), key=lambda kv: kv.key)
+        data = {kv.key: kv.value for kv in loaded}
+        revisions = {kv.key: (kv.create_revision, kv.mod_revision) for kv in loaded}
+        return data, revisions, revision
 
     async def _run(self) -> None:
         backoff_s = 0.1
@@ -149,7 +160,7 @@ class LocalCache:
                 with wrap_errors("watch"):
                     async for raw_event in watch:
                         if self._covers(bytes(raw_event.kv.key).decode()):
-                            self._apply(watch_event(raw_event))
+                            self._apply(watch_event(raw_event), int(raw_event.kv.create_revision))
                         else:  # outside the cached prefixes: only the revision advances
                             self._set_revision(int(raw_event.kv.mod_revision))
                 if self._stopping:
@@ -181,19 +192,13 @@ class LocalCache:
                     backoff_s = min(backoff_s * 2, _MAX_RELOAD_BACKOFF_S)
 
     async def _reload(self) -> None:
-        data, revision = await self._load()
+        data, revisions, revision = await self._load()
         watch = await self._store.open_watch(ALL_KEYS, ALL_KEYS, revision + 1)
-        old = self._data
-        self._data = data
-        events = [
-            WatchEvent(WatchEventType.DELETE, key, None, revision) for key in old if key not in data
-        ] + [
-            WatchEvent(WatchEventType.PUT, key, value, revision)
-            for key, value in data.items()
-            if key not in old or old[key] != value
-        ]
-        for event in sorted(events, key=lambda e: e.key):
+        for event in self._missed(data, revisions, revision):
+            self._store_event(event, revisions.get(event.key, (0, 0)))
             self._notify(event)
+        self._data = data
+        self._revisions = revisions
         if revision < self._revision:
             log.warning(
                 "etcd revision went back from %d to %d (data loss?)", self._revision, revision
@@ -209,11 +214,41 @@ class LocalCache:
     def _covers(self, key: str) -> bool:
         return self._everything or any(key.startswith(p) for p in self._prefixes)
 
-    def _apply(self, event: WatchEvent) -> None:
+    def _missed(
+        self, data: dict[str, JsonValue], revisions: dict[str, _Revisions], revision: int
+    ) -> list[WatchEvent]:
+        """The changes between the cached state and a reload at ``revision``, in key order.
+
+        A key whose create revision differs was deleted and created again (ABA, even with the
+        same value): a DELETE, then a PUT. One whose mod revision or value differs: a PUT.
+        """
+        events: list[WatchEvent] = []
+        for key in sorted(self._data.keys() | data.keys()):
+            if key not in data:
+                events.append(WatchEvent(WatchEventType.DELETE, key, None, revision))
+                continue
+            put = WatchEvent(WatchEventType.PUT, key, data[key], revision)
+            if key not in self._data:
+                events.append(put)
+                continue
+            old_create, old_mod = self._revisions.get(key, (0, 0))
+            new_create, new_mod = revisions[key]
+            if old_create != new_create:
+                events += [WatchEvent(WatchEventType.DELETE, key, None, revision), put]
+            elif old_mod != new_mod or self._data[key] != data[key]:
+                events.append(put)
+        return events
+
+    def _store_event(self, event: WatchEvent, revisions: _Revisions) -> None:
         if event.type is WatchEventType.PUT:
             self._data[event.key] = event.value
+            self._revisions[event.key] = revisions
         else:
             self._data.pop(event.key, None)
+            self._revisions.pop(event.key, None)
+
+    def _apply(self, event: WatchEvent, create_revision: int) -> None:
+        self._store_event(event, (create_revision, event.mod_revision))
         self._notify(event)
         self._set_revision(event.mod_revision)
 
@@ -269,6 +304,20 @@ class LocalCache:
         self._check_key(key)
         return key in self._data
 
+    def create_revision(self, key: str) -> int | None:
+        """The etcd create revision of the cached ``key``, or ``None`` if it is absent.
+
+        A key deleted and created again has a new create revision: for an assignment key it
+        is the owner epoch (``docs/etcd-layout.md`` §1.4).
+
+        Raises:
+            ValueError: if ``key`` is outside the cached prefixes.
+            MetadataStoreError: if the cache was never started.
+        """
+        self._check_key(key)
+        revisions = self._revisions.get(key)
+        return revisions[0] if revisions is not None else None
+
     def get_prefix(self, prefix: str) -> dict[str, JsonValue]:
         """Every cached ``key -> value`` whose key starts with ``prefix``, sorted by key.
 
@@ -309,7 +358,8 @@ class LocalCache:
 
         Callbacks run synchronously on the event loop, in revision order; exceptions they raise
         are logged and swallowed. After a watch break, differences found by the reload are
-        delivered as synthetic events carrying the reload revision.
+        delivered as synthetic events carrying the reload revision, in key order; a key deleted
+        and created again meanwhile (a new create revision) gets a DELETE, then a PUT.
 
         Returns:
             A function that unsubscribes the callback (idempotent).

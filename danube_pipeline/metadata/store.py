@@ -21,6 +21,7 @@ watcher.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from aetcd import rpc
@@ -318,7 +319,7 @@ class MetadataStore(EtcdConnection):
 
         Args:
             ttl_s: time to live in whole seconds (etcd may round small values up).
-            keepalive: refresh it in the background every ``ttl_s / 3`` seconds until
+            keepalive: refresh it in the background (:class:`Lease`: three times per fresh window) until
                 :meth:`Lease.revoke`. Without it the lease expires ``ttl_s`` after the grant.
 
         Returns:
@@ -331,8 +332,9 @@ class MetadataStore(EtcdConnection):
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         with wrap_errors("lease grant"):
             client = await self._connected()
+            sent_s = time.monotonic()
             granted = await client.lease(ttl_s)
-        return Lease(self, int(granted.id), int(granted.ttl), keepalive=keepalive)
+        return Lease(self, int(granted.id), int(granted.ttl), keepalive=keepalive, granted_s=sent_s)
 
     async def watch_prefix(
         self, prefix: str, *, start_revision: int

@@ -354,20 +354,22 @@ class AbandonUnavailableRangeResponse(_message.Message):
     def __init__(self, skipped: _Optional[int] = ...) -> None: ...
 
 class UnavailableRange(_message.Message):
-    __slots__ = ("start_offset", "end_offset", "broker_id", "since", "last_written", "abandoned")
+    __slots__ = ("start_offset", "end_offset", "broker_id", "since", "last_written", "abandoned", "nothing_written")
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     LAST_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    NOTHING_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     start_offset: int
     end_offset: int
     broker_id: int
     since: int
     last_written: int
     abandoned: bool
-    def __init__(self, start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., since: _Optional[int] = ..., last_written: _Optional[int] = ..., abandoned: _Optional[bool] = ...) -> None: ...
+    nothing_written: bool
+    def __init__(self, start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., since: _Optional[int] = ..., last_written: _Optional[int] = ..., abandoned: _Optional[bool] = ..., nothing_written: _Optional[bool] = ...) -> None: ...
 
 class UnloadTopicRequest(_message.Message):
     __slots__ = ("topic",)

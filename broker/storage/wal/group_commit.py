@@ -65,6 +65,11 @@ class OffsetGuard(Protocol):
 
     reserved_end: int
 
+    def covers(self, offset: int) -> bool:
+        """Whether offsets up to ``offset`` may be written and acknowledged without
+        :meth:`reserve_through` (checked before every write)."""
+        ...
+
     async def reserve_through(self, offset: int) -> None: ...
 
 
@@ -118,6 +123,8 @@ class GroupCommit:
         self.storage_full = False
         self.storage_monitor: StorageMonitor | None = None
         self.offset_guard: OffsetGuard | None = None
+        self._reserve_outage = OutageLog(log, f"offset reservations for WAL {self._directory}")
+        """Refused appends (offsets not reserved: fenced, lease stale, etcd down) logged once per episode."""
 
     def start(self) -> None:
         """Start the writer task."""
@@ -161,12 +168,13 @@ class GroupCommit:
                         continue
                 batch = self._take_batch()
                 guard = self.offset_guard
-                if guard is not None and batch[-1].last_offset > guard.reserved_end:
+                if guard is not None and not guard.covers(batch[-1].last_offset):
                     try:
                         await guard.reserve_through(batch[-1].last_offset)
                     except Exception as exc:  # noqa: BLE001 - fenced or etcd down: nothing is written
                         self._refuse_queued(batch, exc)
                         continue
+                self._reserve_outage.succeeded()
                 await self._write_batch(batch)
                 active = self._local.active
                 if (
@@ -266,7 +274,7 @@ class GroupCommit:
         self._queue = []
         assert self._local.active is not None
         self.next_offset = self._local.active.end + 1
-        log.warning("WAL %s: %d appends refused: offsets not reserved: %s", self._directory, len(failed), exc)
+        self._reserve_outage.failed(f"{len(failed)} appends refused: offsets not reserved: {exc}")
         for item in failed:
             if not item.future.done():
                 item.future.set_exception(exc)

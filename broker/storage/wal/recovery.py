@@ -71,6 +71,7 @@ from broker.storage.wal.segment import (
     Segment,
     create_active_segment,
     fsync_dir,
+    make_dirs_durable,
     now_ms,
     read_header,
     sealed_name,
@@ -286,7 +287,8 @@ class LogLoader:
     """Recovers one WAL directory (see the module docstring for the rules).
 
     Args:
-        directory: the topic's WAL directory, created if missing.
+        directory: the topic's WAL directory, created if missing (with its parents, each
+            made durable: :func:`~broker.storage.wal.segment.make_dirs_durable`).
         index_interval_bytes: spacing of the sparse offset indexes it builds.
     """
 
@@ -310,7 +312,7 @@ class LogLoader:
                 ones with records beyond them.
             OSError: the directory or files cannot be read or written.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs_durable(self.directory)  # its parents synced: a power cut cannot lose the tree
         self.quarantines = []
         sealed: list[Segment] = []
         actives: list[tuple[int, Path]] = []

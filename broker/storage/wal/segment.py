@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,38 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_MAKE_DIRS_LOCK = threading.Lock()  # a directory seen as existing was made durable by its creator
+
+
+def make_dirs_durable(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents (``mkdir -p``) so that their entries are
+    durable: after the creation, the parent of each directory that was missing is synced, from
+    the deepest up to the first directory that already existed. The new directory's own
+    entries (files created in it later) are for the caller to sync.
+
+    Calls are serialized within the process, so a directory another caller is creating is never
+    taken for one that is already durable.
+
+    Returns:
+        The directories created, deepest first (empty when ``directory`` existed).
+
+    Raises:
+        OSError: a directory cannot be created or synced (``FileExistsError`` when a file
+            stands where a directory should be).
+    """
+    with _MAKE_DIRS_LOCK:
+        missing: list[Path] = []
+        d = directory
+        while not d.is_dir() and d.parent != d:
+            missing.append(d)
+            d = d.parent
+        for d in reversed(missing):
+            d.mkdir(exist_ok=True)
+        for d in missing:
+            fsync_dir(d.parent)
+        return missing
 
 
 def truncate_file(path: Path, length_bytes: int) -> None:

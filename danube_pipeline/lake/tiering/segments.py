@@ -19,8 +19,16 @@ from danube_pipeline.errors import CorruptRecordError, OffsetRangeError, TopicNo
 from danube_pipeline.format.records import object_id
 from danube_pipeline.lake.segment_columns import decode_segment_columns
 from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.descriptors import blocking_range, passable, read_descriptors, read_unavailable_ranges
-from danube_pipeline.metadata.values import ObjectDescriptor, ObjectsCursor
+from danube_pipeline.metadata.descriptors import (
+    blocking_range,
+    complete_descriptor,
+    create_descriptor,
+    passable,
+    read_descriptors,
+    read_descriptors_with_revisions,
+    read_unavailable_ranges,
+)
+from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_count
@@ -43,6 +51,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_MAX_ROUNDS = 1000
+"""Passes :func:`tier_sealed_segments` makes over the descriptors before it leaves the rest to
+the next run. A pass ends early only when another writer wrote a descriptor first, so every
+pass but the last follows that writer's progress."""
 
 OFFSET_INDEX_INTERVAL_RECORDS = 1000
 """Records between entries of a descriptor's sparse ``offset_index``."""
@@ -182,12 +195,20 @@ async def tier_sealed_segments(
     """Upload every sealed segment that has no completed descriptor, in offset order.
 
     For each: check contiguity (its start is the previous descriptor's end + 1, or it is offset
-    0 / the first sealed segment when no descriptor exists); put its descriptor with
-    ``completed=false``; fetch its bytes through the broker admin API; verify them with
+    0 / the first sealed segment when no descriptor exists); create its descriptor with
+    ``completed=false`` if none exists (one left incomplete is kept as is); fetch its bytes
+    through the broker admin API; verify them with
     :func:`~danube_pipeline.lake.segment_columns.decode_segment_columns` (which also builds the sparse offset
-    index); write the object ``topics/{ns}/{topic}/data-{start}-{end}.dnb1``; then put the
-    descriptor with ``completed=true``, size, etag and offset index together with
-    ``objects/cur`` in one etcd transaction.
+    index); write the object ``topics/{ns}/{topic}/data-{start}-{end}.dnb1``; then write the
+    descriptor with ``completed=true``, size, etag and offset index, iff it is unchanged since
+    it was read or created, together with ``objects/cur`` when that moves forward, in one etcd
+    transaction.
+
+    Two writers may run at once (the continuous writer and the Dagster asset): a descriptor
+    the other one created or completed first is never written over (so a completed
+    descriptor never becomes incomplete again, and ``objects/cur`` never moves backwards).
+    Losing such a race is not an error: this call reads the descriptors again and goes on
+    from there (the other writer did that work; it is not counted in the report).
 
     Idempotent: a segment whose completed descriptor exists and whose object exists with the
     stated size is skipped; one whose object is missing or the wrong size is uploaded again,
@@ -221,12 +242,50 @@ async def tier_sealed_segments(
         MetadataStoreError, RemoteError: etcd or the broker failed.
     """
     report = TieringReport(topic=topic.path)
+    for _ in range(_MAX_ROUNDS):
+        if await _tier_round(topic, store=store, admin=admin, objects=objects, now_s=now_s, report=report):
+            break
+        log.info("%s: another tiering writer got there first; reading the descriptors again", topic.path)
+    else:
+        log.warning("%s: lost %d races to other tiering writers in a row; the next run goes on", topic.path, _MAX_ROUNDS)
+
+    descriptors, cur = await read_descriptors(store, topic)
+    done = [d for d in descriptors if d.completed]
+    report.descriptors_total = len(done)
+    report.cursor = cur
+    if done:
+        report.first_offset = done[0].start_offset
+        report.last_offset = done[-1].end_offset
+    return report
+
+
+async def _tier_round(
+    topic: TopicName,
+    *,
+    store: MetadataStore,
+    admin: SegmentAdmin,
+    objects: ObjectStore,
+    now_s: int | None,
+    report: TieringReport,
+) -> bool:
+    """One pass of :func:`tier_sealed_segments` over the descriptors read at its start.
+
+    Returns:
+        True when done; False when another writer changed a descriptor this pass was about to
+        write (a lost compare): nothing is written over it, and the caller reads again.
+
+    Raises:
+        The errors of :func:`tier_sealed_segments`.
+    """
     sealed = sorted(await admin.list_sealed_segments(topic.path), key=lambda s: s.start_offset)
     sealed = [s for s in sealed if s.end_offset >= s.start_offset]
-    descriptors, _ = await read_descriptors(store, topic)
+    read = await read_descriptors_with_revisions(store, topic)
+    descriptors = read.descriptors
     ranges = await read_unavailable_ranges(store, topic)
     sealed, sources = await with_released_segments(topic, sealed, descriptors, admin)
     report.sealed_segments = len(sealed)
+    report.objects_skipped = report.segments_expired = 0
+    report.waiting_at = None
     first_retained = retained_start(descriptors)
     if first_retained is not None:
         expired = [s for s in sealed if s.end_offset < first_retained]
@@ -286,21 +345,23 @@ async def tier_sealed_segments(
             raise OffsetRangeError(prev + 1, seg.start_offset, f"{topic.path} object {oid}")
 
         created_at = int(time.time()) if now_s is None else now_s
-        descriptor_key = keys.object_descriptor(topic, seg.start_offset)
-        if existing is None or not existing.completed:
-            await store.put(
-                descriptor_key,
-                ObjectDescriptor(
-                    completed=False,
-                    created_at=created_at,
-                    end_offset=seg.end_offset,
-                    etag=None,
-                    object_id=oid,
-                    offset_index=[],
-                    size=seg.size_bytes,
-                    start_offset=seg.start_offset,
-                ),
+        if existing is None:
+            incomplete = ObjectDescriptor(
+                completed=False,
+                created_at=created_at,
+                end_offset=seg.end_offset,
+                etag=None,
+                object_id=oid,
+                offset_index=[],
+                size=seg.size_bytes,
+                start_offset=seg.start_offset,
             )
+            created = await create_descriptor(store, topic, incomplete)
+            if created is None:
+                return False  # another writer created it since the read: never write over it
+            expected_revision = created
+        else:  # completed (its object is re-uploaded) or left incomplete: completed in place
+            expected_revision = read.mod_revisions[seg.start_offset]
         data = await admin.read_segment_bytes(topic.path, seg.start_offset, address=sources.get(seg.start_offset))
         decoded = decode_segment_columns(
             data, where=f"{topic.path}/{oid}", index_interval_records=OFFSET_INDEX_INTERVAL_RECORDS
@@ -326,28 +387,15 @@ async def tier_sealed_segments(
             size=info.size_bytes,
             start_offset=seg.start_offset,
         )
+        if not await complete_descriptor(store, topic, completed, expected_mod_revision=expected_revision):
+            return False  # another writer completed it (or retention deleted it) since the read
         completed_ends[seg.start_offset] = seg.end_offset
-        newest = max(completed_ends)
-        await store.put_many(
-            [
-                (descriptor_key, completed),
-                (keys.objects_cur(topic), ObjectsCursor(start=keys.pad_offset(newest))),
-            ]
-        )
         report.objects_written += 1
         report.bytes_written += info.size_bytes
         report.records_written += len(decoded.records)
         report.object_ids_written.append(oid)
         log.info("%s: tiered %s (%d records, %d bytes)", topic.path, oid, len(decoded.records), info.size_bytes)
-
-    descriptors, cur = await read_descriptors(store, topic)
-    done = [d for d in descriptors if d.completed]
-    report.descriptors_total = len(done)
-    report.cursor = cur
-    if done:
-        report.first_offset = done[0].start_offset
-        report.last_offset = done[-1].end_offset
-    return report
+    return True
 
 
 async def list_topic_roots(store: MetadataStore) -> list[TopicName]:
