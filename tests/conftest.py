@@ -14,6 +14,8 @@ Collection fails when a test carries none of the tier markers (:data:`TIER_MARKE
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,6 +55,19 @@ def _wipe(etcd: EtcdServer) -> None:
         timeout=30,
         env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"},
     )
+
+
+@pytest.fixture
+def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own, to pause (SIGSTOP) or kill without disturbing the session's."""
+    server = EtcdServer(tmp_path / "etcd", log_path=tmp_path / "etcd.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.running:
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
 
 
 @pytest.fixture

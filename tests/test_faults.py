@@ -52,19 +52,6 @@ from danube_pipeline.proto import danube_pb2 as pb
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """An etcd of this test's own, to pause or kill without disturbing the session's."""
-    server = EtcdServer(tmp_path / "etcd", log_path=tmp_path / "etcd.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.running:
-            os.kill(server.pid, signal.SIGCONT)
-        server.stop()
-
-
 @contextlib.contextmanager
 def etcd_paused(etcd: EtcdServer) -> Iterator[None]:
     """etcd stopped with SIGSTOP inside the block (connections stay open, nothing answers)."""

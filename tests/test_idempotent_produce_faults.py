@@ -256,19 +256,6 @@ def test_a_full_disk_under_pipelined_produce_loses_and_duplicates_nothing(
 # ---------------------------------------------------------------------------- #2, SendStream cancelled
 
 
-@pytest.fixture
-def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """An etcd of this test's own, to pause without disturbing the session's."""
-    server = EtcdServer(tmp_path / "etcd", log_path=tmp_path / "etcd.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.running:
-            os.kill(server.pid, signal.SIGCONT)
-        server.stop()
-
-
 def test_a_cancelled_send_stream_does_not_make_the_resend_a_second_write(
     own_etcd: EtcdServer, tmp_path: Path
 ) -> None:
