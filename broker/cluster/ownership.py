@@ -98,7 +98,10 @@ class TakeoverPlan:
             restart): the WAL goes on inside the same block.
         reservation: the reservation read, ``None`` when the topic never had one.
         reservation_revision: its ``mod_revision`` (0: absent), guarding the takeover write.
-        unavailable: the range the failed owner may hold, or ``None``.
+        unavailable: the range the failed owner may hold, or ``None``: the part of its block
+            no recorded range covers (§5.5), starting past any range that covers its head.
+        more_unavailable: further pieces of that range, split around recorded ranges inside
+            it; written with ``unavailable``, and only when it is set.
     """
 
     epoch: int
@@ -107,6 +110,7 @@ class TakeoverPlan:
     reservation: values.OffsetReservation | None
     reservation_revision: int
     unavailable: values.UnavailableRange | None
+    more_unavailable: tuple[values.UnavailableRange, ...] = ()
 
 
 async def plan_takeover(
@@ -145,7 +149,7 @@ async def plan_takeover(
         base = sealed.last_committed_offset + 1
     if tiered_end is not None:
         base = max(base, tiered_end + 1)
-    unavailable = None
+    pieces: list[values.UnavailableRange] = []
     continuing = res is not None and res.broker_id == broker_id and wal_holds_data and res.last_written is None
     floor = base
     if res is not None and not continuing:
@@ -155,18 +159,55 @@ async def plan_takeover(
             start = max(res.first_offset, base)
             last = res.last_written
             if start <= res.end_offset and (last is None or last >= start):
-                unavailable = values.UnavailableRange(
-                    start_offset=start, end_offset=res.end_offset, broker_id=res.broker_id,
-                    since=int(time.time()), last_written=last,
-                )
+                recorded = await recorded_ranges(store, name)
+                since = int(time.time())
+                pieces = [
+                    values.UnavailableRange(
+                        start_offset=first, end_offset=end, broker_id=res.broker_id, since=since, last_written=last,
+                    )
+                    for first, end in uncovered_pieces(start, res.end_offset, recorded)
+                ]
     return TakeoverPlan(
         epoch=assignment.create_revision,
         floor=floor,
         continuing=continuing,
         reservation=res,
         reservation_revision=res_kv.mod_revision if res_kv is not None else 0,
-        unavailable=unavailable,
+        unavailable=pieces[0] if pieces else None,
+        more_unavailable=tuple(pieces[1:]),
     )
+
+
+async def recorded_ranges(store: MetadataStore, name: TopicName) -> list[values.UnavailableRange]:
+    """The unavailable ranges of ``name`` in etcd (linearizable read, §5.5), ascending.
+
+    Raises:
+        MetadataStoreError: etcd unreachable.
+    """
+    kvs, _ = await store.get_prefix(keys.unavailable_prefix(name))
+    return unavailable_ranges({kv.key: kv.value for kv in kvs})
+
+
+def uncovered_pieces(start: int, end: int, recorded: list[values.UnavailableRange]) -> list[tuple[int, int]]:
+    """The parts of ``start..end`` (inclusive) that no recorded range covers, ascending (§5.5).
+
+    A range is keyed by its start offset and never overwritten, so a new range must neither
+    start inside a recorded one nor claim its offsets: it starts past the end of a recorded
+    range that covers its head, and is split around a recorded range inside it.
+    """
+    pieces: list[tuple[int, int]] = []
+    cursor = start
+    for rng in sorted(recorded, key=lambda r: r.start_offset):
+        if rng.end_offset < cursor:
+            continue
+        if rng.start_offset > end or cursor > end:
+            break
+        if rng.start_offset > cursor:
+            pieces.append((cursor, rng.start_offset - 1))
+        cursor = max(cursor, rng.end_offset + 1)
+    if cursor <= end:
+        pieces.append((cursor, end))
+    return pieces
 
 
 class OwnerSession(Protocol):
@@ -343,9 +384,10 @@ async def commit_takeover(
     block: int = DEFAULT_OFFSET_BLOCK, wal_holds_data: bool, tiered_end: int | None,
     session: OwnerSession | None = None,
 ) -> tuple[Ownership, TakeoverPlan]:
-    """Write this broker's reservation (and the unavailable range of the plan) in one
-    transaction guarded by the owner epoch and the reservation read; re-plan and retry when
-    the reservation changed meanwhile (a fenced owner recorded its last offset).
+    """Write this broker's reservation (and the unavailable range of the plan, created only
+    where no range is recorded, §5.5) in one transaction guarded by the owner epoch and the
+    reservation read; re-plan and retry when the reservation or the ranges changed meanwhile
+    (a fenced owner recorded its last offset).
 
     Args:
         next_offset: the opened WAL's next offset (at or above ``plan.floor``).
@@ -373,11 +415,13 @@ async def commit_takeover(
         puts: list[tuple[str, values.JsonValue | values.JsonRecord]] = [
             (keys.offset_reservation(name), ownership.reservation(end))
         ]
+        guards = {keys.offset_reservation(name): plan.reservation_revision}
         if plan.unavailable is not None:
-            puts.append((keys.unavailable_range(name, plan.unavailable.start_offset), plan.unavailable))
-        revision = await store.transaction(
-            created=ownership.guard, modified={keys.offset_reservation(name): plan.reservation_revision}, puts=puts
-        )
+            for piece in (plan.unavailable, *plan.more_unavailable):
+                range_key = keys.unavailable_range(name, piece.start_offset)
+                puts.append((range_key, piece))
+                guards[range_key] = 0  # created, never overwritten (§5.5)
+        revision = await store.transaction(created=ownership.guard, modified=guards, puts=puts)
         if revision is not None:
             ownership.reservation_revision = revision
             if plan.unavailable is not None:
@@ -385,7 +429,8 @@ async def commit_takeover(
                 log.warning(
                     "topic %s taken over from failed broker %d: offsets %d..%d are unavailable until its disk "
                     "returns and they are tiered (last written: %s); this broker starts at %d",
-                    name, u.broker_id, u.start_offset, u.end_offset, u.last_written, next_offset,
+                    name, u.broker_id, u.start_offset, (plan.more_unavailable or (u,))[-1].end_offset,
+                    u.last_written, next_offset,
                 )
             return ownership, plan
         plan = await plan_takeover(store, name, broker_id, wal_holds_data=wal_holds_data, tiered_end=tiered_end)
@@ -453,6 +498,8 @@ __all__ = [
     "commit_takeover",
     "plan_takeover",
     "record_last_written",
+    "recorded_ranges",
+    "uncovered_pieces",
     "unavailable_ranges",
     "wal_has_records",
 ]

@@ -50,7 +50,7 @@ class ReadPosition:
         name: the subscription name.
         wal: the topic's WAL.
         remote: the topic's offsets in object storage; ``None`` without an object store.
-        ledger: the subscription's handouts (for the ack floor, and to forget batches skipped).
+        ledger: the subscription's handouts (for the ack floor, and to forget batches expired).
         start_offset: the first offset to deliver.
         below_retention: ``"earliest"`` or ``"error"`` (see
             :class:`~broker.dispatch.subscription.Subscription`).
@@ -128,9 +128,18 @@ class ReadPosition:
 
     def skip_below(self, offset: int) -> None:
         """Move the read position up to ``offset`` and forget the batches below it (they are
-        acknowledged in place: nothing can deliver them any more)."""
+        acknowledged in place: nothing can deliver them any more). Only for offsets that
+        expired (:meth:`below_retention`); offsets never handed out are passed over
+        (:meth:`pass_over`)."""
         self.offset = max(self.offset, offset)
         self._ledger.acknowledge_below(offset)
+
+    def pass_over(self, offset: int) -> None:
+        """Move the read position up to ``offset`` over offsets never handed out (a hole, an
+        unavailable range's never-written tail, a range skipped by policy). The batches
+        already handed out all lie below the position: they stay held, queued or waiting
+        for redelivery until their consumers acknowledge them (issue 21 #13)."""
+        self.offset = max(self.offset, offset)
 
     def below_retention(self, earliest: int, consumers: list[Consumer]) -> bool:
         """The position (or a batch to redeliver) lies below ``earliest``: jump or fail, by
@@ -198,7 +207,7 @@ class ReadPosition:
             "%s/%s: offsets %d..%d are held neither in object storage nor in the WAL; skipped",
             self.topic, self.name, offset, target - 1,
         )
-        self.skip_below(target)
+        self.pass_over(target)
 
     def _at_unavailable(self, rng: UnavailableRange) -> bool:
         """The read position lies in an unavailable range (``docs/etcd-layout.md`` §5.5) and
@@ -214,7 +223,7 @@ class ReadPosition:
         if unused is not None and position >= unused:
             log.info("%s/%s: offsets %d..%d were never handed out (broker %d failed before); passed over",
                      self.topic, self.name, position, rng.end_offset, rng.broker_id)
-            self.skip_below(rng.end_offset + 1)
+            self.pass_over(rng.end_offset + 1)
             return True
         if rng.abandoned or self.unavailable_range == UNAVAILABLE_SKIP:
             limit = unused if unused is not None else rng.end_offset + 1
@@ -226,7 +235,7 @@ class ReadPosition:
                 self.topic, self.name, position, target - 1, rng.broker_id,
                 "range abandoned" if rng.abandoned else "policy skip", self.skipped_unavailable,
             )
-            self.skip_below(target)
+            self.pass_over(target)
             return True
         if self._waiting_at != position:
             self._waiting_at = position

@@ -22,7 +22,7 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.cluster.ownership import record_last_written
+from broker.cluster.ownership import record_last_written, recorded_ranges, uncovered_pieces
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.storage.wal import WriteAheadLog
@@ -149,6 +149,7 @@ class TopicReleaser:
             except OSError as exc:
                 log.warning("topic %s: sealing before the release failed (%s); the active segment moves as it is", name, exc)
             last = topic.wal.next_offset - 1
+            untiered_from = self._untiered_from(topic)
             await self._close_producers(topic)
             await topic.close()
             self._served.changed()
@@ -163,18 +164,27 @@ class TopicReleaser:
             if ownership is not None:  # the block shrinks to what was handed out (§5.4)
                 puts.append((keys.offset_reservation(name), ownership.reservation(last)))
             puts.append((keys.producer_sequences(name), topic.sequences.to_json()))  # §5.6
-            untiered_from = self._untiered_from(topic)
+            created_ranges: dict[str, int] = {}
             if untiered_from is not None and untiered_from <= last:
                 # Offsets only this broker holds until they are tiered (§5.5): if it dies before,
-                # consumers and tiering wait for it rather than take the gap for a loss.
-                puts.append((keys.unavailable_range(name, untiered_from), values.UnavailableRange(
-                    start_offset=untiered_from, end_offset=last, broker_id=self._broker_id,
-                    since=int(time.time()), last_written=last,
-                )))
+                # consumers and tiering wait for it rather than take the gap for a loss. Only
+                # where no range is recorded, each piece created, never overwriting another's.
+                try:
+                    recorded = await recorded_ranges(self._store, name)
+                except MetadataStoreError as exc:  # nothing written: the topic stays here
+                    raise _StillServed(exc) from None
+                for first, end in uncovered_pieces(untiered_from, last, recorded):
+                    range_key = keys.unavailable_range(name, first)
+                    created_ranges[range_key] = 0
+                    puts.append((range_key, values.UnavailableRange(
+                        start_offset=first, end_offset=end, broker_id=self._broker_id,
+                        since=int(time.time()), last_written=last,
+                    )))
             failure: MetadataStoreError | None = None
             try:
                 revision = await self._store.transaction(
                     created=ownership.guard if ownership is not None else None,
+                    modified=created_ranges,
                     exists=[keys.topic_assignment(self._broker_id, name)],
                     puts=puts,
                     deletes=[keys.topic_assignment(self._broker_id, name)],
@@ -244,11 +254,14 @@ class TopicReleaser:
 
     @staticmethod
     def _untiered_from(topic: Topic) -> int | None:
-        """The first offset of ``topic`` not in object storage, ``None`` without an object store."""
+        """The first offset of ``topic`` that only this broker holds: past the tiered offsets
+        and not below its WAL's first offset (offsets below it are an earlier owner's, held on
+        that owner's disk, issue 21 #14). ``None`` without an object store."""
         remote = topic.remote
         if remote is None:
             return None
-        return 0 if remote.end_offset is None else remote.end_offset + 1
+        tiered_from = 0 if remote.end_offset is None else remote.end_offset + 1
+        return max(tiered_from, topic.wal.first_offset)
 
     async def unload_topic(self, name: TopicName) -> None:
         """Stop serving ``name``: its assignment was removed by someone else (the leader failed
