@@ -339,7 +339,7 @@ class Ownership:
 
     async def _write_reservation(self, end: int) -> None:
         """Write the reservation with ``end``, guarded by the owner epoch and the reservation's
-        mod revision (issue 21 #8); adopt a new revision whose value is still exactly this
+        mod revision; adopt a new revision whose value is still exactly this
         owner's block.
 
         Raises:

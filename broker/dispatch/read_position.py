@@ -138,7 +138,7 @@ class ReadPosition:
         """Move the read position up to ``offset`` over offsets never handed out (a hole, an
         unavailable range's never-written tail, a range skipped by policy). The batches
         already handed out all lie below the position: they stay held, queued or waiting
-        for redelivery until their consumers acknowledge them (issue 21 #13)."""
+        for redelivery until their consumers acknowledge them."""
         self.offset = max(self.offset, offset)
 
     def below_retention(self, earliest: int, consumers: list[Consumer]) -> bool:

@@ -21,10 +21,9 @@ The state follows the WAL's outcome of each batch, not the request's. A batch wh
 fails is forgotten together with every batch of the same producer that failed in the same
 write (a failed group commit fails the batch and everything queued after it), and the highest
 accepted sequence falls back to what is written or still being written: the producer's resend
-of the failed batches, in order, is accepted (issue 21 #1). Callers await the futures handed
+of the failed batches, in order, is accepted. Callers await the futures handed
 out here through :func:`asyncio.shield`: a cancelled request must not cancel the write, or the
-state would forget a batch the WAL still writes and its resend would be written twice (issue
-21 #2; a cancelled write future is logged as such).
+state would forget a batch the WAL still writes and its resend would be written twice (a cancelled write future is logged as such).
 
 The state survives:
 

@@ -256,7 +256,7 @@ class TopicReleaser:
     def _untiered_from(topic: Topic) -> int | None:
         """The first offset of ``topic`` that only this broker holds: past the tiered offsets
         and not below its WAL's first offset (offsets below it are an earlier owner's, held on
-        that owner's disk, issue 21 #14). ``None`` without an object store."""
+        that owner's disk). ``None`` without an object store."""
         remote = topic.remote
         if remote is None:
             return None
