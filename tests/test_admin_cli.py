@@ -102,7 +102,9 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             "namespace": "ops", "key": "/namespaces/ops/policy", "stored": True,
             "mod_revision": stored.mod_revision, "policy": stored.value,
         }  # fmt: skip
-        assert (await run("namespaces", "get-policy", "nowhere")).ok()["stored"] is False
+        nowhere = await run("namespaces", "get-policy", "nowhere")
+        assert (nowhere.code, nowhere.out) == (1, "")
+        assert nowhere.err.startswith("error: namespace 'nowhere' not found"), nowhere.err
 
         # topics create: the delivery mode lands in §3.2, the owner is the lookup's
         made = (await run("topics", "create", events.path, "--delivery", "NonReliable")).ok()
@@ -136,6 +138,11 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
         assert listed[0]["delivery"] == "Reliable" and listed[0]["owner"] == me
         only_ops = (await run("topics", "list", "--namespace", "ops")).ok()["topics"]
         assert [t["topic"] for t in only_ops] == [events.path]
+        assert (await run("topics", "list", "ops")).ok()["topics"] == only_ops
+        # the first topic of a namespace wrote its default policy; text shows 0 as unlimited
+        assert (await run("namespaces", "get-policy", "default")).ok()["stored"] is True
+        text = await admin(etcd_endpoints, [broker.address], "namespaces", "get-policy", "default", output="text")
+        assert text.code == 0 and "max_publish_rate" in text.out and "unlimited" in text.out, text
 
         described = (await run("topics", "describe", events.path)).ok()
         d = await client.admin.describe_topic(events.path)
@@ -333,6 +340,8 @@ async def test_bad_arguments_exit_2_with_one_error_line(
         ("topics", "describe", "/default/bad name"),
         ("topics", "create", "/default/t", "--delivery", "Sometimes"),
         ("topics", "list", "--namespace", "a.b"),
+        ("topics", "list", "ops", "--namespace", "other"),
+        ("topics", "create", "/default/t", "--partitions", "0"),
         ("subscriptions", "list", "/default/x/y"),
         ("namespaces", "create", "bad/ns"),
         ("namespaces", "set-policy", "default", "--max-message-size", "-1"),

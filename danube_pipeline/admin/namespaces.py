@@ -13,6 +13,8 @@ Verbs and the JSON each prints:
 ``namespaces get-policy NS``
     ``{"namespace": str, "key": str, "stored": bool, "mod_revision": int | null, "policy":
     object}``: the stored policy (§2.1), or the defaults the brokers apply when none is stored.
+    Refused (exit 1) for a namespace with no key under ``/namespaces/NS/`` (§2) and no topic
+    under ``/topics/NS/`` (§3): a typo must not print a policy as if it existed.
 ``namespaces set-policy NS --FIELD N ...``
     ``{"namespace": str, "changed": [str], "revision": int, "before": object, "policy": object}``:
     one option per ``NamespacePolicy`` field (``--max-message-size``,
@@ -134,8 +136,25 @@ async def _read_policy(store: MetadataStore, namespace: str) -> tuple[NamespaceP
         ) from None
 
 
+async def _require_namespace(store: MetadataStore, namespace: str) -> None:
+    """Raise unless ``namespace`` has a key under ``/namespaces/{ns}/`` (§2) or a topic (§3).
+
+    Raises:
+        AdminError: neither exists.
+        MetadataStoreError: etcd cannot be reached.
+    """
+    for prefix in (f"{keys.NAMESPACES}/{namespace}/", f"{keys.TOPICS}/{namespace}/"):
+        if await store.has_prefix(prefix):
+            return
+    raise AdminError(
+        f"namespace {namespace!r} not found (no policy and no topic); "
+        f"create it with: danube-admin namespaces create {namespace}"
+    )
+
+
 async def _get_policy(cfg: Config, namespace: str) -> Json:
     async with metadata_store(cfg) as store:
+        await _require_namespace(store, namespace)
         policy, mod_revision = await _read_policy(store, namespace)
     return {
         "namespace": namespace,
@@ -146,16 +165,24 @@ async def _get_policy(cfg: Config, namespace: str) -> Json:
     }
 
 
+def limit_text(value: object) -> object:
+    """A policy limit for people: ``unlimited`` for 0 (§2.1), else the value unchanged."""
+    return "unlimited" if value == 0 and not isinstance(value, bool) else value
+
+
 def _policy_text(d: Json) -> str:
     note = "" if d["stored"] else " (none stored: the defaults apply)"
-    return f"policy of namespace {d['namespace']}{note}\n" + field_lines(list(d["policy"].items()))
+    return f"policy of namespace {d['namespace']}{note}\n" + field_lines(
+        [(name, limit_text(value)) for name, value in d["policy"].items()]
+    )
 
 
 @namespaces.command("get-policy")
 @click.argument("namespace", callback=parse_namespace)
 @click.pass_obj
 def namespaces_get_policy(cfg: Config, namespace: str) -> None:
-    """The policy of NAMESPACE (§2.1); the defaults when none is stored. 0 means unlimited."""
+    """The policy of NAMESPACE (§2.1); the defaults when none is stored. 0 means unlimited.
+    Refused (exit 1) for a namespace with neither a policy nor a topic."""
     emit(cfg, run(_get_policy(cfg, namespace)), _policy_text)
 
 
@@ -231,5 +258,5 @@ def namespaces_set_policy(cfg: Config, /, namespace: str, **fields: int | None) 
         cfg,
         doc,
         lambda d: f"updated policy of namespace {d['namespace']} at revision {d['revision']}\n"
-        + field_lines([(n, f"{d['before'][n]} -> {d['policy'][n]}") for n in d["changed"]]),
+        + field_lines([(n, f"{limit_text(d['before'][n])} -> {limit_text(d['policy'][n])}") for n in d["changed"]]),
     )

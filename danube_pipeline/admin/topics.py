@@ -9,7 +9,7 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     own, each assigned an owner; the document is then ``{"topic": str, "created": bool,
     "requested_delivery": str, "partitions": int, "partition_topics": [{"topic": str,
     "owner": owner}]}`` (an existing topic keeps its own partition count).
-``topics list [--namespace NS]``
+``topics list [NS] [--namespace NS]``
     ``{"topics": [{"topic": str, "owner": owner | null, "delivery": str, "next_offset": int |
     null, "sealed_segments": int | null, "wal_syncs": int | null}]}``: every topic root in etcd
     (§3.1) with its assignment (§1.4) and delivery mode (§3.2), merged with what the brokers
@@ -100,16 +100,16 @@ def _created_text(d: Json) -> str:
 )
 @click.option(
     "--partitions",
-    type=click.IntRange(0, MAX_PARTITIONS),
-    default=0,
-    show_default=True,
-    help="Partitions of a partitioned topic (§3.1), named TOPIC-part-{i}; 0 for a plain topic.",
+    type=click.IntRange(1, MAX_PARTITIONS),
+    default=None,
+    help=f"Partitions of a partitioned topic (§3.1, 1 to {MAX_PARTITIONS}), named TOPIC-part-{{i}}; "
+    "leave it out for a plain topic.",
 )
 @click.pass_obj
-def topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int) -> None:
+def topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int | None) -> None:
     """Create TOPIC (/namespace/topic); the leader assigns its owner (§1.4, §3.1), or each
     partition's owner with --partitions."""
-    emit(cfg, run(_topics_create(cfg, topic, delivery, partitions)), _created_text)
+    emit(cfg, run(_topics_create(cfg, topic, delivery, partitions or 0)), _created_text)
 
 
 async def _topics_list(cfg: Config, namespace: str | None) -> Json:
@@ -154,12 +154,15 @@ async def _topics_list(cfg: Config, namespace: str | None) -> Json:
 
 
 @topics.command("list")
-@click.option("--namespace", callback=parse_namespace, default=None, help="Only this namespace.")
+@click.argument("namespace_argument", metavar="[NAMESPACE]", required=False, callback=parse_namespace)
+@click.option("--namespace", callback=parse_namespace, default=None, help="Only this namespace (or give it as NAMESPACE).")
 @click.pass_obj
-def topics_list(cfg: Config, namespace: str | None) -> None:
-    """Every topic (§3.1) with its owner (§1.4), delivery mode (§3.2) and, when a broker has it
-    loaded, its next offset, sealed segments and WAL syncs."""
-    doc = run(_topics_list(cfg, namespace))
+def topics_list(cfg: Config, namespace_argument: str | None, namespace: str | None) -> None:
+    """Every topic (§3.1), or NAMESPACE's, with its owner (§1.4), delivery mode (§3.2) and, when
+    a broker has it loaded, its next offset, sealed segments and WAL syncs."""
+    if namespace_argument is not None and namespace is not None and namespace_argument != namespace:
+        raise click.UsageError(f"two namespaces given: {namespace_argument!r} and --namespace {namespace!r}")
+    doc = run(_topics_list(cfg, namespace_argument or namespace))
     emit(
         cfg,
         doc,

@@ -87,6 +87,16 @@ class MetadataStore(EtcdConnection):
         response = await self.range_raw(raw, prefix_range_end(raw))
         return [key_value(kv) for kv in response.kvs], int(response.header.revision)
 
+    async def has_prefix(self, prefix: str) -> bool:
+        """Whether any key starts with ``prefix`` (one etcd range read with ``limit=1``).
+
+        Raises:
+            MetadataStoreError: if etcd cannot be reached.
+        """
+        raw = prefix.encode()
+        response = await self.range_raw(raw, prefix_range_end(raw), limit=1)
+        return bool(response.kvs)
+
     # ---- writes
 
     async def put(
