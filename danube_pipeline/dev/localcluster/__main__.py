@@ -18,8 +18,8 @@ def _split_address(address: str) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m danube_pipeline.dev.localcluster``: etcd and N brokers until Ctrl-C or
-    SIGTERM (``make dev BROKERS=N``); prints where each one listens, and stops them all when
+    """``python -m danube_pipeline.dev.localcluster``: etcd and N brokers until Ctrl-C,
+    SIGTERM or SIGHUP (``make dev BROKERS=N``); prints where each one listens, and stops them all when
     interrupted or when one of them exits."""
     from danube_pipeline import settings
 
@@ -52,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
     try:
         cluster.start()
         etcd = cluster.etcd.endpoint
@@ -71,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
         cluster.stop()
 
 

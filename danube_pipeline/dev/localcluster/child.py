@@ -40,7 +40,7 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
-def _die_with_parent(command: Sequence[str]) -> list[str]:
+def die_with_parent(command: Sequence[str]) -> list[str]:
     """``command`` wrapped so that the child gets SIGTERM when the thread that started it exits.
 
     A launcher killed without its clean-up (a SIGKILLed test run, a crashed demo) then leaves
@@ -143,7 +143,7 @@ class ChildProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            _die_with_parent(command),
+            die_with_parent(command),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,172 @@
+"""``danube-pipeline dev`` (``make dev``) stopped by a signal, as an operator or a service
+manager stops it: SIGTERM and SIGHUP clean up exactly as Ctrl-C does.
+
+The launcher runs for real with 2 brokers, the continuous writer and the Dagster UI and daemon
+(``dg dev``). After SIGTERM no process it started is left (the whole tree below it is gone),
+and a restart with 1 broker finds no unavailable range (every topic was released, ``docs/etcd-
+layout.md`` §5.5) and reads every acked message; the restart also says which broker ids hold
+topics but were not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import eventually_sync
+
+from danube_pipeline.client import DanubeClient, InitialPosition
+from danube_pipeline.dev.localcluster import free_port
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import UnavailableRange
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = Path(sys.executable).parent / "danube-pipeline"
+TOPICS = [f"/default/stop-{i}" for i in range(4)]
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (its children, their children, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead; only its parent has not reaped it yet
+        return (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+class Launcher:
+    """``danube-pipeline dev`` as a child process, its output collected in ``log``."""
+
+    def __init__(self, home: Path, env: dict[str, str], brokers: int, log: Path) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(LAUNCHER), "dev", "--home", str(home), "--brokers", str(brokers),
+                 "--port", env["DANUBE_TEST_DAGSTER_PORT"]],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+            )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        eventually_sync(lambda: "stops them all" in self.output() or self.proc.poll() is not None,
+                        timeout_s=180, interval_s=0.5, what="danube-pipeline dev ready")  # fmt: skip
+        assert self.proc.poll() is None, self.output()
+
+    def stop(self, signum: int) -> int:
+        self.proc.send_signal(signum)
+        return self.proc.wait(timeout=180)
+
+
+async def _produce(addresses: list[str]) -> dict[str, int]:
+    async with DanubeClient(addresses) as client:
+        counts: dict[str, int] = {}
+        for topic in TOPICS:
+            async with client.producer(topic, producer_name="stop") as producer:
+                for i in range(20):
+                    await producer.send(b"%d" % i)
+            counts[topic] = 20
+        return counts
+
+
+async def _read_all(addresses: list[str], topic: str, expected: int) -> list[bytes]:
+    async with DanubeClient(addresses) as client, client.consumer(
+        topic, subscription="check", initial_position=InitialPosition.EARLIEST
+    ) as consumer:
+        got: list[bytes] = []
+        while len(got) < expected:
+            message = await consumer.receive(timeout_ms=30_000)
+            got.append(message.payload)
+            await consumer.ack(message)
+        return got
+
+
+async def _unresolved_ranges(etcd: str) -> list[str]:
+    """Unavailable ranges (§5.5) whose broker never said what it wrote (``last_written``
+    null): a broker that failed, not one that released its topics."""
+    async with await MetadataStore.connect([etcd]) as store:
+        kvs, _ = await store.get_prefix(keys.DANUBE_DATA)
+    return [
+        f"{kv.key} {kv.value}"
+        for kv in kvs
+        if "/unavailable/" in kv.key and UnavailableRange.from_json(kv.value).last_written is None
+    ]
+
+
+def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> None:
+    instance_dir = tmp_path / "dagster_home"
+    instance_dir.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", instance_dir / "dagster.yaml")
+    etcd = f"127.0.0.1:{free_port()}"
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(instance_dir),
+        "DANUBE_ETCD_ENDPOINTS": etcd,
+        "DANUBE_BROKER_ADDRESSES": f"127.0.0.1:{free_port()}",
+        "DANUBE_TEST_DAGSTER_PORT": str(free_port()),
+    }
+    home = tmp_path / "dev"
+    first = Launcher(home, env, brokers=2, log=tmp_path / "first.log")
+    try:
+        first.wait_ready()
+        addresses = env["DANUBE_BROKER_ADDRESSES"]
+        host, _, port = addresses.partition(":")
+        both = [addresses, f"{host}:{int(port) + 1}"]
+        counts = asyncio.run(_produce(both))
+        started = _descendants(first.proc.pid)
+        assert len(started) >= 5, first.output()  # etcd, 2 brokers, the writer, dg and its children
+        assert first.stop(signal.SIGTERM) == 0, first.output()
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    eventually_sync(lambda: not any(_alive(p) for p in started), timeout_s=60, interval_s=0.5,
+                    what="every process below the launcher stopped")  # fmt: skip
+    for log in (home / "broker" / "broker.log", home / "broker-2" / "broker.log"):
+        assert "cannot revoke lease" not in log.read_text(errors="replace"), log  # etcd outlived them
+
+    second = Launcher(home, env, brokers=1, log=tmp_path / "second.log")
+    try:
+        second.wait_ready()
+        assert "which this run did not start" not in second.output()  # every topic was released
+        assert asyncio.run(_unresolved_ranges(etcd)) == []
+        for topic, count in counts.items():
+            assert asyncio.run(_read_all([env["DANUBE_BROKER_ADDRESSES"]], topic, count)) == [
+                b"%d" % i for i in range(count)
+            ]
+        assert second.stop(signal.SIGHUP) == 0, second.output()
+    finally:
+        if second.proc.poll() is None:
+            second.proc.kill()
