@@ -11,6 +11,7 @@ topics but were not started.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import shutil
 import signal
@@ -126,6 +127,34 @@ async def _unresolved_ranges(etcd: str) -> list[str]:
     ]
 
 
+def _danube_pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LAUNCHER), *args], env=env, capture_output=True, text=True, timeout=300, cwd="/")
+
+
+def _env_and_backfill_work_as_written(home: Path, env: dict[str, str]) -> None:
+    """``danube-pipeline env`` prints the running stack's exports; ``danube-pipeline backfill``
+    submits a backfill with nothing else in the environment, from any directory, once the
+    writer has registered the topic's partition."""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("DANUBE_", "DAGSTER_"))}
+    printed = _danube_pipeline("env", "--home", str(home), env=bare)
+    assert printed.returncode == 0, printed.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in printed.stdout.splitlines())
+    assert exports["DANUBE_ETCD_ENDPOINTS"] == env["DANUBE_ETCD_ENDPOINTS"]
+    assert exports["DANUBE_HOME"] == str(home) and exports["DAGSTER_HOME"] == env["DAGSTER_HOME"]
+    assert set(exports) >= {"DANUBE_CATALOG_URI", "DANUBE_WAREHOUSE", "DANUBE_OBJECT_STORE_URL", "DANUBE_DAGSTER_STORAGE"}
+    day = dt.datetime.now(dt.UTC).date().isoformat()
+    key = f"{day}|default.stop-0"
+    outcome: list[subprocess.CompletedProcess[str]] = []
+
+    def submitted() -> bool:  # refused until the writer's first commit registers the topic
+        outcome[:] = [_danube_pipeline("backfill", "compaction_job", "--partitions", key, "--home", str(home), env=bare)]
+        return outcome[0].returncode == 0
+
+    eventually_sync(submitted, timeout_s=120, interval_s=2, what="the backfill submitted")
+    assert "backfill of compaction_job submitted" in outcome[0].stdout, outcome[0].stdout
+    assert "Partitions:\n" not in outcome[0].stdout + "\n"
+
+
 def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> None:
     instance_dir = tmp_path / "dagster_home"
     instance_dir.mkdir()
@@ -146,6 +175,7 @@ def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> No
         host, _, port = addresses.partition(":")
         both = [addresses, f"{host}:{int(port) + 1}"]
         counts = asyncio.run(_produce(both))
+        _env_and_backfill_work_as_written(home, env)
         started = _descendants(first.proc.pid)
         assert len(started) >= 5, first.output()  # etcd, 2 brokers, the writer, dg and its children
         assert first.stop(signal.SIGTERM) == 0, first.output()

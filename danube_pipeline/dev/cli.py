@@ -9,6 +9,11 @@ Commands:
            brokers one by one (each drained, and stopped once what it released is tiered), the
            writer, the first broker, then etcd.
 
+    env       the ``export`` lines that point a shell at a running ``dev`` (its etcd, brokers,
+              object store, catalog and Dagster instance): ``eval "$(danube-pipeline env)"``.
+    backfill  ``dagster job backfill`` of one job over partitions, in the environment of the
+              running ``dev``; its daemon executes the runs.
+
 Each command keeps its state in its own directory, Dagster runs included: ``demo`` in
 ``$DANUBE_HOME/demo`` (wiped at every run), ``dev`` in ``$DANUBE_HOME/dev`` (kept). Both read the
 Dagster instance configuration from ``dagster_home/dagster.yaml`` (``DAGSTER_HOME``) and put the
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -101,6 +107,41 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+ENV_FILE = "env.sh"
+"""The file in a ``dev`` state directory holding the ``export`` lines of its running stack."""
+
+
+def write_env_file(home: Path, exports: dict[str, str]) -> Path:
+    """Write ``home/env.sh``: one ``export NAME=value`` line per variable, shell-quoted, so
+    ``eval "$(danube-pipeline env)"`` or ``. .danube/dev/env.sh`` points a shell at the stack.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    path = home / ENV_FILE
+    home.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(exports.items())))
+    return path
+
+
+def read_env_file(home: Path) -> dict[str, str]:
+    """The variables :func:`write_env_file` wrote in ``home``.
+
+    Raises:
+        FileNotFoundError: ``home`` holds no ``env.sh`` (no ``dev`` ever started there); the
+            message says so.
+    """
+    path = home / ENV_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {ENV_FILE} in {home}: start `make dev` (or danube-pipeline dev --home {home}) first")
+    exports = {}
+    for line in path.read_text().splitlines():
+        name, _, quoted = line.removeprefix("export ").partition("=")
+        (value,) = shlex.split(quoted) or [""]
+        exports[name] = value
+    return exports
+
+
 class DevStack:
     """What ``make dev`` runs: etcd, N brokers, the continuous writer and the Dagster UI and
     daemon (``dg dev``), with every ``DANUBE_*`` variable pointing at ``home``.
@@ -179,12 +220,11 @@ class DevStack:
             self.etcd.start()
             for broker in self.brokers:
                 broker.start()
-            self.env = {
-                **os.environ,
-                **settings.environment(self.home, etcd_endpoints=self.etcd.endpoints, broker_addresses=self.addresses),
-            }
+            exports = settings.environment(self.home, etcd_endpoints=self.etcd.endpoints, broker_addresses=self.addresses)
             if self.dagster_home is not None:
-                self.env |= {"DAGSTER_HOME": str(self.dagster_home), DAGSTER_STORAGE_ENV: str(self.home / "dagster")}
+                exports |= {"DAGSTER_HOME": str(self.dagster_home), DAGSTER_STORAGE_ENV: str(self.home / "dagster")}
+            write_env_file(self.home, exports)
+            self.env = {**os.environ, **exports}
             if self.start_writer:
                 # before Dagster: the writer opens (creates) the instance's storage first
                 self.writer = ContinuousWriterProcess(
@@ -302,7 +342,7 @@ def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    home = Path(args.home).resolve() if args.home else settings.danube_home() / "dev"
+    home = _dev_home(args.home)
     etcd_host, _, etcd_port = settings.etcd_endpoints()[0].partition(":")
     broker_host, _, broker_port = settings.broker_addresses()[0].partition(":")
     stack = DevStack(
@@ -318,6 +358,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         writer=not args.no_writer,
         commit_interval_s=args.commit_interval_s,
     )
+    home_arg = f" --home {shlex.quote(args.home)}" if args.home else ""
     previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in STOP_SIGNALS}
     try:
         stack.start()
@@ -332,7 +373,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             print(f"writer    pid {stack.writer.pid}   commits sealed segments within ~{args.commit_interval_s:g} s; "
                   f"log {stack.writer.log_path}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
-        print(f"export DANUBE_BROKER_ADDRESSES={','.join(stack.addresses)}   (for danube-admin and clients)")
+        print(f"env       {home / ENV_FILE}: in another shell, eval \"$(.venv/bin/danube-pipeline env{home_arg})\" "
+              "points danube-admin, clients, pyiceberg and dagster at this stack")
         print("Ctrl-C (or SIGTERM, SIGHUP) stops them all.", flush=True)
         while not (gone := stack.exited()):
             time.sleep(0.5)
@@ -348,6 +390,47 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0
+
+
+def _dev_home(explicit: str | None) -> Path:
+    return Path(explicit).resolve() if explicit else settings.danube_home() / "dev"
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    try:
+        exports = read_env_file(_dev_home(args.home))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, value in sorted(exports.items()):
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def backfill_command(job: str, partitions: str) -> list[str]:
+    """``dagster job backfill`` of ``job`` (``assets.definitions``) over ``partitions`` (comma
+    separated keys, e.g. ``2026-11-20|default.flights``), with no prompt."""
+    return [sys.executable, "-m", "dagster", "job", "backfill", "-m", "assets.definitions", "-j", job,
+            "--partitions", partitions, "--noprompt"]  # fmt: skip
+
+
+def _cmd_backfill(args: argparse.Namespace) -> int:
+    try:
+        exports = read_env_file(_dev_home(args.home))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    done = subprocess.run(
+        backfill_command(args.job, args.partitions), env={**os.environ, **exports}, capture_output=True, text=True
+    )
+    # Dagster prints an empty "Partitions:" heading before its own list; keep the rest as is
+    for line in done.stdout.splitlines():
+        if line.strip() != "Partitions:":
+            print(line)
+    sys.stderr.write(done.stderr)
+    if done.returncode == 0:
+        print(f"backfill of {args.job} submitted; the daemon of `make dev` runs it (Dagster UI: Overview > Backfills)")
+    return done.returncode
 
 
 def _positive_int(text: str) -> int:
@@ -384,6 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--no-writer", action="store_true",
                      help="no continuous writer: only the sensors' tiering runs bring data to Iceberg")
     dev.set_defaults(func=_cmd_dev)
+    env = sub.add_parser("env", help="print the exports that point a shell at the running dev stack")
+    env.add_argument("--home", default=None, help="the dev state directory (default $DANUBE_HOME/dev)")
+    env.set_defaults(func=_cmd_env)
+    backfill = sub.add_parser("backfill", help="backfill a Dagster job over partitions on the running dev stack")
+    backfill.add_argument("job", help="e.g. compaction_job, retention_job, schema_rewrite_job")
+    backfill.add_argument("--partitions", required=True,
+                          help="comma-separated partition keys, e.g. '2026-11-20|default.flights,2026-11-21|default.flights'")
+    backfill.add_argument("--home", default=None, help="the dev state directory (default $DANUBE_HOME/dev)")
+    backfill.set_defaults(func=_cmd_backfill)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
