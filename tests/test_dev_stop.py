@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = Path(sys.executable).parent / "danube-pipeline"
 TOPICS = [f"/default/stop-{i}" for i in range(4)]
+_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 
 
 def _descendants(root: int) -> set[int]:
@@ -155,6 +157,48 @@ def _env_and_backfill_work_as_written(home: Path, env: dict[str, str]) -> None:
     assert "Partitions:\n" not in outcome[0].stdout + "\n"
 
 
+def _readme_blocks(title: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced block under the README's ``## title``."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(text[start : end if end > 0 else None])]
+
+
+def _quickstart_then_read_your_table_as_written(home: Path, env: dict[str, str]) -> None:
+    """The README's path: ``quickstart.py``, then "Read your table" in a shell that ran
+    ``eval "$(danube-pipeline env)"``: the pyiceberg block prints the text block after it once
+    the continuous writer committed, and the Spark SQL block shows the same rows."""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("DANUBE_", "DAGSTER_"))}
+    exports = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in _danube_pipeline("env", "--home", str(home), env=bare).stdout.splitlines()
+    )
+    shell = {**bare, **{k: v.strip("'") for k, v in exports.items()}}
+    quickstart = subprocess.run([sys.executable, str(REPO / "quickstart.py")], env=shell, capture_output=True,
+                                text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert quickstart.returncode == 0, quickstart.stderr
+    blocks = _readme_blocks("Read your table")
+    assert [lang for lang, _ in blocks] == ["sh", "python", "text", "python", "text"]
+    assert blocks[0][1].strip() == 'eval "$(.venv/bin/danube-pipeline env)"'
+    (_, pyiceberg), (_, printed), (_, spark_sql), (_, shown) = blocks[1:]
+    runs: list[subprocess.CompletedProcess[str]] = []
+
+    def table_read() -> bool:  # the rows appear once the writer commits (seconds)
+        runs[:] = [subprocess.run([sys.executable, "-c", pyiceberg], env=shell, capture_output=True, text=True,
+                                  timeout=120, cwd="/")]  # fmt: skip
+        return runs[0].returncode == 0 and runs[0].stdout == printed
+
+    try:
+        eventually_sync(table_read, timeout_s=90, interval_s=2, what="the README's pyiceberg block prints its rows")
+    except AssertionError:
+        raise AssertionError(f"the pyiceberg block printed {runs[0].stdout!r}, {runs[0].stderr[-2000:]}") from None
+    spark = subprocess.run([sys.executable, "-c", spark_sql], env=shell, capture_output=True, text=True,
+                           timeout=300, cwd="/")  # fmt: skip
+    assert spark.returncode == 0, spark.stderr[-3000:]
+    assert spark.stdout.strip() == shown.strip(), spark.stdout
+
+
 def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> None:
     instance_dir = tmp_path / "dagster_home"
     instance_dir.mkdir()
@@ -176,6 +220,7 @@ def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> No
         both = [addresses, f"{host}:{int(port) + 1}"]
         counts = asyncio.run(_produce(both))
         _env_and_backfill_work_as_written(home, env)
+        _quickstart_then_read_your_table_as_written(home, env)
         started = _descendants(first.proc.pid)
         assert len(started) >= 5, first.output()  # etcd, 2 brokers, the writer, dg and its children
         assert first.stop(signal.SIGTERM) == 0, first.output()

@@ -9,6 +9,8 @@ the producer id standing in for ``<producer id>``.
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import re
 import subprocess
@@ -40,8 +42,8 @@ def test_quickstart_runs_as_written(start_broker: Callable[..., BrokerProcess], 
     py, sh = langs.index("python"), langs.index("sh")
     (code, printed), (command, listed) = (blocks[py][1], blocks[py + 1][1]), (blocks[sh][1].strip(), blocks[sh + 1][1])
     broker = start_broker()
-    script = tmp_path / "quickstart.py"
-    script.write_text(code)
+    script = README.parent / "quickstart.py"  # shipped: the README says to run it
+    assert script.read_text() == code
     env = {**os.environ, "DANUBE_BROKER_ADDRESSES": broker.address}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -65,3 +67,29 @@ def test_quickstart_runs_as_written(start_broker: Callable[..., BrokerProcess], 
 
     assert '"status":false' in value(f"/topics/default/readings/producers/{producer_ids[0]}")
     assert value("/topics/default/readings/subscriptions/quickstart/cursor") == "2"
+
+
+@pytest.mark.unit
+def test_every_python_block_compiles_and_its_imports_exist() -> None:
+    """Each ``python`` block of the README is valid Python (top-level ``await`` allowed, as in
+    an asyncio REPL), and every name it imports from this project exists."""
+    text = README.read_text()
+    blocks = [m.group(2) for m in _BLOCK.finditer(text) if m.group(1) == "python"]
+    assert len(blocks) >= 5
+    for body in blocks:
+        tree = compile(body, "<README>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        assert isinstance(tree, ast.Module)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT:
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        importlib.import_module(f"{node.module}.{alias.name}")  # a submodule
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] in PROJECT:
+                        importlib.import_module(alias.name)
+
+
+PROJECT = ("danube_pipeline", "broker", "assets")
+"""Top-level packages of this project, whose imports the README blocks must get right."""

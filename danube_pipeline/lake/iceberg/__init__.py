@@ -32,6 +32,7 @@ from danube_pipeline.lake.iceberg.append import (
 )
 from danube_pipeline.lake.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.lake.iceberg.catalog import (
+    CatalogNotFoundError,
     OffsetStats,
     data_file_count,
     duplicate_offsets,
@@ -91,6 +92,7 @@ from danube_pipeline.lake.iceberg.schema import (
 from danube_pipeline.lake.iceberg.writer import PayloadDecodeError, WriterSchema, renamed_columns, writer_for_parsed
 
 __all__ = [
+    "CatalogNotFoundError",
     "COMMITTED_END_OFFSET_PROPERTY",
     "DEAD_LETTER_SUFFIX",
     "METADATA_COLUMNS",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 
 __all__ = [
+    "CatalogNotFoundError",
     "OffsetStats",
     "data_file_count",
     "duplicate_offsets",
@@ -66,7 +68,8 @@ def load_catalog(
     uri: str | None = None,
     warehouse: str | None = None,
 ) -> SqlCatalog:
-    """Open the shared pyiceberg ``SqlCatalog`` (creating the SQLite file's directory).
+    """Open the shared pyiceberg ``SqlCatalog`` (creating the SQLite file's directory when the
+    catalog is named, by ``uri`` or ``DANUBE_CATALOG_URI``).
 
     The catalog database is an embedded SQLite file (one host) or a PostgreSQL database
     (several hosts: brokers' tiering runs, Dagster, Spark). Either way pyiceberg creates the
@@ -87,6 +90,8 @@ def load_catalog(
         The catalog; its SQLite file (if any) is in WAL journal mode.
 
     Raises:
+        CatalogNotFoundError: neither ``uri`` nor ``DANUBE_CATALOG_URI`` names a catalog and
+            the default SQLite file does not exist (an explicit ``uri`` is created when absent).
         DatabaseUrlError: ``uri`` is neither SQLite nor PostgreSQL, or PostgreSQL's driver
             (``psycopg2``, the ``postgres`` extra) is not installed.
         sqlite3.Error: the SQLite catalog file cannot be opened.
@@ -95,6 +100,8 @@ def load_catalog(
         OSError: the catalog's or the warehouse's directory cannot be created.
     """
     name = name or settings.catalog_name()
+    if uri is None and CATALOG_URI_ENV not in os.environ:
+        _require_default_catalog(settings.catalog_uri())
     uri = uri or settings.catalog_uri()
     warehouse = warehouse or settings.warehouse_url()
     if uri.startswith("sqlite:///"):
@@ -122,6 +129,30 @@ def load_catalog(
         except (IntegrityError, ProgrammingError):
             time.sleep(0.05 * attempt)
     return SqlCatalog(name, uri=uri, warehouse=warehouse)
+
+
+CATALOG_URI_ENV = "DANUBE_CATALOG_URI"
+"""The variable naming the catalog database (``settings.catalog_uri``)."""
+
+
+class CatalogNotFoundError(FileNotFoundError):
+    """``load_catalog()`` was called with no catalog named (no ``uri``, no ``DANUBE_CATALOG_URI``)
+    and the default SQLite file does not exist: most likely the environment of the running
+    stack is missing, and opening would create an empty catalog."""
+
+
+def _require_default_catalog(uri: str) -> None:
+    """Raise :class:`CatalogNotFoundError` unless the default catalog ``uri``'s SQLite file exists."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db_path = Path(uri[len("sqlite:///") :].split("?", 1)[0])
+    if not db_path.is_file():
+        raise CatalogNotFoundError(
+            f"no Iceberg catalog at {db_path} (the default, as neither uri nor {CATALOG_URI_ENV} is set); "
+            "not creating an empty one. Point at your stack first: "
+            'eval "$(.venv/bin/danube-pipeline env)" for make dev, or set DANUBE_HOME or '
+            f"{CATALOG_URI_ENV} and DANUBE_WAREHOUSE"
+        )
 
 
 _CATALOG_CREATE_ATTEMPTS = 5
