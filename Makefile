@@ -12,15 +12,16 @@ BROKERS ?= 1
 
 .PHONY: setup demo test test-fast dev bench bench-peers proto typecheck clean
 
-# One stamp per extra: `make demo` installs `.[demo]`, `make test` installs `.[dev]`.
+# One stamp per extra: `make demo` installs `.[demo]`, `make test` installs `.[dev]`. The filter
+# hides setuptools' notice that an editable install imports from this checkout (it is meant to).
 $(BIN)/python:
 	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml constraints.txt scripts/install-system-deps.sh danube_pipeline/lake/_framing.c | $(BIN)/python
+$(VENV)/.installed-%: pyproject.toml setup.py constraints.txt scripts/install-system-deps.sh danube_pipeline/lake/_framing.c | $(BIN)/python
 	bash scripts/install-system-deps.sh
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
+	PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@
 
 setup: $(VENV)/.installed-dev
