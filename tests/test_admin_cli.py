@@ -148,7 +148,8 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
         d = await client.admin.describe_topic(events.path)
         (sub,) = d.subscriptions
         assert described == {
-            "topic": events.path, "owner": me, "delivery": "NonReliable",
+            "topic": events.path, "owner": me, "delivery": "NonReliable", "table": "danube.ops.events",
+            "schema_subject": None, "producers": [], "tiering_lag_offsets": None,
             "next_offset": 3, "first_local_offset": d.first_local_offset, "wal_bytes": d.wal_bytes,
             "sealed_segments": d.sealed_segments, "remote_first_offset": None, "remote_end_offset": None,
             "earliest_offset": d.earliest_offset, "cache_bytes": d.cache_bytes,
@@ -161,6 +162,11 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
                 "skipped_unavailable": 0, "dispatch_throttled_ms": 0,
             }],
         }  # fmt: skip
+        async with client.producer("/default/other", producer_name="live") as live:
+            await live.send(b"x")
+            other = (await run("topics", "describe", "/default/other")).ok()
+        assert other["producers"] == [{"producer_id": live.producer_id, "producer_name": "live"}]
+        assert other["table"] == "danube.default.other" and other["tiering_lag_offsets"] == 1
         owner_kv = await meta.get(keys.topic_assignment(broker.broker_id, events))
         assert owner_kv is not None and d.owner_epoch == owner_kv.create_revision
         # NonReliable: the messages are in memory only, nothing in a WAL

@@ -15,14 +15,19 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     (§3.1) with its assignment (§1.4) and delivery mode (§3.2), merged with what the brokers
     report for the topics they have loaded (``Admin.ListTopics``; nulls when none has it loaded).
 ``topics describe /NS/TOPIC``
-    ``{"topic": str, "owner": owner, "delivery": str, "next_offset": int,
+    ``{"topic": str, "owner": owner, "delivery": str, "table": str, "schema_subject": str | null,
+    "producers": [{"producer_id": int, "producer_name": str}], "tiering_lag_offsets": int | null,
+    "next_offset": int,
     "first_local_offset": int, "wal_bytes": int, "sealed_segments": int, "remote_first_offset":
     int | null, "remote_end_offset": int | null, "earliest_offset": int, "cache_bytes": int,
     "subscriptions": [{"name": str, "type": str, "cursor": int | null, "read_position": int,
     "consumers": int, "records_from_object_storage": int, "skipped_below_retention": int}]}``:
-    the owner from a lookup, the rest from ``Admin.DescribeTopic`` (WAL, object storage §5.1,
-    loaded subscriptions). A partitioned topic (§3.1) has no owner or WAL of its own:
-    ``{"topic": str, "partitions": int, "delivery": str, "partition_topics": [{"topic": str,
+    the owner from a lookup; ``table`` the Iceberg table the topic is committed to (a
+    partition's is its topic's); the schema subject (§3.7) and the open producers (§3.3) from
+    etcd; ``tiering_lag_offsets`` the offsets handed out that object storage does not hold yet
+    (``null`` for a NonReliable topic, never tiered); the rest from ``Admin.DescribeTopic`` (WAL,
+    object storage §5.1, loaded subscriptions). A partitioned topic (§3.1) has no owner or WAL of its own:
+    ``{"topic": str, "partitions": int, "delivery": str, "table": str, "partition_topics": [{"topic": str,
     "owner": owner, "next_offset": int}]}``, each partition described by its owner.
 ``topics unload /NS/TOPIC``
     ``{"topic": str, "previous_owner": owner, "next_offset": int, "owner": owner}``: the owner
@@ -44,6 +49,8 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from danube_pipeline.admin.arguments import parse_namespace, parse_topic
@@ -51,9 +58,11 @@ from danube_pipeline.admin.config import AdminError, Config, danube_client, meta
 from danube_pipeline.admin.output import Json, emit, field_lines, owner_json, owner_text, table
 from danube_pipeline.client import DanubeClient, DeliveryMode
 from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, TableLayout
+from danube_pipeline import settings
+from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, ProducerMetadata, TableLayout, TopicSchema
 from danube_pipeline.names import TopicName
-from danube_pipeline.partitions import MAX_PARTITIONS, partition_names
+from danube_pipeline.partitions import MAX_PARTITIONS, partition_names, partition_of
 
 
 @click.group(short_help="Create, list, describe, unload and delete topics.")
@@ -188,8 +197,40 @@ async def _describe_partitioned(cfg: Config, client: DanubeClient, topic: TopicN
         "topic": topic.path,
         "partitions": partitions,
         "delivery": DeliveryMode.from_stored(delivery.value if delivery else None).value,
+        "table": table_name(topic),
         "partition_topics": rows,
     }
+
+
+def table_name(topic: TopicName) -> str:
+    """The Iceberg table of ``topic`` (a plain or partitioned topic, not a partition):
+    ``{catalog}.{ns}.{topic}``, the catalog named by ``DANUBE_CATALOG_NAME``."""
+    return f"{settings.catalog_name()}.{topic.namespace}.{topic.topic}"
+
+
+async def _schema_and_producers(store: MetadataStore, topic: TopicName) -> tuple[str | None, list[Json]]:
+    """The topic's schema subject (§3.7; ``None`` while it has none) and its open producers
+    (§3.3, ``status: true``), from etcd."""
+    schema = await store.get(keys.topic_schema(topic))
+    subject = None
+    if schema is not None:
+        with contextlib.suppress(ValueError):
+            subject = TopicSchema.from_json(schema.value).subject or None
+    kvs, _ = await store.get_prefix(keys.topic_producers_prefix(topic))
+    producers = []
+    for kv in kvs:
+        with contextlib.suppress(ValueError):
+            producer = ProducerMetadata.from_json(kv.value)
+            if producer.status:
+                producers.append({"producer_id": producer.producer_id, "producer_name": producer.producer_name})
+    return subject, sorted(producers, key=lambda p: (p["producer_name"], p["producer_id"]))
+
+
+def tiering_lag_offsets(next_offset: int, first_local_offset: int, remote_end_offset: int | None) -> int:
+    """Offsets handed out that object storage does not hold yet: from past the last tiered
+    offset (or the WAL's first offset when nothing is tiered) to ``next_offset - 1``."""
+    tiered_to = first_local_offset if remote_end_offset is None else remote_end_offset + 1
+    return max(0, next_offset - tiered_to)
 
 
 async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
@@ -201,10 +242,19 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         description = await client.admin.describe_topic(topic.path)
     async with metadata_store(cfg) as store:
         delivery = await store.get(keys.topic_delivery(topic))
+        subject, producers = await _schema_and_producers(store, topic)
+        parent = await partition_of(store, topic)  # a partition's rows are in its topic's table
+    mode = DeliveryMode.from_stored(delivery.value if delivery else None)
     return {
         "topic": topic.path,
         "owner": owner_json(owner),
-        "delivery": DeliveryMode.from_stored(delivery.value if delivery else None).value,
+        "delivery": mode.value,
+        "table": table_name(parent.parent if parent is not None else topic),
+        "schema_subject": subject,
+        "producers": producers,
+        "tiering_lag_offsets": None  # kept in memory only, never tiered (§3.2)
+        if mode is DeliveryMode.NON_RELIABLE
+        else tiering_lag_offsets(description.next_offset, description.first_local_offset, description.remote_end_offset),
         "next_offset": description.next_offset,
         "first_local_offset": description.first_local_offset,
         "wal_bytes": description.wal_bytes,
@@ -249,7 +299,9 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
 
 def _describe_text(d: Json) -> str:
     if "partitions" in d:
-        head = field_lines([("topic", d["topic"]), ("partitions", d["partitions"]), ("delivery", d["delivery"])])
+        head = field_lines(
+            [("topic", d["topic"]), ("partitions", d["partitions"]), ("delivery", d["delivery"]), ("table", d["table"])]
+        )
         rows = table(
             ["PARTITION", "OWNER", "NEXT_OFFSET"],
             [[p["topic"], owner_text(p["owner"]), p["next_offset"]] for p in d["partition_topics"]],
@@ -260,7 +312,10 @@ def _describe_text(d: Json) -> str:
             ("topic", d["topic"]),
             ("owner", owner_text(d["owner"])),
             ("delivery", d["delivery"]),
+            ("Iceberg table", d["table"]),
+            ("schema subject", d["schema_subject"] or "(none: raw payloads)"),
             ("next offset", d["next_offset"]),
+            ("not yet tiered", "-" if d["tiering_lag_offsets"] is None else f"{d['tiering_lag_offsets']} offsets"),
             ("first local offset", d["first_local_offset"]),
             ("WAL bytes", d["wal_bytes"]),
             ("sealed segments", d["sealed_segments"]),
@@ -292,7 +347,10 @@ def _describe_text(d: Json) -> str:
             for s in d["subscriptions"]
         ],
     )
-    return f"{summary}{unavailable}\n\nloaded subscriptions:\n{subs}"
+    producers = table(
+        ["PRODUCER", "PRODUCER_ID"], [[p["producer_name"], p["producer_id"]] for p in d["producers"]]
+    )
+    return f"{summary}{unavailable}\n\nopen producers:\n{producers}\n\nloaded subscriptions:\n{subs}"
 
 
 @topics.command("describe")
