@@ -103,7 +103,7 @@ def segment_objects(
 ) -> MaterializeResult[Any]:
     """Upload every sealed segment without a completed descriptor, in offset order."""
     topic = _topic(context)
-    objects = object_store.store()
+    objects = object_store.checked_store(etcd)
 
     async def run() -> TieringReport:
         async with await etcd.connect() as store, broker.client() as client:
@@ -136,7 +136,7 @@ def iceberg_table(
 ) -> MaterializeResult[Any]:
     """Append every completed segment object not yet committed to the topic's table."""
     topic = _topic(context)
-    objects = object_store.store()
+    objects = object_store.checked_store(etcd)
     catalog = iceberg_catalog.load()
 
     async def run() -> TableReport:
@@ -274,7 +274,7 @@ def retention(
     or expire. The descriptor, object and WAL steps are the topic's (idempotent: a run for
     another day finds them done)."""
     topic, day = _topic_and_day(context)
-    objects = object_store.store()
+    objects = object_store.checked_store(etcd)
     catalog = iceberg_catalog.load()
 
     with ExitStack() as stack:

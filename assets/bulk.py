@@ -107,7 +107,7 @@ def bulk_table(
 ) -> MaterializeResult[Any]:
     """Load every segment object of the partition's topic not yet in the target table."""
     topic = TopicName.from_partition_key(context.partition_key)
-    objects = object_store.store()
+    objects = object_store.checked_store(etcd)
     catalog = iceberg_catalog.load()
 
     with spark.session() as session:

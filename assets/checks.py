@@ -58,6 +58,7 @@ from assets.partitions import topics_partitions
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.freshness import DEFAULT_FRESHNESS_LIMIT_S, Freshness, table_freshness
+from danube_pipeline.lake.tiering.incarnation import holds_incarnation, topic_incarnation
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
@@ -107,17 +108,25 @@ def _completed(etcd: EtcdResource, topic: TopicName) -> list[ObjectDescriptor]:
 
 def _table(etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource, topic: TopicName) -> tuple[Table | None, int | None]:
     """The topic's table and, for a partition of a partitioned topic, the partition's index
-    (its rows are in the partitioned topic's table)."""
+    (its rows are in the partitioned topic's table). A table of an earlier incarnation of the
+    topic (not retired yet by tiering) counts as no table (``lake/tiering/incarnation.py``)."""
 
-    async def run() -> tuple[TopicName, int | None]:
+    async def run() -> tuple[TopicName, int | None, int | None, list[ObjectDescriptor]]:
         async with await etcd.connect() as store:
             part = await partition_of(store, topic)
-        return (part.parent, part.index) if part is not None else (topic, None)
+            table_topic = part.parent if part is not None else topic
+            incarnation = await topic_incarnation(store, table_topic)
+            descriptors, _ = await read_descriptors(store, topic)
+        return table_topic, (part.index if part is not None else None), incarnation, descriptors
 
-    table_topic, partition = asyncio.run(run())
+    table_topic, partition, incarnation, descriptors = asyncio.run(run())
     catalog = iceberg_catalog.load()
     ident = iceberg.table_identifier(table_topic)
-    return (catalog.load_table(ident) if catalog.table_exists(ident) else None), partition
+    table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+    committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
+    if table is not None and not holds_incarnation(table, incarnation, committed, descriptors):
+        return None, partition
+    return table, partition
 
 
 # --------------------------------------------------------------------------- segment_objects
@@ -156,7 +165,7 @@ def objects_exist_with_recorded_size(
     """Every completed descriptor's object exists in the object store with the recorded size."""
     topic = _topic(context)
     done = _completed(etcd, topic)
-    mismatches = object_mismatches(topic, done, object_store.store())
+    mismatches = object_mismatches(topic, done, object_store.checked_store(etcd))
     missing = [m for m in mismatches if m.stored_size_bytes is None]
     resized = [m for m in mismatches if m.stored_size_bytes is not None]
     return AssetCheckResult(

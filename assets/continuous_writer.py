@@ -57,6 +57,7 @@ from assets.resources import IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline import settings
 from danube_pipeline.errors import DanubeError, TopicNotFoundError
 from danube_pipeline.names import TopicName
+from danube_pipeline.storage.identity import check_store_identity
 from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.schemas.registry import SchemaRegistry
 from danube_pipeline.lake.tiering import (
@@ -395,8 +396,10 @@ class ContinuousWriter:
         sealed_end, sealed_now = await self._seal_if_due(topic, state)
         now = self.clock()
         full_pass_due = state.last_full_pass is None or now - state.last_full_pass >= self.config.full_pass_interval_s
+        # A sealed end below the committed one: the topic was deleted and created again (its
+        # table is retired by the pass, lake.tiering.incarnation).
         behind = sealed_end is not None and (
-            state.committed_end_offset is None or sealed_end > state.committed_end_offset
+            state.committed_end_offset is None or sealed_end != state.committed_end_offset
         )
         if not (behind or full_pass_due):
             state.failures = 0
@@ -482,6 +485,7 @@ async def _serve(args: argparse.Namespace, config: WriterConfig) -> None:
     try:
         async with await MetadataStore.connect(settings.etcd_endpoints()) as store, \
                 DanubeClient(settings.broker_addresses()) as client:
+            await check_store_identity(store, objects, who="continuous writer")
             writer = ContinuousWriter(
                 store=store, admin=client.admin, objects=objects, catalog=catalog, config=config, reporter=reporter
             )

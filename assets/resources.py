@@ -11,9 +11,11 @@ The assets never import ``broker/``: they reach the broker only through its gRPC
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster import ConfigurableResource
 from pydantic import Field
@@ -21,6 +23,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from danube_pipeline import settings
 from danube_pipeline.lake.iceberg import load_catalog
+from danube_pipeline.storage.identity import check_store_identity
 from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.lake.spark.session import build_spark_session, spark_conf
 
@@ -31,8 +34,25 @@ if TYPE_CHECKING:
     from danube_pipeline.metadata.store import MetadataStore
 
 
+_T = TypeVar("_T")
+
+ASSETS_STORE_CHECKER = "assets"
+"""How the assets name themselves in an object store identity check's error and log."""
+
+
 def _split(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _run_to_end(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coroutine`` to its end: here when no event loop runs in this thread, else on a
+    loop of its own in another thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 class EtcdResource(ConfigurableResource[Any]):
@@ -139,6 +159,31 @@ class ObjectStoreResource(ConfigurableResource[Any]):
         """
         url = self.root_url or settings.object_store_url()
         return ObjectStore(url, storage_options=self.storage_options() if url.startswith("s3") else None)
+
+    def checked_store(self, etcd: EtcdResource) -> ObjectStore:
+        """Open the object store after checking that it is the one the brokers use (its
+        identity marker equals the id recorded in etcd; the first process to check creates
+        both: :mod:`danube_pipeline.storage.identity`).
+
+        Args:
+            etcd: the run's etcd resource.
+
+        Returns:
+            The :class:`ObjectStore` of :meth:`store`.
+
+        Raises:
+            ObjectStoreMismatchError: the store is not the cluster's; the run must not go on.
+            MetadataStoreError: etcd failed.
+            OSError: the store cannot be read or written.
+        """
+        objects = self.store()
+
+        async def check() -> None:
+            async with await etcd.connect() as store:
+                await check_store_identity(store, objects, who=ASSETS_STORE_CHECKER)
+
+        _run_to_end(check())
+        return objects
 
 
 class IcebergCatalogResource(ConfigurableResource[Any]):

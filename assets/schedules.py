@@ -107,7 +107,7 @@ def retention_schedule(
     (:func:`danube_pipeline.lake.retention.days_with_expired_rows`)."""
     today = _today(context)
     catalog = iceberg_catalog.load()
-    objects = object_store.store()
+    objects = object_store.checked_store(etcd)
     keys = context.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME)
 
     async def run() -> list[tuple[str, list[dt.date], bool]]:

@@ -241,9 +241,11 @@ class Broker:
         """See :meth:`TopicLoader.topic_for`."""
         return await self.loader.topic_for(name, create=create, delivery=delivery)
 
-    async def create_topic(self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
+    async def create_topic(
+        self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE, request_id: str = ""
+    ) -> bool:
         """See :meth:`TopicLoader.create_topic`."""
-        return await self.loader.create_topic(name, delivery=delivery)
+        return await self.loader.create_topic(name, delivery=delivery, request_id=request_id)
 
     async def release_topic(self, name: TopicName, *, reason: str = "unload") -> int:
         """See :meth:`TopicReleaser.release_topic`."""

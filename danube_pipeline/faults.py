@@ -15,12 +15,31 @@ The points (:data:`POINTS`):
     publish is durable and before the message is acknowledged on its topic: the crash window
     of :mod:`broker.dispatch.dead_letter_topic`.
 
+``retention.after_expire_commit`` (:data:`RETENTION_AFTER_EXPIRE_COMMIT`)
+    In a retention run (:mod:`danube_pipeline.lake.retention.steps`), right after the snapshot
+    expiry is committed and before the files only the expired snapshots referenced are
+    deleted: the crash window of :mod:`danube_pipeline.lake.retention.expiry`.
+
+``topic.after_create`` (:data:`TOPIC_AFTER_CREATE`)
+    In the broker's topic creation (:meth:`broker.topics.lifecycle.TopicLoader.create_topic`),
+    right after etcd applied the creating transaction and before anything is answered: a
+    creation whose answer is lost.
+
+``wal.before_fdatasync`` (:data:`WAL_BEFORE_FDATASYNC`)
+    In a WAL group commit (:mod:`broker.storage.wal.group_commit`), in the thread that writes
+    and syncs, right before the write and its ``fdatasync``: armed with ``delay:<seconds>``,
+    a slow disk.
+
 The actions (:data:`ACTIONS`):
 
 ``sigkill`` (:data:`SIGKILL`)
     Log an ERROR line (``fault injection <point>: killing the process <when>``) and send
     SIGKILL to the process itself: it dies at once, as a crashed or killed process does, with
     nothing flushed or closed.
+
+``delay:<seconds>`` (:data:`DELAY`)
+    Log a WARNING line and block the calling thread for that many seconds (``time.sleep``),
+    e.g. ``wal.before_fdatasync=delay:3``.
 
 An unknown point or action in :data:`FAULT_POINTS_ENV` raises :class:`ValueError` at the first
 :func:`point` call, so a test's typo does not pass silently.
@@ -31,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -41,16 +61,41 @@ FAULT_POINTS_ENV = "DANUBE_FAULT_POINTS"
 DEAD_LETTER_AFTER_PUBLISH = "dead_letter.after_publish"
 """After a dead-letter publish is durable, before the message is acknowledged on its topic."""
 
+TOPIC_AFTER_CREATE = "topic.after_create"
+"""After a topic creation's etcd transaction is applied, before the creation is answered."""
+
+RETENTION_AFTER_EXPIRE_COMMIT = "retention.after_expire_commit"
+"""After retention's snapshot expiry is committed, before the expired files are deleted."""
+
+WAL_BEFORE_FDATASYNC = "wal.before_fdatasync"
+"""In a WAL group commit's sync thread, before the write and its ``fdatasync``."""
+
 POINTS: Mapping[str, str] = {
     DEAD_LETTER_AFTER_PUBLISH: "after a dead-letter publish",
+    RETENTION_AFTER_EXPIRE_COMMIT: "after a snapshot expiry commit, before its files are deleted",
+    TOPIC_AFTER_CREATE: "after a topic creation's etcd write",
+    WAL_BEFORE_FDATASYNC: "before a WAL group commit's write and fdatasync",
 }
 """Every fault point, with when it fires (for the log line)."""
 
 SIGKILL = "sigkill"
 """Action: log an ERROR line, then SIGKILL the process itself."""
 
-ACTIONS = (SIGKILL,)
-"""Every action a point can be armed with."""
+DELAY = "delay"
+"""Action ``delay:<seconds>``: log a WARNING line, then block the calling thread that long."""
+
+ACTIONS = (SIGKILL, DELAY)
+"""Every action a point can be armed with (``delay`` takes ``:<seconds>``)."""
+
+
+def _valid_action(action: str) -> bool:
+    kind, sep, arg = action.partition(":")
+    if kind == DELAY and sep:
+        try:
+            return float(arg) >= 0
+        except ValueError:
+            return False
+    return not sep and action == SIGKILL
 
 _armed: dict[str, str] | None = None
 """Armed points and their actions; ``None`` until the environment is read."""
@@ -76,7 +121,7 @@ def parse(value: str) -> dict[str, str]:
             continue
         name, sep, action = pair.partition("=")
         name, action = name.strip(), action.strip()
-        if not sep or name not in POINTS or action not in ACTIONS:
+        if not sep or name not in POINTS or not _valid_action(action):
             raise ValueError(
                 f"{FAULT_POINTS_ENV}: {pair!r} is not name=action with a name in {sorted(POINTS)} "
                 f"and an action in {list(ACTIONS)}"
@@ -116,7 +161,7 @@ def arm(name: str, action: str = SIGKILL) -> None:
     Raises:
         ValueError: an unknown point or action.
     """
-    if name not in POINTS or action not in ACTIONS:
+    if name not in POINTS or not _valid_action(action):
         raise ValueError(f"unknown fault point {name!r} or action {action!r}")
     _armed_points()[name] = action
 
@@ -141,14 +186,22 @@ def point(name: str) -> None:
     if action == SIGKILL:
         log.error("fault injection %s: killing the process %s", name, POINTS[name])
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action.startswith(f"{DELAY}:"):
+        delay_s = float(action.partition(":")[2])
+        log.warning("fault injection %s: blocking this thread for %.3f s %s", name, delay_s, POINTS[name])
+        time.sleep(delay_s)
 
 
 __all__ = [
     "ACTIONS",
     "DEAD_LETTER_AFTER_PUBLISH",
+    "DELAY",
     "FAULT_POINTS_ENV",
     "POINTS",
+    "RETENTION_AFTER_EXPIRE_COMMIT",
     "SIGKILL",
+    "TOPIC_AFTER_CREATE",
+    "WAL_BEFORE_FDATASYNC",
     "arm",
     "disarm",
     "environment",

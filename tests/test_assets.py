@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -215,8 +216,11 @@ def cluster(
 ) -> Cluster:
     """A broker with small segments, and every ``DANUBE_*`` variable pointing at it and at a
     fresh object store and catalog under ``tmp_path``."""
-    broker = start_broker(segment_max_bytes=64 * 1024, segment_max_age_s=600.0)
     home = tmp_path / "danube"
+    # the broker on the assets' object store (both check its identity: storage/identity.py)
+    broker = start_broker(
+        segment_max_bytes=64 * 1024, segment_max_age_s=600.0, extra_args=["--object-store-url", (home / "objects").as_uri()]
+    )
     env = {
         "DANUBE_HOME": str(home),
         "DANUBE_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
@@ -402,7 +406,8 @@ def test_failed_step_is_retried_within_the_run(
     cluster: Cluster, instance: DagsterInstance, tmp_path: Path
 ) -> None:
     """The object store's root lies under a regular file, so the first attempt of
-    ``segment_objects`` fails for real; once the file is gone, Dagster's retry succeeds."""
+    ``segment_objects`` fails for real; once the file is replaced (atomically) by a link to the
+    cluster's store directory, Dagster's retry succeeds."""
     assert asyncio.run(_produce(cluster.broker.address, skip_records=0, send_records=1000)) == 999
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
@@ -427,7 +432,10 @@ def test_failed_step_is_retried_within_the_run(
         assert "NotADirectoryError" in retry_data.error.to_string()
         assert retry_data.seconds_to_wait == TIERING_RETRY_POLICY.calculate_delay(1)
         assert not any(d.completed for d in asyncio.run(_read_descriptors(cluster.etcd_endpoints))[0])
-        blocker.unlink()  # the store becomes writable before the retry starts
+        # the store becomes the cluster's (its identity marker included) before the retry starts
+        link = tmp_path / "link-to-the-store"
+        link.symlink_to(Path(cluster.object_store_url.removeprefix("file://")).parent, target_is_directory=True)
+        os.replace(link, blocker)
         result = running.result(timeout=120)
 
     assert result.success  # after one retry, or more if a retry started before the unlink

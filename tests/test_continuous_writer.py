@@ -168,8 +168,9 @@ def test_writer_and_sensor_path_together_commit_each_offset_once(
     """The writer process seals every 0.3 s while the test runs the tiering assets' two steps
     (what a ``tiering_job`` run does) in a loop on the same topic: whoever loses a descriptor
     or an Iceberg commit skips what the other did, so the table holds offsets 0..N-1 once."""
-    broker = start_broker(segment_max_age_s=600.0)
     home = tmp_path / "danube"
+    # the broker on the writer's and the assets' object store (all check its identity)
+    broker = start_broker(segment_max_age_s=600.0, extra_args=["--object-store-url", (home / "objects").as_uri()])
     env = {**os.environ, **settings.environment(home, etcd_endpoints=etcd_endpoints, broker_addresses=[broker.address])}
     writer = ContinuousWriterProcess(state_dir=tmp_path / "writer", env=env, commit_interval_s=0.3,
                                      poll_interval_s=0.1, dagster=False,

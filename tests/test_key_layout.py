@@ -45,7 +45,9 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/state",  # §5.3
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/reservation",  # §5.4
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producer_sequences",  # §5.6
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producer_ids/[A-Za-z0-9_-]+",  # §5.6.1
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/unavailable/\d{20}",  # §5.5
+    r"/danube-data/storage/store_id",  # §5.7
 ]
 
 N = 50
@@ -116,7 +118,8 @@ async def test_keys_and_values_match_the_documented_layout(
         "retention_time_minutes": 0,
     }
     assert list(kv["/namespaces/default/policy"]) == sorted(kv["/namespaces/default/policy"])
-    assert kv["/namespaces/default/topics/default/flights"] is None
+    registry = kv["/namespaces/default/topics/default/flights"]  # created by CreateTopic: its request id
+    assert list(registry) == ["request_id"] and re.fullmatch(r"[0-9a-f]{32}", registry["request_id"]), registry
     # §3.1-§3.5
     assert kv["/topics/default/flights"] == 0
     assert kv["/topics/default/flights/delivery"] == "Reliable"

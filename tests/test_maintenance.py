@@ -327,7 +327,8 @@ def test_freshness_sensor_runs_the_check_when_a_table_turns_stale_or_fresh(
     from danube_pipeline.client import DanubeClient
     from danube_pipeline.lake.tiering import tier_sealed_segments
 
-    broker = start_broker(segment_max_age_s=600.0)
+    # the broker on the assets' object store (both check its identity: storage/identity.py)
+    broker = start_broker(segment_max_age_s=600.0, extra_args=["--object-store-url", env.inner.objects.root_url])
     asyncio.run(_produce(broker.address, env.topic.path, 5, seal=True))
     monkeypatch.setenv("DANUBE_FRESHNESS_LIMIT_S", "0.5")
     time.sleep(1.0)  # time passes: the sealed records become older than the 0.5 s limit

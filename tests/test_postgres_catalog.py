@@ -346,10 +346,13 @@ def test_tiering_assets_on_postgres_catalog_and_storage(
     from danube_pipeline.names import TopicName
 
     topic = TopicName.parse(flights.FLIGHTS_TOPIC)
-    broker = start_broker(segment_max_bytes=64 * 1024, segment_max_age_s=600.0)
+    home = tmp_path / "danube"
+    # the broker on the assets' object store (both check its identity: storage/identity.py)
+    broker = start_broker(
+        segment_max_bytes=64 * 1024, segment_max_age_s=600.0, extra_args=["--object-store-url", (home / "objects").as_uri()]
+    )
     catalog_url = postgres.url(postgres.create_database())
     storage_url = postgres.url(postgres.create_database(), driver="postgresql")
-    home = tmp_path / "danube"
     for key, value in {
         "DANUBE_HOME": str(home),
         "DANUBE_ETCD_ENDPOINTS": ",".join(etcd_endpoints),

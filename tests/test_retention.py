@@ -316,11 +316,13 @@ def test_time_retention_deletes_expired_rows_descriptors_and_objects(
     Tiering afterwards adds nothing, and a second run does nothing."""
     env = retention_spark
     # no periodic local retention pass: only the retention run's WAL step trims the WAL
+    objects = ObjectStore((tmp_path / "objects").as_uri())
     broker = start_broker(
-        segment_max_bytes=64 * 1024, segment_max_age_s=600.0, extra_args=["--local-retention-check-s", "3600"]
+        segment_max_bytes=64 * 1024,
+        segment_max_age_s=600.0,
+        extra_args=["--local-retention-check-s", "3600", "--object-store-url", objects.root_url],
     )
     topic = TopicName("default", "time_retention")
-    objects = ObjectStore((tmp_path / "objects").as_uri())
 
     first = asyncio.run(_produce(broker.address, topic.path, 40))
     asyncio.run(_produce(broker.address, topic.path, 20, seal=False))
@@ -429,11 +431,13 @@ def test_size_retention_through_the_asset(
     add up to at most 1 MiB and deletes the older ones with their rows; its materialization
     reports the figures."""
     env = retention_spark
+    objects = ObjectStore((tmp_path / "objects").as_uri())
     broker = start_broker(
-        segment_max_bytes=200 * 1024, segment_max_age_s=600.0, extra_args=["--local-retention-check-s", "3600"]
+        segment_max_bytes=200 * 1024,
+        segment_max_age_s=600.0,
+        extra_args=["--local-retention-check-s", "3600", "--object-store-url", objects.root_url],
     )
     topic = TopicName("sized", "blobs")
-    objects = ObjectStore((tmp_path / "objects").as_uri())
     asyncio.run(_produce(broker.address, topic.path, 16, size=100 * 1024))
     asyncio.run(_tier(broker.address, etcd_endpoints, topic, objects, env.catalog))
     before = completed_descriptors(asyncio.run(_descriptors(etcd_endpoints, topic)))

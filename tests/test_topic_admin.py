@@ -22,9 +22,12 @@ from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionTy
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
+from danube_pipeline import faults
 from danube_pipeline.errors import (
+    BrokerUnavailableError,
     InvalidNameError,
     MalformedRequestError,
+    NotServedHereError,
     OffsetOutOfRangeError,
     ProducerNotFoundError,
     SubscriptionNotFoundError,
@@ -426,3 +429,60 @@ async def test_deleting_a_partitioned_topic_deletes_every_partition_through_its_
             assert not any((broker.data_dir / "wal" / "default").glob("parts*"))
         with pytest.raises(TopicNotFoundError):
             await client.admin.delete_topic(name.path)
+
+
+async def test_a_retried_create_topic_whose_answer_was_lost_answers_created(
+    etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
+) -> None:
+    """A ``CreateTopic`` applied in etcd whose answer never came back (the broker died right
+    after the write: fault point ``topic.after_create``), retried with the same request id on
+    another broker, answers ``created = true``; another request id still answers ``false``."""
+    survivor = start_broker()
+    async with await MetadataStore.connect(etcd_endpoints) as meta:
+
+        async def survivor_leads() -> bool:
+            leader = await meta.get(keys.CLUSTER_LEADER)
+            return leader is not None and leader.value == survivor.broker_id
+
+        await eventually(survivor_leads, timeout_s=15, what="the first broker is the leader")
+        doomed = start_broker(env=faults.environment({faults.TOPIC_AFTER_CREATE: faults.SIGKILL}))
+        name = TopicName("default", f"lost-answer-{uuid.uuid4().hex[:8]}")
+        request = pb.CreateTopicRequest(topic=name.path, request_id=uuid.uuid4().hex)
+        pool = ConnectionPool()
+        try:
+            with pytest.raises(BrokerUnavailableError):  # killed after the write, before answering
+                await raw(pool.stubs(doomed.address), lambda s: s.admin.CreateTopic(request, timeout=10))
+            assert (await meta.get(keys.topic_root(name))) is not None  # the first attempt was applied
+            retried = await raw(pool.stubs(survivor.address), lambda s: s.admin.CreateTopic(request, timeout=15))
+            assert retried.created
+            other = pb.CreateTopicRequest(topic=name.path, request_id=uuid.uuid4().hex)
+            try:
+                answer = await raw(pool.stubs(survivor.address), lambda s: s.admin.CreateTopic(other, timeout=15))
+                assert not answer.created
+            except NotServedHereError:  # it exists, assigned to the dead broker: not created either
+                pass
+        finally:
+            await pool.close()
+
+
+async def test_create_topic_retried_on_another_broker_answers_created_plain_and_partitioned(
+    start_broker: Callable[..., BrokerProcess]
+) -> None:
+    """The same ``CreateTopic`` (same request id) answered by one broker, then sent again to
+    another (the client's retry after a lost answer goes to the next broker): ``created`` both
+    times, for a plain and for a partitioned topic; a new request id answers ``false``."""
+    first, second = start_broker(), start_broker()
+    pool = ConnectionPool()
+    try:
+        for topic, partitions in (("/default/retried-plain", 0), ("/default/retried-parts", 2)):
+            request = pb.CreateTopicRequest(topic=topic, request_id=uuid.uuid4().hex, partitions=partitions)
+            assert (await raw(pool.stubs(first.address), lambda s: s.admin.CreateTopic(request, timeout=15))).created
+            assert (await raw(pool.stubs(second.address), lambda s: s.admin.CreateTopic(request, timeout=15))).created
+            other = pb.CreateTopicRequest(topic=topic, request_id=uuid.uuid4().hex, partitions=partitions)
+            try:
+                answer = await raw(pool.stubs(second.address), lambda s: s.admin.CreateTopic(other, timeout=15))
+                assert not answer.created
+            except NotServedHereError:  # the plain topic is the first broker's: not created either
+                pass
+    finally:
+        await pool.close()

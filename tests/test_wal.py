@@ -803,29 +803,44 @@ async def test_repair_without_flag_only_reports(tmp_path: Path) -> None:
 
 
 async def test_repair_truncate_keeps_the_evidence_and_the_wal_resumes(tmp_path: Path) -> None:
-    """The operator accepts the loss: the segment is kept aside as ``.quarantined``, the good
-    prefix replaces it, the marker goes, and the WAL opens and appends at last good + 1."""
+    """The operator accepts the loss: the dropped offsets are recorded as abandoned, the
+    segment is kept aside as ``.quarantined``, the good prefix replaces it, the marker goes,
+    and the WAL opens and appends past the abandoned offsets (never reusing one), at every
+    later open too; reads step over the gap."""
     path = await ten_batches(tmp_path)
     damaged, pos = damage(path, 4, "record_byte")
     wal = await open_wal(tmp_path)
     await wal.close()
     done = repair(tmp_path, "--truncate")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "6 offsets" in done.stdout and "4..9" in done.stdout
+    assert "6 offsets" in done.stdout and "4..9" in done.stdout and "abandoned" in done.stdout
     aside = path.with_name(path.name + ".quarantined")
     assert aside.read_bytes() == damaged
     assert path.read_bytes() == damaged[:pos]
     assert not marker_of(path).exists()
+    record = json.loads((tmp_path / "abandoned.json").read_text())["ranges"]
+    assert [(r["first_offset"], r["last_offset"]) for r in record] == [(4, 9)]
     assert repair(tmp_path).returncode == 0  # nothing quarantined any more
     wal = await open_wal(tmp_path)
     try:
-        assert wal.quarantine is None and wal.next_offset == 4
-        assert await append(wal, [msg(50)]) == (4, 4)
+        assert wal.quarantine is None and wal.next_offset == 10
+        assert [(r.first_offset, r.last_offset) for r in wal.abandoned] == [(4, 9)]
+        assert wal.abandoned_offset_count == 6
+        assert await append(wal, [msg(50)]) == (10, 10)
         got = read(wal, 0, 100)
-        assert [r.offset for r in got] == [0, 1, 2, 3, 4] and got[-1].payload == msg(50).payload
+        assert [r.offset for r in got] == [0, 1, 2, 3, 10] and got[-1].payload == msg(50).payload
+        assert [r.offset for r in read(wal, 5, 100)] == [10]  # inside the gap: the next held offset
     finally:
         await wal.close()
-    assert dir_names(tmp_path) == sorted([path.name, aside.name])
+    sealed = tmp_path / sealed_name(0, 3)
+    assert sealed.read_bytes() == damaged[:pos]  # the good prefix, sealed below the gap
+    wal = await open_wal(tmp_path)  # the record survives restarts
+    try:
+        assert wal.next_offset == 11
+        assert await append(wal, [msg(51)]) == (11, 11)
+    finally:
+        await wal.close()
+    assert dir_names(tmp_path) == sorted(["abandoned.json", sealed.name, aside.name, active_name(10)])
 
 
 async def test_a_quarantined_segment_is_never_sealed(tmp_path: Path) -> None:
@@ -851,8 +866,8 @@ async def test_a_quarantined_segment_is_never_sealed(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
         assert wal.quarantine is None
-        assert await append(wal, [msg(50)]) == (4, 4)
-        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 4]
+        assert await append(wal, [msg(50)]) == (10, 10)  # past the abandoned offsets 4..9
+        assert [r.offset for r in read(wal, 0, 100)] == [0, 1, 2, 3, 10]
     finally:
         await wal.close()
 
@@ -888,6 +903,6 @@ async def test_legacy_segment_with_corruption_in_the_middle_is_quarantined(tmp_p
     wal = await open_wal(tmp_path)
     try:
         assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 1)]
-        assert await append(wal, [msg(50)]) == (2, 2)
+        assert await append(wal, [msg(50)]) == (6, 6)  # past the abandoned offsets 2..5
     finally:
         await wal.close()

@@ -53,6 +53,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -290,6 +291,27 @@ class Ownership:
         lease = self.session.owner_lease()
         return lease is not None and lease == self._confirmed_lease
 
+    def refuse_ack(self, offset: int) -> NotServedHereError | None:
+        """Checked after a write up to ``offset`` is durable, before it is acknowledged: the
+        self-fencing rule holds at the acknowledgement too (module docstring), so a write that
+        outlasted the lease's deadline (a slow ``fdatasync``) is not acknowledged.
+
+        Returns:
+            ``None`` when the acknowledgement is allowed (:meth:`covers`), else the error the
+            appends fail with: the retriable :class:`~danube_pipeline.errors.NotServedHereError`
+            (the data stays written; its offsets are never handed out again).
+        """
+        if self.covers(offset):
+            return None
+        if not self.fenced and not self._stale:
+            self._stale = True
+            log.warning(
+                "topic %s: durable appends up to offset %d not acknowledged: broker %d's registration lease went "
+                "stale during the write (it may be failed over); resuming once a renewal succeeds and it still "
+                "owns the topic", self.name, offset, self.broker_id,
+            )
+        return NotServedHereError(self.name.path, self.broker_id)
+
     def _fresh_lease(self) -> int | None:
         """The session's fresh lease (``None`` without a session).
 
@@ -379,20 +401,49 @@ class Ownership:
             raise self._fenced(f"writing {key}")
 
 
+async def abandoned_pieces(
+    store: MetadataStore, name: TopicName, broker_id: int, abandoned: Sequence[tuple[int, int]],
+    planned: Sequence[values.UnavailableRange],
+) -> list[values.UnavailableRange]:
+    """The unavailable ranges (§5.5) to create for offsets this broker's WAL handed out and
+    lost (:mod:`broker.storage.wal.abandoned`): ``abandoned`` set, ``last_written`` at the
+    end (the offsets were handed out), only where no recorded or ``planned`` range covers them.
+
+    Raises:
+        MetadataStoreError: etcd unreachable.
+    """
+    if not abandoned:
+        return []
+    recorded = [*await recorded_ranges(store, name), *planned]
+    since = int(time.time())
+    return [
+        values.UnavailableRange(
+            start_offset=first, end_offset=end, broker_id=broker_id, since=since, last_written=end, abandoned=True,
+        )
+        for low, high in abandoned
+        for first, end in uncovered_pieces(low, high, recorded)
+    ]
+
+
 async def commit_takeover(
     store: MetadataStore, name: TopicName, broker_id: int, plan: TakeoverPlan, next_offset: int, *,
     block: int = DEFAULT_OFFSET_BLOCK, wal_holds_data: bool, tiered_end: int | None,
-    session: OwnerSession | None = None,
+    session: OwnerSession | None = None, abandoned: Sequence[tuple[int, int]] = (),
 ) -> tuple[Ownership, TakeoverPlan]:
     """Write this broker's reservation (and the unavailable range of the plan, created only
     where no range is recorded, §5.5) in one transaction guarded by the owner epoch and the
     reservation read; re-plan and retry when the reservation or the ranges changed meanwhile
     (a fenced owner recorded its last offset).
 
+    Offsets the WAL recorded as abandoned (handed out once and lost) are published in the same
+    transaction as abandoned unavailable ranges (:func:`abandoned_pieces`), so subscriptions
+    skip them and tiering passes over them.
+
     Args:
         next_offset: the opened WAL's next offset (at or above ``plan.floor``).
         session: the registration the ownership fences itself on (:class:`Ownership`); the
             lease fresh before the write counts as confirmed by it.
+        abandoned: the WAL's abandoned ranges, ``(first_offset, last_offset)`` inclusive.
 
     Returns:
         The ownership and the plan that was written.
@@ -416,14 +467,21 @@ async def commit_takeover(
             (keys.offset_reservation(name), ownership.reservation(end))
         ]
         guards = {keys.offset_reservation(name): plan.reservation_revision}
-        if plan.unavailable is not None:
-            for piece in (plan.unavailable, *plan.more_unavailable):
-                range_key = keys.unavailable_range(name, piece.start_offset)
-                puts.append((range_key, piece))
-                guards[range_key] = 0  # created, never overwritten (§5.5)
+        planned = (plan.unavailable, *plan.more_unavailable) if plan.unavailable is not None else ()
+        lost = await abandoned_pieces(store, name, broker_id, abandoned, planned)
+        for piece in (*planned, *lost):
+            range_key = keys.unavailable_range(name, piece.start_offset)
+            puts.append((range_key, piece))
+            guards[range_key] = 0  # created, never overwritten (§5.5)
         revision = await store.transaction(created=ownership.guard, modified=guards, puts=puts)
         if revision is not None:
             ownership.reservation_revision = revision
+            for piece in lost:
+                log.error(
+                    "topic %s: offsets %d..%d were handed out and lost on this broker's disk; recorded as an "
+                    "abandoned unavailable range: subscriptions skip them, tiering passes over them",
+                    name, piece.start_offset, piece.end_offset,
+                )
             if plan.unavailable is not None:
                 u = plan.unavailable
                 log.warning(
@@ -493,6 +551,7 @@ def unavailable_ranges(raw: dict[str, object]) -> list[values.UnavailableRange]:
 
 __all__ = [
     "OwnerSession",
+    "abandoned_pieces",
     "Ownership",
     "TakeoverPlan",
     "commit_takeover",

@@ -27,6 +27,8 @@ from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_count, partition_names
 
+from broker.topics.lifecycle import created_by_request, topic_registration
+
 __all__ = ["create_partitioned_topic", "refuse_partitioned", "topic_partitions"]
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,12 @@ async def refuse_partitioned(broker: _Metadata, topic: str) -> None:
 
 
 async def create_partitioned_topic(
-    broker: _Creator, name: TopicName, partitions: int, *, delivery: DeliveryMode = DeliveryMode.RELIABLE
+    broker: _Creator,
+    name: TopicName,
+    partitions: int,
+    *,
+    delivery: DeliveryMode = DeliveryMode.RELIABLE,
+    request_id: str = "",
 ) -> bool:
     """Create the partitioned topic ``name`` with ``partitions`` partitions.
 
@@ -90,12 +97,15 @@ async def create_partitioned_topic(
     Asked for a partitioned topic that exists, it creates the partitions that are missing (an
     earlier creation that failed half-way), with the stored count and delivery mode, and
     answers ``False``; the ``partitions`` asked for are not compared with the stored count.
+    It answers ``True`` instead when the registration (§2.2) records ``request_id``: a retry of
+    the creation that wrote it, whose first answer was lost.
 
     Args:
         broker: the broker core.
         name: the partitioned topic.
         partitions: the partition count, 1 to :data:`~danube_pipeline.partitions.MAX_PARTITIONS`.
         delivery: the delivery mode of every partition.
+        request_id: the client's id of this creation, the same on each retry (``""``: none).
 
     Returns:
         True if created; False if ``name`` already existed (partitioned or plain).
@@ -112,11 +122,11 @@ async def create_partitioned_topic(
     root = keys.topic_root(name)
     if broker.cache.contains(root):
         await _complete(broker, name, partition_count(broker.cache.get(root)))
-        return False
+        return await _created_by(broker, name, request_id)
     revision = await broker.store.transaction(
         created={root: 0, **{keys.topic_root(p): 0 for p in names}},
         puts=[
-            (keys.namespace_topic(name), None),
+            (keys.namespace_topic(name), topic_registration(request_id)),
             (root, partitions),
             (keys.topic_delivery(name), delivery.value),
         ],
@@ -126,7 +136,7 @@ async def create_partitioned_topic(
         if kv is not None:
             await broker.cache.wait_for_revision(kv.mod_revision)
             await _complete(broker, name, partition_count(kv.value))
-            return False
+            return await _created_by(broker, name, request_id)
         for p in names:
             if await broker.store.get(keys.topic_root(p)) is not None:
                 raise InvalidNameError("topic", name.path, f"its partition name {p.path} is taken by an existing topic")
@@ -135,6 +145,18 @@ async def create_partitioned_topic(
     await _create_partitions(broker, names, delivery)
     log.info("partitioned topic %s created (%d partitions, %s)", name, partitions, delivery.value)
     return True
+
+
+async def _created_by(broker: _Creator, name: TopicName, request_id: str) -> bool:
+    """Whether the request ``request_id`` created the existing ``name`` (its §2.2 registration).
+
+    Raises:
+        MetadataStoreError: etcd unreachable.
+    """
+    if not request_id:
+        return False
+    kv = await broker.store.get(keys.namespace_topic(name))
+    return kv is not None and created_by_request(kv.value, request_id)
 
 
 async def _complete(broker: _Creator, name: TopicName, count: int) -> None:

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from danube_pipeline import faults
+from danube_pipeline.errors import SegmentUnreadableError
 from danube_pipeline.format.batches import iter_batch
 from danube_pipeline.format.segments import StoredBatch
 from danube_pipeline.modes import SubscriptionType
@@ -261,6 +262,13 @@ class Dispatcher:
             self._wake.clear()
             try:
                 progressed = self._dispatch_once()
+            except SegmentUnreadableError as exc:
+                # A corrupt local segment (quarantined on read): the consumers' streams end with
+                # the typed error instead of waiting for ever; a new consumer is told again.
+                for consumer in list(sub.consumers):
+                    consumer.fail(exc)
+                await self._wake.wait()
+                continue
             except Exception:
                 log.exception("%s/%s: dispatch failed; retrying", sub.topic, sub.name)
                 await asyncio.sleep(1.0)

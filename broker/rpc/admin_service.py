@@ -90,11 +90,22 @@ class AdminServicer(pb_grpc.AdminServicer):
             created = await self._broker.requests.run(
                 "topic",
                 request.request_id,
-                functools.partial(create_partitioned_topic, self._broker, name, request.partitions, delivery=delivery),
+                functools.partial(
+                    create_partitioned_topic,
+                    self._broker,
+                    name,
+                    request.partitions,
+                    delivery=delivery,
+                    request_id=request.request_id,
+                ),
+                scope=(name.path,),
             )
             return pb.CreateTopicResponse(created=created)
         created = await self._broker.requests.run(
-            "topic", request.request_id, functools.partial(self._broker.create_topic, name, delivery=delivery)
+            "topic",
+            request.request_id,
+            functools.partial(self._broker.create_topic, name, delivery=delivery, request_id=request.request_id),
+            scope=(name.path,),
         )
         if not created and not await topic_partitions(self._broker, name):
             await self._broker.topic_for(name)  # load it if it is ours; NotServedHere if not

@@ -69,6 +69,7 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
                 receiver_queue_size=request.receiver_queue_size,
                 settings=RedeliverySettings.from_pb(request.settings) if request.HasField("settings") else None,
             ),
+            scope=(request.topic, request.subscription, request.consumer_name),
             still_valid=lambda c: not c.closed,
         )
         return pb.SubscribeResponse(consumer_id=consumer.id, broker_id=self._broker.broker_id)

@@ -1,5 +1,9 @@
 """``danube.v1.ProducerService``: creating producers, sending batches, closing producers.
 
+``CreateProducer`` with ``idempotent`` also assigns (a new instance) or confirms (the same
+instance re-creating its producer) the producer's idempotent identity in etcd, and fences the
+older instances of the name (:mod:`broker.topics.producer_identity`).
+
 The servicer only translates: protobuf requests become calls on the broker core
 (:class:`ProducerBroker`, implemented by :class:`broker.core.Broker`), results become protobuf
 answers. Every exception becomes a status in one place, :func:`broker.rpc.status.rpc`; on a
@@ -21,7 +25,7 @@ from danube_pipeline.error_codec import (
     ERROR_FIELDS_METADATA_KEY,
     encode_error_metadata,
 )
-from danube_pipeline.errors import BatchNotAppendedError, DanubeError
+from danube_pipeline.errors import BatchNotAppendedError, DanubeError, MalformedRequestError
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.modes import DeliveryMode
@@ -33,6 +37,7 @@ from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
 from broker.rpc.request_ids import RecentRequests
 from broker.rpc.status import rpc
 from broker.topics.producer import Producer
+from broker.topics.producer_identity import MAX_EPOCH, MAX_PRODUCER_ID, ProducerIdentity, assign_identity
 
 __all__ = ["ProducerBroker", "ProducerServicer"]
 
@@ -99,27 +104,62 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
     @rpc
     async def CreateProducer(self, request: pb.CreateProducerRequest, context: Any) -> pb.CreateProducerResponse:
         await refuse_partitioned(self._broker, request.topic)
-        schema = request.schema if request.HasField("schema") else None
+        held = None
+        if request.idempotent and request.idempotent_producer_id:
+            if request.idempotent_producer_id > MAX_PRODUCER_ID or request.producer_epoch > MAX_EPOCH:
+                raise MalformedRequestError(
+                    f"idempotent_producer_id is at most {MAX_PRODUCER_ID} and producer_epoch at most {MAX_EPOCH}"
+                )
+            held = ProducerIdentity(request.idempotent_producer_id, request.producer_epoch)
         producer = await self._broker.requests.run(
             "producer",
             request.request_id,
-            functools.partial(
-                self._broker.create_producer,
-                request.topic,
-                request.producer_name,
-                access_mode=request.access_mode,
-                schema_id=schema.schema_id if schema else 0,
-                schema_version=schema.schema_version if schema else 0,
-                delivery=DeliveryMode.from_wire(request.delivery),
-            ),
+            functools.partial(self._create_producer, request, held),
+            scope=(request.topic, request.producer_name, str(request.idempotent_producer_id),
+                   str(request.producer_epoch)),
             still_valid=lambda p: not p.closed,
         )
+        identity = producer.identity
         return pb.CreateProducerResponse(
             producer_id=producer.id,
             broker_id=self._broker.broker_id,
             max_message_size_bytes=producer.topic.max_message_size_bytes(),
             max_batch_bytes=producer.topic.max_batch_bytes,
+            idempotent_producer_id=identity.producer_id if identity else 0,
+            producer_epoch=identity.epoch if identity else 0,
         )
+
+    async def _create_producer(self, request: pb.CreateProducerRequest, held: ProducerIdentity | None) -> Producer:
+        """Create the producer; with ``idempotent``, assign or confirm its identity in etcd
+        (:mod:`broker.topics.producer_identity`) and start or resume its sequence state.
+
+        Raises:
+            ProducerFencedError: ``held`` belongs to an instance a newer one fenced; the
+                producer is closed again.
+            DanubeError: what :meth:`ProducerBroker.create_producer` raises.
+        """
+        schema = request.schema if request.HasField("schema") else None
+        producer = await self._broker.create_producer(
+            request.topic,
+            request.producer_name,
+            access_mode=request.access_mode,
+            schema_id=schema.schema_id if schema else 0,
+            schema_version=schema.schema_version if schema else 0,
+            delivery=DeliveryMode.from_wire(request.delivery),
+        )
+        if not request.idempotent:
+            return producer
+        try:
+            identity = await assign_identity(
+                self._broker.store, producer.topic.name, request.producer_name, held=held
+            )
+        except BaseException:
+            with contextlib.suppress(DanubeError):
+                await self._broker.close_producer(producer.id)
+            raise
+        producer.identity = identity
+        producer.topic.sequences.begin(request.producer_name, identity)
+        return producer
 
     @rpc
     async def SendBatch(self, request: pb.SendBatchRequest, context: Any) -> pb.SendBatchResponse:

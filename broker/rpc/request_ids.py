@@ -6,6 +6,12 @@ carries a ``request_id`` the client keeps across its retries. :class:`RecentRequ
 first attempt to its end even if its caller goes away, and answers a retry with the same
 result: the same producer, the same consumer, ``created = true``. A failed attempt is not
 remembered: the retry runs again.
+
+A result is keyed by the request's kind, its *scope* and the request id. The scope is what the
+request says about who asks and for what: the topic and the producer name for
+``CreateProducer``, the topic, subscription and consumer name for ``Subscribe``, the topic for
+``CreateTopic``. Two clients that happen to send the same request id (a badly seeded
+generator, a copied request) for different topics or names thus never get each other's result.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class RecentRequests:
-    """Results of recent creations, by ``(kind, request_id)``.
+    """Results of recent creations, by ``(kind, scope, request_id)``.
 
     Args:
         ttl_s: how long a result is remembered, in seconds.
@@ -35,7 +41,9 @@ class RecentRequests:
     def __init__(self, *, ttl_s: float = 300.0, max_entries: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: collections.OrderedDict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = (
+        self._entries: collections.OrderedDict[
+            tuple[str, tuple[str, ...], str], tuple[float, asyncio.Task[Any]]
+        ] = (
             collections.OrderedDict()
         )
 
@@ -56,9 +64,19 @@ class RecentRequests:
         request_id: str,
         create: Callable[[], Awaitable[T]],
         *,
+        scope: tuple[str, ...],
         still_valid: Callable[[T], bool] = lambda _result: True,
     ) -> T:
-        """``await create()`` once per ``(kind, request_id)``.
+        """``await create()`` once per ``(kind, scope, request_id)``.
+
+        Args:
+            kind: the request's kind (``"producer"``, ``"consumer"``, ``"topic"``).
+            request_id: the client's id for the creation, the same on each of its retries;
+                ``""`` for none.
+            create: runs the creation.
+            scope: what the request names: its topic, and the producer, subscription or
+                consumer name it creates (module docstring).
+            still_valid: whether a remembered result may still be answered.
 
         Without a request id, ``create`` just runs. With one, a request seen before gets the
         earlier attempt's result (awaiting it if it is still running) while that result is
@@ -73,7 +91,7 @@ class RecentRequests:
         if _REQUEST_ID.fullmatch(request_id) is None:
             raise MalformedRequestError("request_id must be 1-128 characters of [A-Za-z0-9_-]")
         self._forget_old()
-        key = (kind, request_id)
+        key = (kind, scope, request_id)
         entry = self._entries.get(key)
         if entry is not None:
             task = entry[1]

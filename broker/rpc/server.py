@@ -32,6 +32,7 @@ from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.storage.identity import check_store_identity
 
 from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES, BrokerConfig
 from broker.core import Broker
@@ -215,6 +216,8 @@ class BrokerServer:
 
         Raises:
             MetadataStoreError: etcd unreachable.
+            ObjectStoreMismatchError: the object store is not the cluster's
+                (:mod:`danube_pipeline.storage.identity`).
             RuntimeError: the listen address cannot be bound.
         """
         cfg = self.config
@@ -231,6 +234,8 @@ class BrokerServer:
             on_topics_changed=lambda: membership.topics_changed() if membership else None,
             on_storage_full=self._storage_changed,
         )
+        # before serving or joining: a broker on another object store than the assets' must not start
+        await check_store_identity(store, broker.objects, who=f"broker {self.broker_id}")
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server, self.port = create_server(
             broker,

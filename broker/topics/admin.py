@@ -28,9 +28,12 @@ The topic root goes last, so a deletion that fails half-way (etcd or object stor
 a topic that still exists: deleting it again finishes the work. Once the root is gone the name
 can be created again, starting at offset 0.
 
-Not deleted: the topic's Iceberg table and its rows (drop it by hand before reusing the name for
-other data: a re-created topic starts at offset 0 again), and segments that *other* brokers
-kept after releasing the topic (their local retention never finds them tiered any more).
+Not deleted: the topic's Iceberg table and its rows, and segments that *other* brokers kept
+after releasing the topic (their local retention never finds them tiered any more). A topic
+created again under the name starts at offset 0 with a new root key, whose etcd create revision
+is its incarnation: tiering finds the old table recording an earlier incarnation, renames it to
+``{topic}__incarnation_{id}`` (kept for readers) and starts a new table
+(:mod:`danube_pipeline.lake.tiering.incarnation`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 
+from danube_pipeline import faults
 from danube_pipeline.errors import MetadataStoreError, NotServedHereError, OffsetRangeError, TopicNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -36,9 +37,37 @@ from broker.tasks import BackgroundWrites
 from broker.topics.served import ServedTopics
 from broker.topics.topic import Topic
 
-__all__ = ["TopicLoader"]
+__all__ = ["REQUEST_ID_FIELD", "TopicLoader", "created_by_request", "topic_registration"]
 
 log = logging.getLogger(__name__)
+
+REQUEST_ID_FIELD = "request_id"
+"""Field of the namespace registration (§2.2): the request id of the creation that wrote it."""
+
+
+def topic_registration(request_id: str) -> values.JsonValue:
+    """The value of a topic's namespace registration (``docs/etcd-layout.md`` §2.2).
+
+    Args:
+        request_id: the creating request's id (``""``: none).
+
+    Returns:
+        ``{"request_id": ...}``, or ``None`` (JSON ``null``) without a request id.
+    """
+    return {REQUEST_ID_FIELD: request_id} if request_id else None
+
+
+def created_by_request(registration: values.JsonValue, request_id: str) -> bool:
+    """Whether a namespace registration (§2.2) was written by the creation ``request_id``.
+
+    Args:
+        registration: the key's decoded value (``null`` for topics created without one).
+        request_id: the id of the request asking (``""``: none, never a match).
+
+    Returns:
+        True when ``request_id`` is set and the registration records it.
+    """
+    return bool(request_id) and isinstance(registration, dict) and registration.get(REQUEST_ID_FIELD) == request_id
 
 
 class TopicLoader:
@@ -182,6 +211,7 @@ class TopicLoader:
             ownership, plan = await commit_takeover(
                 self._store, name, self._broker_id, plan, wal.next_offset, block=cfg.offset_block,
                 wal_holds_data=holds_data, tiered_end=remote.end_offset, session=self.owner_session,
+                abandoned=[(r.first_offset, r.last_offset) for r in wal.abandoned],
             )
         except BaseException:
             await wal.close()
@@ -291,15 +321,28 @@ class TopicLoader:
         if seen:
             log.info("topic %s: producer sequences rebuilt from %d batches", topic.name, seen)
 
-    async def create_topic(self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE) -> bool:
+    async def create_topic(
+        self, name: TopicName, *, delivery: DeliveryMode = DeliveryMode.RELIABLE, request_id: str = ""
+    ) -> bool:
         """Create ``name`` in etcd and wait until the leader assigns it (§1.5); open it if it
         is assigned here.
 
         The topic's keys (§2.2, §3.1, §3.2) and its unassigned marker (§1.5) are written in one
-        transaction that succeeds only if the topic root does not exist yet.
+        transaction that succeeds only if the topic root does not exist yet. The namespace
+        registration (§2.2) records ``request_id``: a retry of the same request whose first
+        attempt was applied but not answered (etcd timed out after applying it, the broker died
+        after the write, the client's deadline passed), on this broker or another, finds its
+        own request id there and answers ``True`` as the first attempt would have.
+
+        Args:
+            name: the topic.
+            delivery: its delivery mode (§3.2).
+            request_id: the client's id of this creation, the same on each of its retries
+                (``""``: none).
 
         Returns:
-            False if the topic already existed (then nothing is written).
+            False if the topic already existed and was not created by ``request_id`` (then
+            nothing is written).
 
         Raises:
             MetadataStoreError: etcd unreachable.
@@ -308,7 +351,9 @@ class TopicLoader:
             OSError: the WAL cannot be created.
         """
         if self._cache.contains(keys.topic_root(name)):
-            return False
+            if not await self._created_by(name, request_id):
+                return False
+            return await self._await_created(name, delivery)
         policy_key = keys.namespace_policy(name.namespace)
         if not self._cache.contains(policy_key):
             # Conditional: an operator's policy written (etcdctl put) just before this call may
@@ -317,15 +362,42 @@ class TopicLoader:
         revision = await self._store.transaction(
             created={keys.topic_root(name): 0},
             puts=[
-                (keys.namespace_topic(name), None),
+                (keys.namespace_topic(name), topic_registration(request_id)),
                 (keys.topic_root(name), 0),
                 (keys.topic_delivery(name), delivery.value),
                 (keys.unassigned_topic(name), None),
             ],
         )
         if revision is None:
-            return False
+            if not await self._created_by(name, request_id):
+                return False
+            return await self._await_created(name, delivery)
+        faults.point(faults.TOPIC_AFTER_CREATE)
         await self._cache.wait_for_revision(revision)
+        return await self._await_created(name, delivery)
+
+    async def _created_by(self, name: TopicName, request_id: str) -> bool:
+        """Whether the existing topic ``name`` was created by the request ``request_id``
+        (its §2.2 registration, read straight from etcd).
+
+        Raises:
+            MetadataStoreError: etcd unreachable.
+        """
+        if not request_id:
+            return False
+        kv = await self._store.get(keys.namespace_topic(name))
+        if kv is None or not created_by_request(kv.value, request_id):
+            return False
+        await self._cache.wait_for_revision(kv.mod_revision)
+        return True
+
+    async def _await_created(self, name: TopicName, delivery: DeliveryMode) -> bool:
+        """The end of a creation: wait for the topic's owner and open it if it is this broker.
+
+        Raises:
+            BrokerUnavailableError: no broker was assigned in time (retriable).
+            OSError: the WAL cannot be created.
+        """
         owner = await self._cluster.await_owner(name)
         if owner == self._broker_id:
             await self.load_topic(name)

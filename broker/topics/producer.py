@@ -12,6 +12,7 @@ from danube_pipeline.schemas.formats import ParsedSchema
 from danube_pipeline.schemas.registry import RegisteredSchema
 
 if TYPE_CHECKING:
+    from broker.topics.producer_identity import ProducerIdentity
     from broker.topics.topic import Topic
 
 
@@ -29,6 +30,8 @@ class Producer:
             (:class:`~danube_pipeline.schemas.formats.ParsedSchema`).
         sent_messages: messages accepted from it.
         closed: set once it is closed (by the client, or its topic unloaded).
+        identity: its idempotent identity (:mod:`broker.topics.producer_identity`), if it
+            asked for one; its batches then carry the identity's header id instead of ``id``.
     """
 
     id: int
@@ -39,10 +42,16 @@ class Producer:
     parsed_schema: ParsedSchema | None = None
     sent_messages: int = field(default=0)
     closed: bool = field(default=False)
+    identity: ProducerIdentity | None = None
+
+    @property
+    def header_id(self) -> int:
+        """The ``producer_id`` its batch headers carry: the identity's header id, else ``id``."""
+        return self.identity.header_id if self.identity is not None else self.id
 
     def check_batch_identity(self, header: BatchHeader) -> None:
-        """A batch must carry this producer's id, name and schema: the broker stores the
-        batch's header as the records' producer and schema.
+        """A batch must carry this producer's id (:attr:`header_id`), name and schema: the
+        broker stores the batch's header as the records' producer and schema.
 
         Raises:
             MalformedRequestError: a field differs.
@@ -50,7 +59,7 @@ class Producer:
         schema_id = self.schema.schema_id if self.schema else 0
         schema_version = self.schema.version if self.schema else 0
         got = (header.producer_id, header.producer_name, header.schema_id, header.schema_version)
-        want = (self.id, self.name, schema_id, schema_version)
+        want = (self.header_id, self.name, schema_id, schema_version)
         if got != want:
             raise MalformedRequestError(
                 f"record batch: producer id, name, schema id and version are {got}, this producer's are {want}"

@@ -1,11 +1,20 @@
 """Idempotent produce: batches a producer sends again are not written twice.
 
-The idempotence key is the producer *name* on a topic and the batch header's
-``base_sequence`` (``danube_pipeline.format.batches``): the client numbers its messages, and a batch
-keeps its sequence numbers when it is resent, under a new producer id if the producer was
-re-created (a reconnect, a topic move). This follows Kafka's idempotent producer (KIP-98:
-producer id plus sequence, the broker remembering the last batches of each producer), with the
-name in place of the producer id, which our broker assigns per connection.
+The idempotence key is the producer's identity on the topic and the batch header's
+``base_sequence`` (``danube_pipeline.format.batches``), as in Kafka's idempotent producer
+(KIP-98: producer id, epoch and sequence, the broker remembering the last batches of each
+producer). The identity, a producer id and an epoch per producer name, is assigned through etcd
+(:mod:`broker.topics.producer_identity`); the batch header carries it in its ``producer_id``
+field (``epoch << 48 | producer id``). Sequences start at 0 per identity and keep their numbers
+when a batch is resent, also after the producer was re-created under the same identity (a
+reconnect, a topic move, a broker restart).
+
+The state is kept per producer name, and belongs to one identity: :meth:`ProducerSequences.begin`
+(called when a producer instance is created with its identity) starts a new, empty state for a
+newer epoch, and from then on a batch carrying another header id (an older epoch: a fenced
+instance) is refused with :class:`~danube_pipeline.errors.ProducerFencedError`. A producer
+without an identity (an older client, the dead-letter writer) is kept by name as before: its
+sequences are checked whatever the header's producer id.
 
 For each producer name the owner remembers the highest sequence accepted (written, or queued
 for writing), the highest sequence *written* (durable), and the last
@@ -14,8 +23,7 @@ written). A batch that is one of the remembered batches is answered with the off
 written at (a future that follows the write while it is not yet durable). Any other batch is
 new if its sequences lie above the highest written one and overlap no batch being written;
 otherwise it is refused with :class:`~danube_pipeline.errors.DuplicateSequenceError` (an older
-resend, or one overlapping a batch in part). Sequences may skip forward (a batch that failed is
-never resent with the same numbers by a restarted client).
+resend, or one overlapping a batch in part). Sequences may skip forward.
 
 The state follows the WAL's outcome of each batch, not the request's. A batch whose write
 fails is forgotten together with every batch of the same producer that failed in the same
@@ -28,9 +36,15 @@ state would forget a batch the WAL still writes and its resend would be written 
 The state survives:
 
 * a broker restart: rebuilt at topic load from the batch headers of the WAL's newest
-  segments (:meth:`ProducerSequences.scan`);
-* a topic move: the releasing owner writes it to ``/danube-data/storage/topics/{ns}/{topic}/producer_sequences``
-  (``docs/etcd-layout.md`` §5.6) in the release transaction, and the next owner starts from it.
+  segments (:meth:`ProducerSequences.scan`). The header holds the identity, so the state of a
+  name is the state of the header id of its newest batches (a change of header id starts the
+  state again: a newer epoch's sequences start at 0); the instance re-creating its producer
+  with that identity resumes on it (:meth:`ProducerSequences.begin`). Segments written before
+  identities existed carry session ids there: their state is simply never resumed;
+* a topic move: the releasing owner writes it, with each name's identity, to
+  ``/danube-data/storage/topics/{ns}/{topic}/producer_sequences`` (``docs/etcd-layout.md`` §5.6)
+  in the release transaction, and the next owner starts from it. :data:`HANDOVER_BATCHES` per
+  name cover a client's whole in-flight window (8 batches by default).
 
 It does not survive a failover: the failed owner's last batches are on its disk only, so a
 batch it wrote without acknowledging and that the producer then resent to the new owner exists
@@ -46,18 +60,27 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from danube_pipeline.errors import DuplicateSequenceError, ProducerFencedError
 from danube_pipeline.format.batches import BatchHeader, parse_header
-from danube_pipeline.errors import DuplicateSequenceError
 from danube_pipeline.format.segments import StoredBatch
+
+from broker.topics.producer_identity import ProducerIdentity, epoch_of, producer_id_of
 
 log = logging.getLogger(__name__)
 
 REMEMBERED_BATCHES = 16
 """Batches remembered per producer name, to answer a resend with its original offsets."""
-HANDOVER_BATCHES = 4
-"""Batches per producer name written to etcd when the topic moves."""
+HANDOVER_BATCHES = REMEMBERED_BATCHES
+"""Batches per producer name written to etcd when the topic moves: every batch remembered,
+which covers a client's in-flight window (``max_in_flight_batches``, 8 by default)."""
 MAX_HANDOVER_PRODUCERS = 1_000
 """Producer names (the most recently active) written to etcd when the topic moves."""
+FULL_HANDOVER_PRODUCERS = 500
+"""The most recently active names handed over with :data:`HANDOVER_BATCHES` batches; the others
+with :data:`MIN_HANDOVER_BATCHES`, which keeps the handover value a few hundred kB at most."""
+MIN_HANDOVER_BATCHES = 8
+"""Batches handed over for a name past :data:`FULL_HANDOVER_PRODUCERS`: the client's default
+in-flight window."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -72,12 +95,18 @@ class WrittenBatch:
 
 
 class _ProducerState:
-    __slots__ = ("batches", "last_sequence", "written_sequence")
+    __slots__ = ("batches", "header_id", "identity", "last_sequence", "written_sequence")
 
-    def __init__(self) -> None:
+    def __init__(self, identity: ProducerIdentity | None = None, header_id: int | None = None) -> None:
         self.last_sequence = -1  # highest sequence accepted: written or being written
         self.written_sequence = -1  # highest sequence known written (durable)
         self.batches: collections.deque[WrittenBatch] = collections.deque()
+        # The identity this state belongs to (begin() or a handover); None for a producer
+        # without one, or a state rebuilt from the WAL not yet resumed by its instance.
+        self.identity = identity
+        # The header producer_id of the batches remembered (the identity's header id, or the
+        # newest batch's for a state rebuilt from the WAL).
+        self.header_id = identity.header_id if identity is not None else header_id
 
     def remember(self, batch: WrittenBatch) -> None:
         """Add ``batch``; forget the oldest batches beyond :data:`REMEMBERED_BATCHES`, but
@@ -129,6 +158,32 @@ class ProducerSequences:
         self._by_name: collections.OrderedDict[str, _ProducerState] = collections.OrderedDict()
         self.duplicates = 0
 
+    def begin(self, name: str, identity: ProducerIdentity) -> None:
+        """A producer instance with ``identity`` was created (its identity just assigned or
+        confirmed in etcd, :mod:`broker.topics.producer_identity`).
+
+        The instance resumes on the name's state when that state is its identity's (the same
+        instance re-creating its producer: handed over, rebuilt from the WAL, or still here).
+        A newer identity starts an empty state (its sequences start at 0); from then on the
+        batches of older instances are refused. An identity older than the state's (two
+        creations racing) changes nothing.
+        """
+        state = self._by_name.get(name)
+        if state is not None:
+            if state.identity == identity:
+                return
+            if state.identity is None and state.header_id == identity.header_id:
+                state.identity = identity
+                self._by_name.move_to_end(name)
+                return
+            current = state.identity
+            if current is not None and current.producer_id == identity.producer_id and current.epoch > identity.epoch:
+                return
+        self._by_name[name] = _ProducerState(identity)
+        self._by_name.move_to_end(name)
+        log.info("%s: producer %s starts epoch %d of producer id %d; its sequences start again",
+                 self.topic, name, identity.epoch, identity.producer_id)
+
     def check(self, header: BatchHeader) -> asyncio.Future[tuple[int, int]] | None:
         """Whether the batch was written already.
 
@@ -139,11 +194,14 @@ class ProducerSequences:
         Raises:
             DuplicateSequenceError: its sequences were written already, but not as this batch
                 (an older one, or a batch overlapping the last one in part).
+            ProducerFencedError: a newer instance holds the producer's name: the batch carries
+                another identity than the one the name's state belongs to.
         """
-        if header.base_sequence < 0:
-            return None
         state = self._by_name.get(header.producer_name)
-        if state is None:
+        if state is not None and state.identity is not None and header.producer_id != state.identity.header_id:
+            held = epoch_of(header.producer_id) if producer_id_of(header.producer_id) == state.identity.producer_id else 0
+            raise ProducerFencedError(self.topic, header.producer_name, held, state.identity.epoch)
+        if header.base_sequence < 0 or state is None:
             return None
         self._settle(header.producer_name, state)  # writes that ended, their callbacks not run yet
         last = header.base_sequence + header.record_count - 1
@@ -175,6 +233,8 @@ class ProducerSequences:
             return
         name = header.producer_name
         state = self._state(name)
+        if state.identity is None:
+            state.header_id = header.producer_id
         last = header.base_sequence + header.record_count - 1
         written = WrittenBatch(header.base_sequence, last, first_offset, first_offset + header.record_count - 1, future)
         state.remember(written)
@@ -218,6 +278,14 @@ class ProducerSequences:
             if header.base_sequence < 0:
                 continue
             state = self._state(header.producer_name)
+            if state.batches and stored.base_offset <= state.batches[-1].last_offset:
+                continue  # older than what the handover holds (a WAL from an earlier ownership)
+            if state.header_id is None:
+                state.header_id = header.producer_id
+            elif state.header_id != header.producer_id:
+                # Another instance (a newer epoch, or another session of a producer without
+                # identity) wrote next: the name's state is now that instance's.
+                state = self._by_name[header.producer_name] = _ProducerState(header_id=header.producer_id)
             last = header.base_sequence + header.record_count - 1
             state.remember(WrittenBatch(header.base_sequence, last, stored.base_offset, stored.last_offset))
             state.last_sequence = max(state.last_sequence, last)
@@ -228,19 +296,27 @@ class ProducerSequences:
     def to_json(self) -> dict[str, Any]:
         """The handover value (``docs/etcd-layout.md`` §5.6): ``{"producers": {name:
         {"last_sequence": n, "batches": [[first_seq, last_seq, first_offset, last_offset],
-        ...]}}}``, the most recently active names first."""
+        ...], "header_id": h, "producer_id": p, "epoch": e}}}``, the most recently active
+        names first (``header_id`` when known, ``producer_id`` and ``epoch`` for a state
+        with an identity)."""
         producers: dict[str, Any] = {}
         for name in reversed(self._by_name):
             state = self._by_name[name]
             self._settle(name, state)
-            producers[name] = {
+            count = HANDOVER_BATCHES if len(producers) < FULL_HANDOVER_PRODUCERS else MIN_HANDOVER_BATCHES
+            item: dict[str, Any] = {
                 "last_sequence": state.last_sequence,
                 "batches": [
                     [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset]
-                    for b in list(state.batches)[-HANDOVER_BATCHES:]
+                    for b in list(state.batches)[-count:]
                     if b.future is None  # written (settled); not one still being written
                 ],
             }
+            if state.header_id is not None:
+                item["header_id"] = state.header_id
+            if state.identity is not None:
+                item.update(state.identity.to_json())
+            producers[name] = item
             if len(producers) >= MAX_HANDOVER_PRODUCERS:
                 break
         return {"producers": producers}
@@ -255,11 +331,14 @@ class ProducerSequences:
             try:
                 last = int(item["last_sequence"])
                 batches = [WrittenBatch(int(a), int(b), int(c), int(d)) for a, b, c, d in item["batches"]]
+                header_id = int(item["header_id"]) if "header_id" in item else None
             except (KeyError, TypeError, ValueError):
                 continue
-            state = self._state(str(name))
-            state.last_sequence = max(state.last_sequence, last)
-            state.written_sequence = max(state.written_sequence, last)
+            identity = ProducerIdentity.from_json(item) if "producer_id" in item else None
+            state = self._by_name[str(name)] = _ProducerState(identity, header_id)
+            self._by_name.move_to_end(str(name))
+            state.last_sequence = last
+            state.written_sequence = last
             for batch in batches:
                 state.remember(batch)
 

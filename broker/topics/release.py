@@ -195,7 +195,7 @@ class TopicReleaser:
                 epoch = ownership.epoch if ownership is not None else None
                 await self._settle_release(name, epoch=epoch, sealed=sealed, failure=failure)
                 return last + 1  # applied after all
-            self._released.move(name)
+            await self._released.move_off_loop(name)
             await self._cache.wait_for_revision(revision)
             log.info("topic %s released (%s): the next owner starts at offset %d", name, reason, last + 1)
             return last + 1
@@ -238,11 +238,11 @@ class TopicReleaser:
             raise _StillServed(failure or MetadataStoreError("release topic", f"{name.path}: not applied; try again"))
         last = sealed.last_committed_offset
         if written is not None and written.value == sealed.to_json():
-            self._released.move(name)
+            await self._released.move_off_loop(name)
             log.info("topic %s released (outcome settled after %s): the next owner starts at offset %d",
                      name, failure, last + 1)
             return
-        self._released.move(name)
+        await self._released.move_off_loop(name)
         log.warning("topic %s changed hands during its release: WAL kept as released segments (last offset %d)",
                     name, last)
         try:
@@ -320,7 +320,7 @@ class TopicReleaser:
         finally:
             await wal.close()
         last = wal.next_offset - 1
-        self._released.move(name)
+        await self._released.move_off_loop(name)
         log.warning("topic %s: WAL kept as released segments (last offset %d); served for tiering", name, last)
         await record_last_written(self._store, name, self._broker_id, last)
         return last

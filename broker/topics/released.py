@@ -79,6 +79,15 @@ class ReleasedSegments:
                         found.append((f, int(m.group(1)), int(m.group(2)), f.stat().st_size))
         return sorted(found, key=lambda t: t[1])
 
+    async def move_off_loop(self, name: TopicName) -> Path | None:
+        """:meth:`move` in a worker thread: its directory syncs never stall the event loop
+        (lease keep-alives run there).
+
+        Raises:
+            OSError: see :meth:`move`.
+        """
+        return await asyncio.to_thread(self.move, name)
+
     def move(self, name: TopicName) -> Path | None:
         """Move the topic's WAL directory to :attr:`directory` (its sealed segments are
         served for tiering from there); ``None`` when there is none.

@@ -13,7 +13,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 
@@ -32,6 +31,7 @@ from danube_pipeline.errors import (
     MalformedRequestError,
     OffsetRangeError,
     ProducerClosedError,
+    ProducerFencedError,
 )
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.proto import danube_pb2 as pb
@@ -59,7 +59,13 @@ class BatchSender:
 
     Attributes:
         accumulator: frames messages into batches; each closed batch is queued here.
-        producer_id: the broker-assigned id; 0 before the producer is created.
+        producer_id: the broker-assigned id of the producer's session; 0 before the producer
+            is created.
+        idempotent_producer_id: the idempotent identity's producer id, kept across re-creations
+            of the producer (a reconnect, a topic move); 0 before the first creation (or from
+            a broker that assigns none).
+        producer_epoch: the identity's epoch; a newer instance of the producer name bumps it
+            and fences this one (:class:`~danube_pipeline.errors.ProducerFencedError`).
         schema_id: the registered schema's global id; 0 without a schema.
         schema_version: the schema's version within its subject; 0 without a schema.
         max_message_size_bytes: largest payload the broker accepts, in bytes; 0 before.
@@ -104,10 +110,14 @@ class BatchSender:
         self._needs_producer = False
         self._retry_at = 0.0
         self._sequence = itertools.count(1)
-        # Message sequence numbers for idempotent produce (the broker's ``broker/topics/producer_sequences.py``):
-        # they start at the wall clock in µs, so a producer re-opened under the same name starts
-        # above the numbers its earlier incarnation used (while it sent under 1 message per µs).
-        self._next_message_sequence = time.time_ns() // 1000
+        # Message sequence numbers for idempotent produce (the broker's
+        # ``broker/topics/producer_sequences.py``): they start at 0 per identity, which the broker
+        # assigns at the first CreateProducer and this instance keeps when it re-creates its
+        # producer. A new instance gets a new epoch, so no clock is involved.
+        self.idempotent_producer_id = 0
+        self.producer_epoch = 0
+        self._fenced: ProducerFencedError | None = None
+        self._next_message_sequence = 0
         self._runner: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -128,7 +138,10 @@ class BatchSender:
         Raises:
             MessageTooLargeError: the payload is too large; nothing is queued.
             MalformedRequestError: an attribute breaks a limit of the record format.
+            ProducerFencedError: a newer instance of the producer took its name over.
         """
+        if self._fenced is not None:
+            raise self._fenced
         future = self.accumulator.append(payload, attributes, key)
         if self._adaptive:
             self._wakeup.set()
@@ -227,6 +240,9 @@ class BatchSender:
                     schema=schema_ref,
                     delivery=DeliveryMode.RELIABLE.name,
                     request_id=request_id,
+                    idempotent=True,
+                    idempotent_producer_id=self.idempotent_producer_id,
+                    producer_epoch=self.producer_epoch,
                 ),
                 timeout=timeout,
             )
@@ -236,6 +252,10 @@ class BatchSender:
             self._topic, create_producer, refresh=refresh, create_missing=True
         )
         self.producer_id = response.producer_id
+        # The identity: the one held, confirmed; or a new one (first creation, or the broker
+        # forgot the held one with a topic deleted since). Batches keep their sequences.
+        self.idempotent_producer_id = response.idempotent_producer_id
+        self.producer_epoch = response.producer_epoch
         self.max_message_size_bytes = response.max_message_size_bytes
         self.accumulator.max_message_size_bytes = response.max_message_size_bytes
         if response.max_batch_bytes:
@@ -280,10 +300,23 @@ class BatchSender:
                 head.attempts += 1
                 if head.attempts > self._ctx.retries:
                     self._inflight.popleft().fail(exc)
+        elif isinstance(exc, ProducerFencedError):
+            self._fence(exc)
         elif self._inflight:
             # The broker answers in order: the error belongs to the oldest unanswered batch.
             self._inflight.popleft().fail(exc)
         self._wakeup.set()
+
+    def _fence(self, exc: ProducerFencedError) -> None:
+        """A newer instance holds the producer's name: every message not answered yet fails
+        with ``exc``, and so does every later send."""
+        log.warning("producer %s: fenced by a newer instance (%s)", self._producer_name, exc)
+        self._fenced = exc
+        self.accumulator.abort(exc)
+        for batch in itertools.chain(self._inflight, self._pending):
+            batch.fail(exc)
+        self._inflight.clear()
+        self._pending.clear()
 
     @contextlib.contextmanager
     def _stream_failures(self, gen: int, address: str) -> Iterator[None]:
@@ -352,6 +385,9 @@ class BatchSender:
                     await asyncio.sleep(delay_s)
                 try:
                     await self.connect(refresh=self._needs_lookup, create=self._needs_producer)
+                except ProducerFencedError as exc:
+                    self._fence(exc)
+                    continue
                 except DanubeError as exc:
                     log.warning("producer %s: cannot reconnect: %s", self._producer_name, exc)
                     for batch in itertools.chain(self._inflight, self._pending):
@@ -383,7 +419,12 @@ class BatchSender:
         request = pb.SendBatchRequest(
             producer_id=self.producer_id,
             batch=batch.builder.build(
-                producer_id=self.producer_id,
+                # The identity (epoch << 48 | producer id), which the broker keys sequences
+                # by; the session id from a broker that assigned no identity.
+                producer_id=(
+                    self.producer_epoch << 48 | self.idempotent_producer_id
+                    if self.idempotent_producer_id else self.producer_id
+                ),
                 producer_name=self._producer_name,
                 schema_id=self.schema_id,
                 schema_version=self.schema_version,

@@ -184,7 +184,8 @@ class AdminClient:
         under ``/topics/{ns}/{topic}/`` (§3) and ``/danube-data/storage/topics/{ns}/{topic}/``
         (§5)), its WAL on the owner and the segments the owner kept from earlier releases,
         and its segment objects in object storage. Not deleted: its Iceberg table. The name
-        can be created again afterwards; it starts at offset 0.
+        can be created again afterwards; it starts at offset 0, and the next tiering renames
+        the old table to ``{topic}__incarnation_{id}`` (kept for readers) and starts a new one.
 
         A partitioned topic (§3.1) is deleted through any broker, which deletes each partition
         ``{topic}-part-{i}`` through the partition's owner, then the topic's own keys.

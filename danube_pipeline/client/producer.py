@@ -71,6 +71,12 @@ class Producer:
         producer_id: the broker-assigned id (changes if the producer is re-created after a
             broker failure); 0 before open, and on a partitioned topic (see
             :attr:`partition_producers`).
+        idempotent_producer_id: the idempotent identity's producer id, assigned at open
+            through etcd per topic and producer name, and kept when the producer is re-created
+            after a reconnect or a topic move; 0 before open and on a partitioned topic.
+        producer_epoch: the identity's epoch: a newer producer opened under the same name
+            bumps it, and this one's later sends fail with
+            :class:`~danube_pipeline.errors.ProducerFencedError`.
         schema_id: the registered schema's global id; 0 without a schema.
         schema_version: the schema's version within its subject; 0 without a schema.
         max_message_size_bytes: largest payload accepted, in bytes (the namespace policy's
@@ -114,6 +120,16 @@ class Producer:
     def producer_id(self) -> int:
         """The broker-assigned id; 0 before open and on a partitioned topic."""
         return self._sender.producer_id
+
+    @property
+    def idempotent_producer_id(self) -> int:
+        """The idempotent identity's producer id; 0 before open and on a partitioned topic."""
+        return self._sender.idempotent_producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        """The idempotent identity's epoch; 0 before open and on a partitioned topic."""
+        return self._sender.producer_epoch
 
     @property
     def schema_id(self) -> int:
@@ -241,6 +257,9 @@ class Producer:
             MalformedRequestError: an attribute breaks a limit of the record format; nothing
                 is sent.
             ProducerClosedError: the producer is not open.
+            ProducerFencedError: a newer producer opened under the same name fenced this one
+                (idempotent produce); every later send raises it too, and the messages not
+                acknowledged before failed with it.
         """
         if self._state != "open":
             raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
@@ -271,6 +290,7 @@ class Producer:
             SchemaMismatchError: the broker could not decode the payload with the schema.
             BrokerUnavailableError: no broker took the message within the retry budget.
             ProducerClosedError: the producer is not open, or closed before the ack.
+            ProducerFencedError: a newer producer opened under the same name fenced this one.
             DanubeError: another refusal from the broker.
         """
         return typing.cast(MessageId, await self.send_nowait(payload, attributes=attributes, key=key))

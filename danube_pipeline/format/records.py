@@ -7,7 +7,10 @@ segments; a sealed segment is immutable and is uploaded byte for byte as the obj
 
 Segment header (little endian, 32 bytes)::
 
-    magic b"DNB1" | format_version u16 | flags u16 | start_offset u64 | created_at_ms u64 | 8 zero bytes
+    magic b"DNB1" | format_version u16 | flags u16 | start_offset u64 | created_at_ms u64 | 8 reserved bytes
+
+The 8 reserved bytes are ignored by readers; the broker's WAL keeps its last write's position
+and size there (``broker.storage.wal.segment``, the write record), zero in older files.
 
 Format version 2 (:data:`FORMAT_VERSION`, written since record batches) holds producer-framed
 record batches (:mod:`danube_pipeline.format.batches`). Format version 1

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Protocol
 from pyiceberg.catalog import Catalog
 
 from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.tiering.incarnation import holds_incarnation, topic_incarnation
 from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_of
 
@@ -123,10 +125,15 @@ async def table_freshness(
     if delivery is not None and delivery.value == "NonReliable":
         return Freshness(topic.path, 0, None, 0, 0.0, None, limit_s, tiered=False)
     part = await partition_of(store, topic)
-    ident = iceberg.table_identifier(part.parent if part is not None else topic)
+    table_topic = part.parent if part is not None else topic
+    ident = iceberg.table_identifier(table_topic)
     partition = part.index if part is not None else None
     table = catalog.load_table(ident) if catalog.table_exists(ident) else None
     committed = iceberg.committed_end_offset(table, partition=partition) if table is not None else None
+    if table is not None:
+        descriptors, _ = await read_descriptors(store, topic)
+        if not holds_incarnation(table, await topic_incarnation(store, table_topic), committed, descriptors):
+            table, committed = None, None  # an earlier incarnation's: this one has committed nothing
     snapshot = table.current_snapshot() if table is not None else None
     last_commit_ms = snapshot.timestamp_ms if snapshot is not None else None
     description = await admin.describe_topic(topic.path)

@@ -214,6 +214,12 @@ def producer_sequences(topic: TopicName) -> str:
     return f"{storage_topic(topic)}/producer_sequences"
 
 
+def producer_identity(topic: TopicName, producer_name: str) -> str:
+    """§5.6.1 ``.../producer_ids/{producer_name}``: the idempotent identity (producer id and
+    epoch) of one producer name on the topic."""
+    return f"{storage_topic(topic)}/producer_ids/{producer_name}"
+
+
 def unavailable_prefix(topic: TopicName) -> str:
     """§5.5 ``.../unavailable/``: every unavailable range of the topic."""
     return f"{storage_topic(topic)}/unavailable/"

@@ -52,32 +52,42 @@ class SchemaReference(_message.Message):
     def __init__(self, schema_id: _Optional[int] = ..., schema_version: _Optional[int] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class CreateProducerRequest(_message.Message):
-    __slots__ = ("topic", "producer_name", "access_mode", "schema", "delivery", "request_id")
+    __slots__ = ("topic", "producer_name", "access_mode", "schema", "delivery", "request_id", "idempotent", "idempotent_producer_id", "producer_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     producer_name: str
     access_mode: int
     schema: SchemaReference
     delivery: DeliveryMode
     request_id: str
-    def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    idempotent: bool
+    idempotent_producer_id: int
+    producer_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[int] = ..., schema: _Optional[_Union[SchemaReference, _Mapping]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., request_id: _Optional[str] = ..., idempotent: _Optional[bool] = ..., idempotent_producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class CreateProducerResponse(_message.Message):
-    __slots__ = ("producer_id", "broker_id", "max_message_size_bytes", "max_batch_bytes")
+    __slots__ = ("producer_id", "broker_id", "max_message_size_bytes", "max_batch_bytes", "idempotent_producer_id", "producer_epoch")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     broker_id: int
     max_message_size_bytes: int
     max_batch_bytes: int
-    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ...) -> None: ...
+    idempotent_producer_id: int
+    producer_epoch: int
+    def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., idempotent_producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
     __slots__ = ("producer_id", "sequence_id", "batch")

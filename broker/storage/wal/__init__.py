@@ -1,7 +1,7 @@
 """The broker's write-ahead log, split the way Kafka splits its log: :mod:`.segment` (one
 file and its offset index), :mod:`.recovery` (bringing a directory back at open),
 :mod:`.local_log` (the segments: roll, read, delete), :mod:`.pending` (batches waiting for a
-group commit), :mod:`.group_commit` (the writer: one ``writev`` and one ``fdatasync`` per
+group commit), :mod:`.group_commit` (the writer: one ``pwritev`` and one ``fdatasync`` per
 commit) and :mod:`.log` (the facade: append, seal, read)."""
 
 from broker.storage.wal.log import WriteAheadLog

@@ -1,12 +1,25 @@
 """The group-commit writer of one topic's WAL: appends queued since the previous write go to
-disk in ONE ``os.writev`` and ONE ``os.fdatasync``.
+disk in ONE ``os.pwritev`` and ONE ``os.fdatasync``.
 
 :meth:`GroupCommit.enqueue` takes one producer-framed record batch, assigns its offsets at once
 and queues it; one writer task takes everything queued since its previous write and writes each
-batch's bytes as received, behind the base offset it was given, then syncs, in a worker thread
-for large writes (so the event loop keeps accepting appends meanwhile), and resolves every
+batch's bytes as received, behind the base offset it was given, then syncs, and resolves every
 waiting future. A producer is acknowledged only after the ``fdatasync`` that covers its batch.
 No Python object is made per message.
+
+The write and its ``fdatasync`` always run in a worker thread (:data:`SYNC_EXECUTOR`), never
+on the event loop: a slow disk must not stall lease keep-alives, which an owner's
+self-fencing depends on. The writer task awaits each write before it starts the next (one
+``pwritev`` + one ``fdatasync`` per group, in order). Each write also updates the segment
+header's *write record* (:func:`~broker.storage.wal.segment.encode_write_record`: where this
+write starts and its size), covered by the same ``fdatasync``, so recovery can tell a torn
+group commit from corruption (:mod:`broker.storage.wal.recovery`).
+
+After the ``fdatasync`` and before any future is resolved, the writer asks the
+:class:`OffsetGuard` again (:meth:`OffsetGuard.refuse_ack`): an owner that went past its
+self-fencing deadline during the write (:mod:`broker.cluster.ownership`) does not
+acknowledge; the batch is durable (its offsets are never handed out again) but its appends
+fail with the guard's typed error.
 
 A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 :class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
@@ -24,21 +37,24 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
+from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
 from danube_pipeline.outages import OutageLog
 
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.pending import PendingAppend, plan_write, write_all
+from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
 from broker.tasks import run_to_completion
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
 
-DEFAULT_INLINE_WRITE_MAX_BYTES = 64 * 1024
-"""Group commits up to this size are written and synced on the event loop; larger ones in a
-worker thread, so the loop keeps serving while the disk works."""
+SYNC_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="wal-sync")
+"""The threads every WAL's writes and ``fdatasync`` calls run in (one at a time per WAL), apart
+from the default executor so that slow disks cannot starve other blocking work."""
 
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -50,6 +66,11 @@ def storage_error(exc: BaseException, path: Path) -> BaseException:
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return StorageFullError(str(path), os.strerror(exc.errno))
     return exc
+
+
+async def _in_sync_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` in :data:`SYNC_EXECUTOR`."""
+    await asyncio.get_running_loop().run_in_executor(SYNC_EXECUTOR, work)
 
 
 class StorageMonitor(Protocol):
@@ -71,6 +92,12 @@ class OffsetGuard(Protocol):
         ...
 
     async def reserve_through(self, offset: int) -> None: ...
+
+    def refuse_ack(self, offset: int) -> Exception | None:
+        """After a write up to ``offset`` is durable and before it is acknowledged: the typed
+        error to fail its appends with when acknowledging is no longer allowed (fenced, or past
+        the self-fencing deadline), else ``None``."""
+        ...
 
 
 class GroupCommit:
@@ -110,7 +137,6 @@ class GroupCommit:
         self._seal_outage = seal_outage
         self._on_written = on_written
         self._on_handed_back = on_handed_back
-        self.inline_write_max_bytes = DEFAULT_INLINE_WRITE_MAX_BYTES
         self.sync_count = 0
         self.record_count = 0
         self.byte_count = 0
@@ -211,18 +237,21 @@ class GroupCommit:
         start_length = active.length
 
         buffers, positions, size = plan_write(batch, start_length)
+        pending = encode_write_record(start_length, size, synced=False)
+        synced = encode_write_record(start_length, size, synced=True)
 
         def work() -> None:
-            write_all(fd, buffers)
+            faults.point(faults.WAL_BEFORE_FDATASYNC)
+            os.pwrite(fd, pending, WRITE_RECORD_AT)  # synced with the write below
+            write_all(fd, buffers, start_length)
             os.fdatasync(fd)
+            with contextlib.suppress(OSError):  # the write is durable either way
+                os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
 
         try:
-            if size <= self.inline_write_max_bytes:
-                # A small commit is cheaper on the event loop than handed to a thread and back
-                # (about 0.1 ms each way); appends arriving meanwhile join the next commit.
-                work()
-            else:
-                await asyncio.to_thread(work)
+            # Never on the event loop (module docstring); run to its end even if this task is
+            # cancelled, so the state below always follows the file.
+            await run_to_completion(_in_sync_thread(work))
         except BaseException as exc:
             self._fail_batch(batch, exc, fd, start_length)
             if not isinstance(exc, Exception):
@@ -244,9 +273,18 @@ class GroupCommit:
             if self.storage_monitor is not None:
                 self.storage_monitor.storage_available(self._directory)
         self._on_written()
+        guard = self.offset_guard
+        refused = guard.refuse_ack(batch[-1].last_offset) if guard is not None else None
+        if refused is not None:
+            # Durable, yet this owner may no longer acknowledge (it may be failed over): the
+            # offsets stay used; the producers retry where the topic is served now.
+            self._reserve_outage.failed(f"{len(batch)} durable appends not acknowledged: {refused}")
         for item in batch:
             if not item.future.done():
-                item.future.set_result((item.first_offset, item.last_offset))
+                if refused is not None:
+                    item.future.set_exception(refused)
+                else:
+                    item.future.set_result((item.first_offset, item.last_offset))
 
     def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were

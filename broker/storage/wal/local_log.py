@@ -15,10 +15,14 @@ import logging
 import os
 from pathlib import Path
 
-from danube_pipeline.format.segments import StoredBatch
+from danube_pipeline.errors import CorruptRecordError, SegmentUnreadableError
+from danube_pipeline.format.segments import StoredBatch, scan_segment
 
+from broker.storage.wal.abandoned import AbandonedRange
+from broker.storage.wal.quarantine import find_valid_after, write_marker
 from broker.storage.wal.recovery import LogLoader, Quarantine
 from broker.storage.wal.segment import (
+    OffsetIndex,
     SealedSegment,
     Segment,
     create_active_segment,
@@ -51,6 +55,11 @@ class LocalLog:
         active_first_append_s: when the active segment got its first record (s since the
             epoch), or ``None`` while it holds none.
         quarantine: the segment recovery quarantined, or ``None``.
+        abandoned: the ranges recorded as abandoned (:mod:`broker.storage.wal.abandoned`):
+            segments may leave a gap there, which reads step over.
+        unreadable: segments found corrupt by a read (or found again at open, by their
+            marker), by start offset: readers get
+            :class:`~danube_pipeline.errors.SegmentUnreadableError` past the last good offset.
         sync_count: ``fdatasync`` calls made by seals.
     """
 
@@ -63,6 +72,8 @@ class LocalLog:
         self.active_first_append_s: float | None = None
         self.roll_pending = False
         self.quarantine: Quarantine | None = None
+        self.abandoned: list[AbandonedRange] = []
+        self.unreadable: dict[int, Quarantine] = {}
         self.sync_count = 0
         self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
 
@@ -78,6 +89,8 @@ class LocalLog:
         self.active = loaded.active
         self.active_first_append_s = loaded.first_append_s
         self.quarantine = loaded.quarantine
+        self.abandoned = loaded.abandoned
+        self.unreadable = {start: q for start, q in loaded.unreadable.items()}
         return loaded.active.end + 1
 
     def _create_active(self, start: int) -> Segment:
@@ -298,14 +311,35 @@ class LocalLog:
         while records < max_records and offset < self.durable_end and budget > 0:
             seg = self._segment_for(offset)
             if seg is None:
-                break
+                # A gap between segments (abandoned offsets): go on at the next segment; the
+                # reader sees batches start past the offset it asked for.
+                seg = self._segment_after(offset)
+                if seg is None:
+                    break
+                offset = seg.start
             if seg is self.active:
                 assert seg.fd is not None
                 fd = seg.fd
             else:
                 fd = self._sealed_fd(seg)
-            seg.ensure_index(fd, self.index_interval_bytes)
-            got, used = seg.read(fd, offset, max_records - records, budget)
+            wanted = max_records - records
+            flagged = self.unreadable.get(seg.start)
+            if flagged is not None:
+                if offset > flagged.last_good_offset:
+                    if out:
+                        break
+                    raise SegmentUnreadableError(str(seg.path), flagged.position, flagged.last_good_offset + 1, seg.end)
+                wanted = min(wanted, flagged.last_good_offset + 1 - offset)  # never reaches the bad batch
+                if seg.index is None:  # recovered: index its good prefix only
+                    self._index_good_prefix(seg, os.pread(fd, seg.length, 0), flagged.last_good_offset)
+            try:
+                seg.ensure_index(fd, self.index_interval_bytes)
+                got, used = seg.read(fd, offset, wanted, budget)
+            except CorruptRecordError as exc:
+                if flagged is not None:
+                    raise
+                self._flag_unreadable(seg, fd, exc)
+                continue  # serves the good part, then refuses the rest
             if not got:
                 break
             out.extend(got)
@@ -313,6 +347,55 @@ class LocalLog:
             records += got[-1].last_offset + 1 - offset
             offset = got[-1].last_offset + 1
         return out
+
+    def _flag_unreadable(self, seg: Segment, fd: int, exc: CorruptRecordError) -> Quarantine:
+        """A read found a bad batch in ``seg``: scan it once, write its quarantine marker
+        (:mod:`broker.storage.wal.quarantine`), log ERROR and flag it in :attr:`unreadable`, so
+        readers get the good prefix and then a typed error, never the bad bytes.
+
+        Raises:
+            CorruptRecordError: ``exc`` again when the scan finds no bad batch up to the
+                segment's end (the read failed, not the bytes).
+        """
+        data = os.pread(fd, seg.length, 0)
+        scan = scan_segment(data, expected_first_offset=seg.start, keep_positions=True)
+        last_good = min(seg.start + scan.record_count - 1, seg.end)
+        if scan.error is None or last_good >= seg.end:
+            raise exc
+        if seg.index is None:
+            self._index_good_prefix(seg, data, last_good)
+        found = find_valid_after(data, scan.valid_length, last_good, format_version=seg.format_version)
+        quarantine = Quarantine(
+            segment=seg.path, position=scan.valid_length, last_good_offset=last_good,
+            next_valid_offset=found[1] if found else last_good + 1,
+            next_valid_position=found[0] if found else scan.valid_length, error=scan.error, detected_at_ms=now_ms(),
+        )
+        try:
+            quarantine = write_marker(quarantine)
+            fsync_dir(self.directory)
+        except OSError as write_exc:
+            log.error("WAL %s: cannot write the quarantine marker of %s: %s", self.directory, seg.path.name, write_exc)
+        self.unreadable[seg.start] = quarantine
+        log.error(
+            "WAL %s: QUARANTINED segment %s on read: corrupt at byte %d (%s); readers get offsets up to %d and "
+            "then an error for offsets %d..%d (the bytes are kept, marker %s). Operator: stop the broker and run "
+            "`python -m broker.storage.wal.repair %s`", self.directory, seg.path.name, quarantine.position,
+            quarantine.error, last_good, last_good + 1, seg.end, quarantine.marker.name, self.directory,
+        )
+        return quarantine
+
+    def _index_good_prefix(self, seg: Segment, data: bytes, last_good: int) -> None:
+        """Give a corrupt segment an index of its batches up to ``last_good`` only."""
+        scan = scan_segment(data, expected_first_offset=seg.start, keep_positions=True)
+        seg.index = OffsetIndex.from_positions(scan.positions, self.index_interval_bytes, through_offset=last_good)
+
+    def _segment_after(self, offset: int) -> Segment | None:
+        """The first segment starting above ``offset`` (the active one when no sealed one does)."""
+        i = bisect.bisect_right(self._sealed_starts, offset)
+        if i < len(self._sealed):
+            return self._sealed[i]
+        active = self.active
+        return active if active is not None and active.start > offset else None
 
     def _segment_for(self, offset: int) -> Segment | None:
         active = self.active

@@ -5,8 +5,8 @@ A topic's WAL is a directory of segment files (:mod:`broker.storage.wal.segment`
 contiguous across them. :mod:`broker.storage.wal.recovery` brings the directory back at open,
 :mod:`broker.storage.wal.local_log` holds the segments (roll, read, delete), and
 :mod:`broker.storage.wal.group_commit` writes the appends: everything queued since the previous
-write in ONE ``os.writev`` and ONE ``os.fdatasync``; a producer is acknowledged only after the
-``fdatasync`` that covers its batch. :class:`WriteAheadLog` is the facade over them.
+write in ONE ``os.pwritev`` and ONE ``os.fdatasync``, in a worker thread; a producer is
+acknowledged only after the ``fdatasync`` that covers its batch. :class:`WriteAheadLog` is the facade over them.
 
 A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 :class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
@@ -28,6 +28,7 @@ from pathlib import Path
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.format.segments import StoredBatch
 
+from broker.storage.wal.abandoned import AbandonedRange
 from broker.storage.wal.group_commit import GroupCommit, OffsetGuard, StorageMonitor
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.recovery import Quarantine
@@ -82,11 +83,13 @@ class WriteAheadLog:
     ) -> WriteAheadLog:
         """Open (or create) the WAL in ``directory``, recovering its files.
 
-        Recovery follows :mod:`broker.storage.wal.recovery`: a torn tail of the active segment (nothing
-        valid after the first bad batch) is truncated (and logged), and appends continue at the
-        last good offset + 1; corruption followed by valid batches quarantines the segment
-        (:attr:`quarantine`): reads stop before it and appends are refused until an operator
-        runs ``python -m broker.storage.wal.repair``.
+        Recovery follows :mod:`broker.storage.wal.recovery`: a torn tail of the active segment
+        (nothing valid after the first bad batch, or the rest of a group commit torn by a power
+        cut) is truncated (and logged), and appends continue at the last good offset + 1;
+        corruption followed by valid batches, or a damaged header that cannot be rebuilt,
+        quarantines the segment (:attr:`quarantine`): reads stop before it and appends are
+        refused until an operator runs ``python -m broker.storage.wal.repair``. Appends never
+        reuse an offset recorded as abandoned (:attr:`abandoned`).
 
         Args:
             directory: the topic's WAL directory, created if missing.
@@ -159,6 +162,17 @@ class WriteAheadLog:
         :mod:`broker.storage.wal.recovery`), or ``None``. While set, reads serve offsets up to its last
         good offset and appends are refused; ``python -m broker.storage.wal.repair`` lifts it offline."""
         return self._local.quarantine
+
+    @property
+    def abandoned(self) -> list[AbandonedRange]:
+        """Offset ranges handed out once and lost for good, recorded in the WAL directory
+        (:mod:`broker.storage.wal.abandoned`); never handed out again. Reads step over them."""
+        return list(self._local.abandoned)
+
+    @property
+    def abandoned_offset_count(self) -> int:
+        """How many offsets :attr:`abandoned` holds."""
+        return sum(rng.offset_count for rng in self._local.abandoned)
 
     @property
     def sync_count(self) -> int:

@@ -56,9 +56,9 @@ def plan_write(
     return buffers, positions, pos - start_position
 
 
-def write_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
-    """``os.writev`` every buffer, continuing after partial writes and in chunks of at most
-    ``IOV_MAX`` buffers.
+def write_all(fd: int, buffers: Sequence[bytes | memoryview], position: int) -> None:
+    """``os.pwritev`` every buffer from byte ``position`` on, continuing after partial writes
+    and in chunks of at most ``IOV_MAX`` buffers.
 
     Raises:
         OSError: the write failed (e.g. ``ENOSPC``).
@@ -66,7 +66,8 @@ def write_all(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
     views = [memoryview(b) for b in buffers if len(b)]
     i = 0
     while i < len(views):
-        written = os.writev(fd, views[i : i + _IOV_MAX])
+        written = os.pwritev(fd, views[i : i + _IOV_MAX], position)
+        position += written
         while written:
             size = len(views[i])
             if written >= size:

@@ -11,14 +11,41 @@ segment ready for appends. The rules, in the order they are applied:
   after the named end was never acknowledged and is cut off, unless a valid batch follows the
   bad one (then the file is quarantined as below, its name and bytes kept, reads stopping at
   its named end at most); fewer records than its name says is corruption and refuses the open.
-* Every active file (``{start}.log``) but the newest is set aside. The newest is scanned; where
+* Every active file (``{start}.log``) but the newest is set aside. The newest one's header is
+  checked first: a header that is unusable (short, bad magic, unknown version) or that names
+  another start offset than the file name is *rebuilt* when the first batch at byte 32 is
+  intact and carries the name's start offset (nothing is lost), and otherwise the file is
+  **quarantined** as below (kept byte for byte, never deleted: its batches may have been
+  acknowledged; reads serve none of it). A file with nothing after its header held no batch:
+  it is set aside as ``*.stale`` and a fresh one takes its place. The file is then scanned; where
   the scan stops at a bad batch, recovery looks past it (:func:`find_valid_after`) for a later
   complete batch whose CRC32C matches and whose base offset is above the last good one:
 
   - nothing valid follows: a torn tail, never acknowledged (every ack follows an
     ``fdatasync`` of everything before it); the file is truncated at the bad batch and
     appends continue at the last good offset + 1.
-  - a valid batch follows: corruption in the middle, with acknowledged batches after it. The
+  - a valid batch follows, but the bad batch lies in the last group commit, whose
+    ``fdatasync`` never returned: a **torn group commit**. One ``pwritev`` covers several
+    batches, and a power cut can persist a later page of it and lose an earlier one; nothing
+    of that write was acknowledged, so the file is truncated at the bad batch (one WARNING
+    line) as for a torn tail. Recovery knows the write boundary from the header's *write
+    record* (:mod:`broker.storage.wal.segment`), which the group commit writes before each
+    write's batches, covered by the same ``fdatasync``, and again with a *synced* bit after
+    it returns (:func:`unsynced_write_start`):
+
+    * no synced bit: the recorded write is the last one that started; it may be unsynced, so
+      bytes from its start on may be torn. (A later write cannot exist on disk with its own
+      record lost: that write's ``fdatasync`` would have made its record durable with it.)
+    * synced bit: the recorded write was synced; only bytes from its end on (a later write
+      whose record never became durable, hence whose ``fdatasync`` never returned) may be
+      torn.
+
+    The boundary must fall on a batch boundary of the good prefix, or the record is not
+    trusted. What stays possible is media corruption inside the very last write after its
+    ``fdatasync`` returned, whose synced bit was not yet durable (a power cut within the next
+    commit): it is taken for a torn write. Files without a record (written before it) keep
+    the rule below.
+  - any other valid batch follows: corruption in the middle, with acknowledged batches after it. The
     file is **quarantined**, not truncated: its bytes stay as they are, a marker
     ``{segment file name}.quarantine`` (JSON, :class:`Quarantine`) is written next to it, one
     ERROR line is logged, reads serve offsets up to the last good one and never past it, and
@@ -37,33 +64,39 @@ segment ready for appends. The rules, in the order they are applied:
   means quarantine); a quarantined version 1 file is not sealed.
 * With no record at all, the WAL starts at ``initial_offset`` (the sealed state's
   ``last_committed_offset + 1`` after a topic move, ``docs/etcd-layout.md`` §5.3).
+* Offsets handed out once and lost for good are recorded as *abandoned* in the directory's
+  ``abandoned.json`` (:mod:`broker.storage.wal.abandoned`, written by the repair before it cuts
+  a file). The WAL never hands them out again: it continues at the highest abandoned offset
+  + 1 at least; an active segment holding records below that is sealed as it is, an empty one
+  replaced. Segments then leave a gap there, which reads step over.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-import crc32c as _crc32c
-
-from danube_pipeline.format import batches
-from danube_pipeline.errors import CorruptRecordError, SegmentQuarantinedError
+from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.format.records import (
+    FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
-    MAX_RECORD_BODY_BYTES,
-    RECORD_FIXED_SIZE,
-    RECORD_FRAME_SIZE,
+    SEGMENT_HEADER_SIZE,
     ScanResult,
     SegmentHeader,
 )
-from danube_pipeline.format.segments import MAX_BATCH_BYTES, scan_segment
+from danube_pipeline.format.segments import scan_batches, scan_segment
 
+from broker.storage.wal.abandoned import AbandonedRange, next_offset_floor, read_abandoned
+from broker.storage.wal.quarantine import (
+    QUARANTINE_SUFFIX,
+    Quarantine,
+    find_valid_after,
+    marker_path,
+    read_marker,
+    write_marker,
+)
 from broker.storage.wal.segment import (
     ACTIVE_NAME_RE,
     SEALED_NAME_RE,
@@ -75,191 +108,34 @@ from broker.storage.wal.segment import (
     now_ms,
     read_header,
     sealed_name,
+    WriteRecord,
+    decode_write_record,
     truncate_file,
 )
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_SUFFIX = ".quarantine"
-"""Suffix of the marker written next to a quarantined segment: ``{segment file name}.quarantine``."""
-
-_BATCH_PREFIX = struct.Struct("<QII")  # base_offset, batch_length, crc32c
-_BATCH_COUNT = struct.Struct("<I")
-_BATCH_MAGIC_AT = 16
-_BATCH_COUNT_AT = 20
-_FRAME = struct.Struct("<II")  # version 1: body_length, crc32c
-_OFFSET = struct.Struct("<Q")
+__all__ = [
+    "QUARANTINE_SUFFIX", "LoadedLog", "LogLoader", "Quarantine", "find_valid_after", "marker_path", "read_marker",
+    "write_marker",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class Quarantine:
-    """A segment with corruption in the middle, kept byte for byte until an operator decides.
+def unsynced_write_start(record: WriteRecord | None, scan: ScanResult) -> int | None:
+    """The byte position from which an active segment's bytes were never synced, by its write
+    record (module docstring), or ``None`` when the record cannot say.
 
-    Attributes:
-        segment: the segment file.
-        position: byte position of the bad batch; the good prefix is bytes ``[0, position)``.
-        last_good_offset: the last offset of the good prefix (the segment's start - 1 if none).
-        next_valid_offset: base offset of the first valid batch found after the bad one.
-        next_valid_position: byte position of that batch.
-        error: why the scan stopped at ``position``.
-        detected_at_ms: when the corruption was first found (ms since the Unix epoch).
+    Without the synced bit, the recorded write may not have been synced: from its start. With
+    it, the write was synced, and only a later write (whose record never became durable, so
+    whose ``fdatasync`` never returned) may be torn: from its end. The position must be a
+    batch boundary of the good prefix (or the bad batch's own position), else the record is
+    not trusted.
     """
-
-    segment: Path
-    position: int
-    last_good_offset: int
-    next_valid_offset: int
-    next_valid_position: int
-    error: str
-    detected_at_ms: int
-
-    @property
-    def marker(self) -> Path:
-        """The marker file: ``{segment file name}.quarantine`` next to the segment."""
-        return marker_path(self.segment)
-
-    def append_error(self) -> SegmentQuarantinedError:
-        """The error an append to the quarantined WAL fails with."""
-        return SegmentQuarantinedError(
-            str(self.segment), self.position, self.last_good_offset, self.next_valid_offset
-        )
-
-    def same_facts(self, other: Quarantine) -> bool:
-        """Whether ``other`` describes the same corruption (all but the detection time)."""
-        return replace(other, detected_at_ms=self.detected_at_ms) == self
-
-    def to_json(self) -> dict[str, Any]:
-        """The marker's JSON object: the segment's file name, positions in bytes, offsets, the
-        error text and the detection time (ISO 8601, UTC, milliseconds)."""
-        detected = datetime.fromtimestamp(self.detected_at_ms / 1000, tz=UTC)
-        return {
-            "segment": self.segment.name,
-            "position": self.position,
-            "last_good_offset": self.last_good_offset,
-            "next_valid_offset": self.next_valid_offset,
-            "next_valid_position": self.next_valid_position,
-            "error": self.error,
-            "detected_at": detected.isoformat(timespec="milliseconds"),
-            "operator_action": f"stop the broker, then: python -m broker.storage.wal.repair {self.segment.parent}",
-        }
-
-    @classmethod
-    def from_json(cls, directory: Path, obj: Any) -> Quarantine:
-        """The quarantine a marker of ``directory`` describes.
-
-        Raises:
-            ValueError: ``obj`` is not a marker object (a field is missing or mistyped).
-        """
-        try:
-            ints = {k: obj[k] for k in ("position", "last_good_offset", "next_valid_offset", "next_valid_position")}
-            if not all(isinstance(v, int) for v in ints.values()):
-                raise ValueError(f"non-integer field in {ints}")
-            segment, error = obj["segment"], obj["error"]
-            if not isinstance(segment, str) or not isinstance(error, str) or "/" in segment:
-                raise ValueError("segment and error must be strings, segment a file name")
-            detected = datetime.fromisoformat(obj["detected_at"])
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a quarantine marker: {exc!r}") from exc
-        return cls(
-            segment=directory / segment, error=error, detected_at_ms=round(detected.timestamp() * 1000), **ints
-        )
-
-
-def marker_path(segment: Path) -> Path:
-    """The quarantine marker of ``segment``: ``{segment file name}.quarantine`` next to it."""
-    return segment.with_name(segment.name + QUARANTINE_SUFFIX)
-
-
-def read_marker(marker: Path) -> Quarantine:
-    """The quarantine a marker file describes.
-
-    Raises:
-        ValueError: the file is not JSON or not a marker.
-        OSError: the file cannot be read.
-    """
-    try:
-        obj = json.loads(marker.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{marker}: not JSON: {exc}") from exc
-    return Quarantine.from_json(marker.parent, obj)
-
-
-def write_marker(quarantine: Quarantine) -> Quarantine:
-    """Write ``quarantine``'s marker (temporary file, ``fsync``, rename); the caller syncs the
-    directory. An existing marker describing the same corruption is kept as it is.
-
-    Returns:
-        ``quarantine``, with the detection time of the existing marker when one was kept.
-
-    Raises:
-        OSError: the marker cannot be written.
-    """
-    marker = quarantine.marker
-    try:
-        old = read_marker(marker)
-    except (OSError, ValueError):
-        old = None
-    if old is not None and quarantine.same_facts(old):
-        return old
-    tmp = marker.with_name(marker.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(quarantine.to_json(), f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, marker)
-    return quarantine
-
-
-def find_valid_after(
-    data: bytes, position: int, last_good_offset: int, *, format_version: int
-) -> tuple[int, int] | None:
-    """Look past the bad batch at ``position`` for a valid later one.
-
-    Walks forward from byte ``position + 1`` for the first position where a complete batch
-    starts (version 2: plausible length within the data, magic, at least one record, CRC32C;
-    :mod:`danube_pipeline.format.batches`) or a complete record frame (version 1: plausible length,
-    CRC32C; :mod:`danube_pipeline.format.records`) whose (base) offset is above
-    ``last_good_offset``. The batch at ``position`` itself never counts, whatever its offset.
-
-    Args:
-        data: the whole segment file.
-        position: byte position where the scan of the good prefix stopped.
-        last_good_offset: the last offset of the good prefix (the segment's start - 1 if none).
-        format_version: the segment header's format version.
-
-    Returns:
-        ``(byte_position, offset)`` of the first such batch or record, or ``None`` when
-        nothing valid follows (a torn tail).
-    """
-    end = len(data)
-    if format_version == LEGACY_FORMAT_VERSION:
-        for pos in range(position + 1, end - RECORD_FRAME_SIZE - RECORD_FIXED_SIZE + 1):
-            length, crc = _FRAME.unpack_from(data, pos)
-            body = pos + RECORD_FRAME_SIZE
-            if not RECORD_FIXED_SIZE <= length <= MAX_RECORD_BODY_BYTES or body + length > end:
-                continue
-            offset = _OFFSET.unpack_from(data, body)[0]
-            if offset > last_good_offset and _crc32c.crc32c(memoryview(data)[body : body + length]) == crc:
-                return pos, offset
+    if record is None:
         return None
-    magic = bytes([batches.MAGIC])
-    at = position + 1 + _BATCH_MAGIC_AT
-    while (at := data.find(magic, at)) >= 0:
-        pos = at - _BATCH_MAGIC_AT
-        at += 1
-        if end - pos < batches.BATCH_HEADER_SIZE:
-            return None
-        base, length, _crc = _BATCH_PREFIX.unpack_from(data, pos)
-        total = 12 + length
-        if (
-            base > last_good_offset
-            and batches.BATCH_HEADER_SIZE <= total <= MAX_BATCH_BYTES
-            and pos + total <= end
-            and _BATCH_COUNT.unpack_from(data, pos + _BATCH_COUNT_AT)[0] >= 1
-            and batches.crc_matches(data, pos, total)
-        ):
-            return pos, base
+    boundary = record.position + record.size_bytes if record.synced else record.position
+    if boundary == scan.valid_length or boundary in {pos for _, pos in scan.positions}:
+        return boundary
     return None
 
 
@@ -275,12 +151,17 @@ class LoadedLog:
             it is not sealed by age).
         quarantine: the quarantined segment (the newest sealed one first, else the active
             one), or ``None``; appends must be refused while it is set.
+        abandoned: the ranges recorded as abandoned (:mod:`broker.storage.wal.abandoned`).
+        unreadable: older sealed segments whose quarantine marker a read wrote and whose bytes
+            are still corrupt, by start offset: readers get an error past the last good offset.
     """
 
     sealed: list[Segment]
     active: Segment
     first_append_s: float | None
     quarantine: Quarantine | None = None
+    abandoned: list[AbandonedRange] = field(default_factory=list)
+    unreadable: dict[int, Quarantine] = field(default_factory=dict)
 
 
 class LogLoader:
@@ -310,10 +191,18 @@ class LogLoader:
             CorruptRecordError: a sealed file's name disagrees with its header, the newest one
                 holds fewer records than its name says, or the active file overlaps the sealed
                 ones with records beyond them.
+            ValueError: the abandoned-ranges record is not valid.
             OSError: the directory or files cannot be read or written.
         """
         make_dirs_durable(self.directory)  # its parents synced: a power cut cannot lose the tree
         self.quarantines = []
+        abandoned = read_abandoned(self.directory)
+        floor = next_offset_floor(abandoned)  # never hand an abandoned offset out again
+        for rng in abandoned:
+            log.warning(
+                "WAL %s: offsets %d..%d were abandoned (handed out once and lost: %s); never handed out again",
+                self.directory, rng.first_offset, rng.last_offset, rng.reason,
+            )
         sealed: list[Segment] = []
         actives: list[tuple[int, Path]] = []
         markers: list[Path] = []
@@ -326,7 +215,8 @@ class LogLoader:
                 markers.append(Path(entry.path))
         sealed = self._drop_covered(sealed)
         for prev, cur in zip(sealed, sealed[1:]):
-            if cur.start != prev.end + 1:
+            abandoned_gap = any(r.first_offset <= prev.end + 1 and cur.start - 1 <= r.last_offset for r in abandoned)
+            if cur.start != prev.end + 1 and not (cur.start > prev.end + 1 and abandoned_gap):
                 log.warning("WAL %s: gap or overlap between %s and %s", self.directory, prev.path.name, cur.path.name)
         if sealed:
             self._verify_sealed_end(sealed[-1])
@@ -342,16 +232,25 @@ class LogLoader:
             active = self._recover_active(start, path, expected_start, empty_wal=not sealed)
             if any(q.segment == active.path for q in self.quarantines):
                 pass  # kept as it is: neither sealed (version 1) nor aged
-            elif active.format_version == LEGACY_FORMAT_VERSION:
-                sealed.append(self._seal_legacy(active))
-                active = self._create_active(active.end + 1)
+            elif active.format_version == LEGACY_FORMAT_VERSION or (not active.is_empty and active.end < floor - 1):
+                # Version 1, or records below an abandoned range: sealed as they are, so the
+                # next offset handed out lies past the abandoned offsets.
+                sealed.append(self._seal_recovered(active))
+                active = self._create_active(max(active.end + 1, floor))
+            elif active.is_empty and active.start < floor:
+                active = self._replace_active(active, floor)
             elif not active.is_empty:
                 first_append_s = active.created_at_ms / 1000.0
         else:
-            active = self._create_active(expected_start)
+            active = self._create_active(max(expected_start, floor))
         current = {q.marker for q in self.quarantines}
+        unreadable: dict[int, Quarantine] = {}
         for marker in markers:
-            if marker not in current:
+            if marker in current:
+                continue
+            if found := self._still_unreadable(marker, sealed):
+                unreadable[found[0]] = found[1]
+            else:
                 log.warning(
                     "WAL %s: stale quarantine marker %s: its segment is gone or no longer corrupt "
                     "(python -m broker.storage.wal.repair %s removes it)", self.directory, marker.name, self.directory,
@@ -364,18 +263,46 @@ class LogLoader:
                 f"next offset {active.end + 1} is not past the sealed segments' end {sealed_end}",
             )
         quarantine = self.quarantines[0] if self.quarantines else None
-        return LoadedLog(sealed=sealed, active=active, first_append_s=first_append_s, quarantine=quarantine)
+        return LoadedLog(
+            sealed=sealed, active=active, first_append_s=first_append_s, quarantine=quarantine, abandoned=abandoned,
+            unreadable=unreadable,
+        )
+
+    def _still_unreadable(self, marker: Path, sealed: list[Segment]) -> tuple[int, Quarantine] | None:
+        """A marker a read wrote for a sealed segment (not the newest, which is checked whole):
+        ``(start, quarantine)`` when the segment is still corrupt before its named end, else
+        ``None`` (the marker is stale)."""
+        try:
+            quarantine = read_marker(marker)
+        except (OSError, ValueError):
+            return None
+        seg = next((s for s in sealed if s.path == quarantine.segment), None)
+        if seg is None:
+            return None
+        scan = scan_segment(seg.path.read_bytes(), expected_first_offset=seg.start)
+        last_good = seg.start + scan.record_count - 1
+        if scan.error is None or last_good >= seg.end:
+            return None
+        log.error(
+            "WAL %s: sealed segment %s is still corrupt at byte %d (%s): readers get offsets up to %d, then an "
+            "error (marker %s; python -m broker.storage.wal.repair %s)", self.directory, seg.path.name,
+            scan.valid_length, scan.error, last_good, marker.name, self.directory,
+        )
+        return seg.start, replace(quarantine, position=scan.valid_length, last_good_offset=last_good)
 
     def _look_past(
-        self, path: Path, data: bytes, scan: ScanResult, *, start: int, format_version: int
+        self, path: Path, data: bytes, scan: ScanResult, *, start: int, format_version: int,
+        write_record: WriteRecord | None = None,
     ) -> Quarantine | None:
-        """Decide between a torn tail and corruption in the middle for a scan that stopped at
-        a bad batch (see the module docstring); quarantine the file in the second case.
+        """Decide between a torn tail (or torn group commit) and corruption in the middle for
+        a scan that stopped at a bad batch (see the module docstring); quarantine the file in
+        the last case.
 
         Args:
             path: the segment file; ``data`` its bytes; ``start`` its first offset.
-            scan: the scan of ``data`` from ``start``, stopped with an error.
+            scan: the scan of ``data`` from ``start``, stopped with an error (with positions).
             format_version: the segment header's format version.
+            write_record: the active segment's write record, ``None`` for a sealed file.
 
         Returns:
             The quarantine (marker written, ERROR logged), or ``None`` for a torn tail.
@@ -387,6 +314,15 @@ class LogLoader:
         last_good = start + scan.record_count - 1
         found = find_valid_after(data, scan.valid_length, last_good, format_version=format_version)
         if found is None:
+            return None
+        unsynced_from = unsynced_write_start(write_record, scan)
+        if unsynced_from is not None and scan.valid_length >= unsynced_from:
+            log.warning(
+                "WAL %s: torn group commit in %s: the bad batch at byte %d (%s) and the valid batches after it "
+                "(from offset %d, byte %d) lie in the last write, from byte %d, whose fdatasync never returned: "
+                "nothing of it was acknowledged (a power cut persisted part of it); cutting it off",
+                self.directory, path.name, scan.valid_length, scan.error, found[1], found[0], unsynced_from,
+            )
             return None
         quarantine = write_marker(Quarantine(
             segment=path, position=scan.valid_length, last_good_offset=last_good, next_valid_offset=found[1],
@@ -404,15 +340,73 @@ class LogLoader:
         self.quarantines.append(quarantine)
         return quarantine
 
-    def _seal_legacy(self, seg: Segment) -> Segment:
-        """Seal a non-empty version 1 active segment under its sealed name."""
+    def _replace_active(self, seg: Segment, start: int) -> Segment:
+        """Remove the empty active segment ``seg`` (a header, no record) and create one at
+        ``start`` (past abandoned offsets)."""
+        if seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
+        seg.path.unlink()
+        return self._create_active(start)
+
+    def _damaged_header(
+        self, start: int, path: Path, data: bytes, why: str, expected_start: int
+    ) -> Segment | tuple[bytes, SegmentHeader]:
+        """An active segment whose header is unusable (module docstring): rebuild the header
+        when the first batch is intact where it belongs, else quarantine the file (never
+        delete it: its batches may have been acknowledged).
+
+        Returns:
+            ``(data, header)`` after a rebuild (recovery goes on with them), or the segment to
+            use: a fresh one when the file held nothing past its header (set aside), else the
+            quarantined file opened read-only.
+
+        Raises:
+            OSError: the file or the marker cannot be written.
+        """
+        if len(data) <= SEGMENT_HEADER_SIZE:  # no batch was ever in it: nothing to lose
+            self._set_aside(path, f"damaged header ({why}) and nothing after it")
+            return self._create_active(expected_start)
+        first = scan_batches(data, keep_positions=True)
+        if first.positions and first.positions[0] == (start, SEGMENT_HEADER_SIZE):
+            header = SegmentHeader(start_offset=start, created_at_ms=int(path.stat().st_mtime * 1000))
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, header.encode(), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            log.warning("WAL %s: rebuilt the damaged header of %s (%s): its first batch starts at offset %d",
+                        self.directory, path.name, why, start)
+            return header.encode() + data[SEGMENT_HEADER_SIZE:], header
+        found = find_valid_after(data, SEGMENT_HEADER_SIZE - 1, start - 1, format_version=FORMAT_VERSION)
+        quarantine = write_marker(Quarantine(
+            segment=path, position=0, last_good_offset=start - 1,
+            next_valid_offset=found[1] if found else start,
+            next_valid_position=found[0] if found else SEGMENT_HEADER_SIZE,
+            error=f"damaged segment header: {why}", detected_at_ms=now_ms(),
+        ))
+        log.error(
+            "WAL %s: QUARANTINED segment %s: its header is damaged (%s) and its first batch is not intact; "
+            "the file is kept as it is (marker %s) and appends are refused. Operator: stop the broker and run "
+            "`python -m broker.storage.wal.repair %s`", self.directory, path.name, why, quarantine.marker.name,
+            self.directory,
+        )
+        self.quarantines.append(quarantine)
+        seg = Segment(start, path, created_at_ms=now_ms(), interval_bytes=self.index_interval_bytes)
+        seg.fd = os.open(path, os.O_RDONLY)  # never appended to
+        return seg
+
+    def _seal_recovered(self, seg: Segment) -> Segment:
+        """Seal a non-empty recovered active segment under its sealed name (version 1, or one
+        followed by abandoned offsets)."""
         assert seg.fd is not None
         os.fsync(seg.fd)
         os.close(seg.fd)
         seg.fd = None
         new_path = self.directory / sealed_name(seg.start, seg.end)
-        log.warning("WAL %s: sealing %s (format version 1) as %s; new batches go to a new segment",
-                    self.directory, seg.path.name, new_path.name)
+        log.warning("WAL %s: sealing %s (format version %d) as %s; new batches go to a new segment",
+                    self.directory, seg.path.name, seg.format_version, new_path.name)
         os.rename(seg.path, new_path)
         seg.path = new_path
         seg.sealed_at_ms = int(new_path.stat().st_mtime * 1000)
@@ -504,14 +498,16 @@ class LogLoader:
             )
         try:
             header = SegmentHeader.decode(data, where=str(path))
+            damaged = (
+                None if header.start_offset == start else f"header start {header.start_offset} disagrees with its name"
+            )
         except CorruptRecordError as exc:
-            log.warning("WAL %s: rewriting active segment %s with a fresh header: %s", self.directory, path.name, exc)
-            path.unlink()
-            return self._create_active(expected_start)
-        if header.start_offset != start:
-            log.warning("WAL %s: %s header start %d disagrees with its name", self.directory, path.name, header.start_offset)
-            path.unlink()
-            return self._create_active(expected_start)
+            damaged = str(exc)
+        if damaged is not None:
+            recovered = self._damaged_header(start, path, data, damaged, expected_start)
+            if isinstance(recovered, Segment):
+                return recovered
+            data, header = recovered
         scan = scan_segment(data, expected_first_offset=start, keep_positions=True)
         if not empty_wal and start < expected_start and scan.record_count:
             last = start + scan.record_count - 1
@@ -526,7 +522,10 @@ class LogLoader:
             )
         quarantine: Quarantine | None = None
         if scan.error is not None:
-            quarantine = self._look_past(path, data, scan, start=start, format_version=header.format_version)
+            record = decode_write_record(data) if header.format_version != LEGACY_FORMAT_VERSION else None
+            quarantine = self._look_past(
+                path, data, scan, start=start, format_version=header.format_version, write_record=record
+            )
             if quarantine is None:  # a torn tail: never acknowledged
                 log.warning(
                     "WAL %s: truncating %s from %d to %d bytes (%d good records): %s",
@@ -548,5 +547,5 @@ class LogLoader:
         seg.length = scan.valid_length
         seg.end = start + scan.record_count - 1
         # A quarantined file is opened read-only: nothing may ever be appended after its corrupt bytes.
-        seg.fd = os.open(path, os.O_RDONLY if quarantine is not None else os.O_RDWR | os.O_APPEND)
+        seg.fd = os.open(path, os.O_RDONLY if quarantine is not None else os.O_RDWR)
         return seg

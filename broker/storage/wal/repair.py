@@ -15,6 +15,8 @@ the way).
 
 With ``--truncate`` the operator accepts the loss. For each quarantined segment:
 
+0. the lost offsets are recorded as *abandoned* in the WAL directory's ``abandoned.json``
+   (:mod:`broker.storage.wal.abandoned`; synced with the directory) before any file changes;
 1. its good prefix (the segment header and every batch before the bad one) is written to a
    temporary file and ``fsync``-ed;
 2. the whole segment is kept as evidence under ``{segment file name}.quarantined`` (a hard
@@ -24,21 +26,24 @@ With ``--truncate`` the operator accepts the loss. For each quarantined segment:
    ``fsync``-ed;
 4. the marker is removed and the directory ``fsync``-ed again.
 
-A crash at any point leaves either the whole segment (still quarantined at the next open) or
-the good prefix under the segment's name, and the evidence once step 2 is done. The next open
-finds a clean file; appends continue at the last good offset + 1.
+A crash at any point leaves either the whole segment (still quarantined at the next open; a
+second run records the same range again, once) or the good prefix under the segment's name,
+and the evidence once step 2 is done. The next open finds a clean file and the record, and
+appends continue past the abandoned range: the offsets lost are never handed out again.
 
 Which offsets are lost: every offset after the last good one that the segment held, i.e. the
-bad batch's and those of every valid batch after it. The valid batches after the corruption
-were most likely acknowledged (every ack follows an ``fdatasync`` of everything before it),
-may have been delivered, and their offsets ARE handed out again, to new messages. This is
-deliberate, the simplest correct choice: a topic's offsets must stay contiguous (reads walk
-from one segment into the next and stop at a gap, tiering refuses an object that does not
-follow the previous one, ``docs/etcd-layout.md`` §5.1), and the bad batch's records cannot be
-rebuilt, so keeping the later batches would leave a gap that neither the WAL nor tiering can
-serve. The command prints the dropped range; subscription cursors (``docs/etcd-layout.md``
-§3.5) at or past the last good offset then point at new messages, and the operator resets
-them if needed. The dropped batches stay readable in the ``.quarantined`` file.
+bad batch's and those of every valid batch after it, up to the highest offset a valid batch
+of the file carries (for a sealed file, at least the end offset in its name). The valid
+batches after the corruption were most likely acknowledged (every ack follows an
+``fdatasync`` of everything before it) and may have been delivered; the bad batch's records
+cannot be rebuilt. Keeping the later batches would leave a hole in the middle of a segment,
+so the whole range is dropped from the WAL and recorded as abandoned: the owner publishes it
+as an abandoned unavailable range (``docs/etcd-layout.md`` §5.5) when it loads the topic, so
+subscriptions skip it (logged, counted in ``skipped_unavailable``) and tiering passes over
+it. The dropped batches stay readable in the ``.quarantined`` file.
+
+A segment quarantined for a damaged header (its first batch not intact) has no good prefix:
+``--truncate`` replaces it by a fresh header with the start offset of its name.
 """
 
 from __future__ import annotations
@@ -52,11 +57,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, ScanResult, SegmentHeader, scan_records
+from danube_pipeline.format.records import (
+    LEGACY_FORMAT_VERSION,
+    SEGMENT_HEADER_SIZE,
+    ScanResult,
+    SegmentHeader,
+    scan_records,
+)
 from danube_pipeline.format.segments import scan_batches, scan_segment
 
-from broker.storage.wal.recovery import QUARANTINE_SUFFIX, Quarantine, find_valid_after, read_marker
-from broker.storage.wal.segment import SEALED_NAME_RE, fsync_dir, sealed_name
+from broker.storage.wal.abandoned import ABANDONED_FILE, record_abandoned
+from broker.storage.wal.quarantine import QUARANTINE_SUFFIX, Quarantine, find_valid_after, read_marker
+from broker.storage.wal.segment import ACTIVE_NAME_RE, SEALED_NAME_RE, fsync_dir, now_ms, sealed_name
 
 EVIDENCE_SUFFIX = ".quarantined"
 """Suffix under which ``--truncate`` keeps the whole quarantined segment."""
@@ -118,21 +130,43 @@ class SegmentScan:
         return max([self.last_good_offset, *(run.last_offset for run in self.runs)])
 
 
-def scan_quarantined(data: bytes, *, where: str) -> SegmentScan:
+def name_start(path: Path) -> int | None:
+    """The start offset in a segment file's name, ``None`` for another name."""
+    m = SEALED_NAME_RE.match(path.name) or ACTIVE_NAME_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def scan_quarantined(data: bytes, *, where: str, start_offset: int | None = None) -> SegmentScan:
     """Scan a segment's good prefix and every run of valid batches after its first bad one.
 
     Args:
         data: the whole segment file.
         where: a name for error messages.
+        start_offset: the start offset of the file's name: with it, a damaged header (or one
+            whose start disagrees) gives an empty good prefix (position 0) instead of an error.
 
     Raises:
-        CorruptRecordError: the segment header is unusable.
+        CorruptRecordError: the segment header is unusable and ``start_offset`` is ``None``.
     """
-    header = SegmentHeader.decode(data, where=where)
+    try:
+        header = SegmentHeader.decode(data, where=where)
+        damaged = start_offset is not None and header.start_offset != start_offset
+    except CorruptRecordError:
+        if start_offset is None:
+            raise
+        damaged = True
+    if damaged:
+        assert start_offset is not None
+        header = SegmentHeader(start_offset=start_offset, created_at_ms=now_ms())
+        prefix = ScanResult(valid_length=0, record_count=0, first_offset=None, last_offset=None,
+                            error="damaged segment header")
+        position = SEGMENT_HEADER_SIZE - 1  # batches are looked for from byte 32 on
+    else:
+        prefix = scan_segment(data, expected_first_offset=header.start_offset)
+        position = prefix.valid_length
     version = header.format_version
-    prefix = scan_segment(data, expected_first_offset=header.start_offset)
     runs: list[ValidRun] = []
-    position, last = prefix.valid_length, header.start_offset + prefix.record_count - 1
+    last = header.start_offset + prefix.record_count - 1
     while position < len(data) and (found := find_valid_after(data, position, last, format_version=version)):
         scan = (scan_records if version == LEGACY_FORMAT_VERSION else scan_batches)(
             data, start_position=found[0], keep_positions=True
@@ -152,12 +186,26 @@ def _check(quarantine: Quarantine, scan: SegmentScan) -> None:
     Raises:
         RepairError: the prefix ends elsewhere, or no valid batch follows any more.
     """
-    if scan.prefix.error is None or scan.prefix.valid_length != quarantine.position or not scan.runs:
+    sealed = SEALED_NAME_RE.match(quarantine.segment.name) is not None  # its named end was handed out
+    if scan.prefix.error is None or scan.prefix.valid_length != quarantine.position or (
+        not scan.runs and quarantine.position != 0 and not sealed
+    ):
         raise RepairError(
             f"{quarantine.segment.name} no longer matches its marker (good prefix ends at byte "
             f"{scan.prefix.valid_length}, marker says {quarantine.position}; "
             f"{len(scan.runs)} valid runs after it): start the broker once so recovery examines it again"
         )
+
+
+def dropped_range(quarantine: Quarantine, scan: SegmentScan) -> tuple[int, int]:
+    """The offsets ``--truncate`` drops: from the last good one + 1 to the highest offset a
+    valid batch of the file carries, or a sealed file's named end if higher (the WAL handed
+    out every offset up to it). Empty (last < first) when nothing was handed out past the
+    good prefix."""
+    last = scan.highest_offset
+    if m := SEALED_NAME_RE.match(quarantine.segment.name):
+        last = max(last, int(m.group(2)))
+    return scan.last_good_offset + 1, last
 
 
 def describe(quarantine: Quarantine, scan: SegmentScan, out: list[str]) -> None:
@@ -177,11 +225,11 @@ def describe(quarantine: Quarantine, scan: SegmentScan, out: list[str]) -> None:
             f"({run.batches} batches, to byte {run.end_position}"
             + (f"; then: {run.stopped})" if run.stopped else ", end of file)")
         )
-    dropped_first, dropped_last = scan.last_good_offset + 1, scan.highest_offset
+    dropped_first, dropped_last = dropped_range(quarantine, scan)
     out.append(
         f"  --truncate would keep offsets up to {scan.last_good_offset} and drop offsets "
-        f"{dropped_first}..{dropped_last} ({dropped_last - dropped_first + 1} offsets), which new "
-        "messages would then reuse; the batches after the corruption were most likely acknowledged"
+        f"{dropped_first}..{dropped_last} ({dropped_last - dropped_first + 1} offsets), recorded as abandoned "
+        "(never handed out again); the batches after the corruption were most likely acknowledged"
     )
 
 
@@ -200,6 +248,8 @@ def _keep_evidence(path: Path, evidence: Path) -> None:
 
 def truncate(quarantine: Quarantine, scan: SegmentScan, data: bytes) -> tuple[Path, Path, int, int]:
     """Replace a quarantined segment by its good prefix (steps in the module docstring).
+
+    The caller recorded the dropped offsets as abandoned first (step 0).
 
     Returns:
         ``(new_segment_path, evidence_path, first_dropped_offset, last_dropped_offset)``.
@@ -225,7 +275,9 @@ def truncate(quarantine: Quarantine, scan: SegmentScan, data: bytes) -> tuple[Pa
     tmp = path.with_name(path.name + ".repair-tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)[: quarantine.position]
+        # A damaged header (position 0): the good prefix is a fresh header of the name's start.
+        prefix = data[: quarantine.position] if quarantine.position else scan.header.encode()
+        view = memoryview(prefix)
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
@@ -241,7 +293,7 @@ def truncate(quarantine: Quarantine, scan: SegmentScan, data: bytes) -> tuple[Pa
         fsync_dir(directory)
     quarantine.marker.unlink()
     fsync_dir(directory)
-    return target, evidence, scan.last_good_offset + 1, scan.highest_offset
+    return target, evidence, *dropped_range(quarantine, scan)
 
 
 def run(directory: Path, *, do_truncate: bool) -> tuple[int, list[str]]:
@@ -277,7 +329,8 @@ def run(directory: Path, *, do_truncate: bool) -> tuple[int, list[str]]:
             continue
         try:
             data = segment.read_bytes()
-            scan = scan_quarantined(data, where=str(segment))
+            start = name_start(segment) if quarantine.position == 0 else None
+            scan = scan_quarantined(data, where=str(segment), start_offset=start)
             _check(quarantine, scan)
         except (OSError, CorruptRecordError, RepairError) as exc:
             out.append(f"error: {segment.name}: {exc}")
@@ -291,8 +344,14 @@ def run(directory: Path, *, do_truncate: bool) -> tuple[int, list[str]]:
             status = max(status, EXIT_QUARANTINED)
             continue
         try:
+            first, last = dropped_range(quarantine, scan)
+            if last >= first:  # recorded before any file changes: never handed out again
+                record_abandoned(
+                    directory, first, last,
+                    f"python -m broker.storage.wal.repair --truncate of quarantined segment {segment.name}",
+                )
             target, evidence, first, last = truncate(quarantine, scan, data)
-        except (OSError, RepairError) as exc:
+        except (OSError, ValueError, RepairError) as exc:
             out.append(f"error: {segment.name}: {exc}")
             status = EXIT_ERROR
             continue
@@ -301,8 +360,9 @@ def run(directory: Path, *, do_truncate: bool) -> tuple[int, list[str]]:
             f"({quarantine.position} bytes); the whole segment is kept as {evidence.name}; marker removed"
         )
         out.append(
-            f"  dropped offsets {first}..{last} ({last - first + 1} offsets); appends continue at {first} and "
-            f"reuse them: reset subscription cursors at or past {first} if needed"
+            f"  dropped offsets {first}..{last} ({last - first + 1} offsets), recorded as abandoned in "
+            f"{ABANDONED_FILE}: never handed out again; appends continue past them at "
+            f"{max(first, last + 1)}, and subscriptions and tiering pass over them once the broker loads the topic"
         )
     return status, out
 
@@ -316,8 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help="the topic's WAL directory ({wal_dir}/{namespace}/{topic})")
     parser.add_argument(
         "--truncate", action="store_true",
-        help="accept the loss: keep the segment as {name}.quarantined, replace it by its good prefix, "
-        "remove the marker (offsets after the last good one are dropped and reused)",
+        help="accept the loss: record the dropped offsets as abandoned (never handed out again), keep the "
+        "segment as {name}.quarantined, replace it by its good prefix, remove the marker",
     )
     args = parser.parse_args(argv)
     status, lines = run(args.directory, do_truncate=args.truncate)

@@ -8,6 +8,17 @@ zero-padded to 20 digits so they sort in offset order:
 
     {start:020d}.log                  the active segment (appended to)
     {start:020d}-{end:020d}.dnb1      a sealed, immutable segment (end inclusive)
+
+The last 8 bytes of the header (bytes 24..32, zero in the format and ignored by readers) hold
+the *write record* of a version 2 segment the WAL appends to: the byte position where its
+latest group commit starts (u32) and that write's size (31 bits of a u32, little endian),
+whose top bit says the write's ``fdatasync`` returned. The group commit writes the record
+(not synced yet) before its batches, so the same ``fdatasync`` covers both, and writes it
+again with the synced bit after the ``fdatasync`` (made durable by the next write's sync, or
+by writeback): :data:`WRITE_RECORD_AT`, :func:`encode_write_record`. Recovery uses it to tell
+a group commit torn by a power cut from corruption in the middle
+(:mod:`broker.storage.wal.recovery`). Zero means no record (files written before it, or a
+segment past 2 GiB).
 """
 
 from __future__ import annotations
@@ -52,6 +63,47 @@ _OFFSET = struct.Struct("<Q")
 _BATCH_PREFIX = struct.Struct("<QI")  # base_offset, batch_length
 _BATCH_COUNT = struct.Struct("<I")
 _BATCH_PEEK_BYTES = 24  # through record_count
+
+
+WRITE_RECORD_AT = 24
+"""Byte position of the write record in a segment header (module docstring)."""
+_WRITE_RECORD = struct.Struct("<II")  # position, size | synced bit
+_SYNCED_BIT = 1 << 31
+_SIZE_MAX = _SYNCED_BIT - 1
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecord:
+    """The latest group commit of a segment, as its header records it (module docstring).
+
+    Attributes:
+        position: byte position where the write starts.
+        size_bytes: its size.
+        synced: whether its ``fdatasync`` returned (a record without the bit may be synced too).
+    """
+
+    position: int
+    size_bytes: int
+    synced: bool
+
+
+def encode_write_record(position: int, size_bytes: int, *, synced: bool) -> bytes:
+    """The 8 bytes of a write record; zeros (no record) past the 2 GiB the fields hold."""
+    if position + size_bytes > _SIZE_MAX:
+        return bytes(_WRITE_RECORD.size)
+    return _WRITE_RECORD.pack(position, size_bytes | (_SYNCED_BIT if synced else 0))
+
+
+def decode_write_record(data: bytes | memoryview) -> WriteRecord | None:
+    """The write record in the header at the start of ``data``, or ``None`` when there is
+    none (zero, or a position inside the header)."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return None
+    position, field = _WRITE_RECORD.unpack_from(data, WRITE_RECORD_AT)
+    size = field & _SIZE_MAX
+    if position < SEGMENT_HEADER_SIZE or size == 0:
+        return None
+    return WriteRecord(position, size, bool(field & _SYNCED_BIT))
 
 
 def active_name(start_offset: int) -> str:
@@ -377,7 +429,7 @@ def create_active_segment(directory: Path, start: int, interval_bytes: int) -> S
     os.rename(tmp, path)
     fsync_dir(directory)
     seg = Segment(start, path, created_at_ms=created, interval_bytes=interval_bytes)
-    seg.fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    seg.fd = os.open(path, os.O_RDWR)  # written at explicit positions (pwritev), never O_APPEND
     return seg
 
 

@@ -23,6 +23,7 @@ from danube_pipeline.lake.iceberg.layout import apply_layout, read_table_layout
 from danube_pipeline.lake.iceberg.schema import PAYLOAD_COLUMN
 from danube_pipeline.lake.schema_lookup import SchemaLookup, SchemaParser, default_schema_parser, registered_writer
 from danube_pipeline.lake.spark.procedures import spark_table_name
+from danube_pipeline.lake.tiering.incarnation import current_table, topic_incarnation
 from danube_pipeline.metadata.descriptors import read_descriptors, read_unavailable_ranges
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.partitions import partition_of
@@ -163,10 +164,12 @@ async def bulk_load(
     ident = iceberg.table_identifier(table_topic)
     name = spark_table_name(table_topic, catalog_name)
     report = BulkLoadReport(topic=topic.path, table=".".join(ident), partition=partition)
+    # The topic's own table must hold its current incarnation (an earlier one's is retired).
+    incarnation = await topic_incarnation(store, source_table) if table_topic == source_table else None
 
     for attempt in range(1, max_attempts + 1):
         report.attempts = attempt
-        table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+        table = current_table(catalog, table_topic, incarnation, descriptors=descriptors, partition=partition)
         if table is not None:
             if attempt == 1:
                 report.data_files_before = iceberg.data_file_count(table)

@@ -13,6 +13,9 @@ objects at once (:mod:`danube_pipeline.lake.bulk`).
    error ``needs schema_rewrite``, the others go on. Then each writer's renamed fields are
    mapped to the names the table follows.
 3. :func:`raw_message_error`: the ``_error`` of a record without a schema on a table with one.
+
+A table created here records the incarnation of the topic it is for
+(:data:`TOPIC_INCARNATION_PROPERTY`; :mod:`danube_pipeline.lake.tiering.incarnation`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
 
 __all__ = [
+    "TOPIC_INCARNATION_PROPERTY",
     "RegisteredWriter",
     "WriterBinding",
     "bind_writers",
@@ -51,6 +55,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+TOPIC_INCARNATION_PROPERTY = "danube.topic-incarnation"
+"""Table property: the incarnation of the topic whose rows the table holds, the etcd
+``create_revision`` of the topic's root key (decimal; :mod:`danube_pipeline.lake.tiering.incarnation`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +188,7 @@ def ensure_table_for_writers(
     *,
     partitioned: bool,
     layout: TableLayout,
+    incarnation: int | None = None,
 ) -> Table:
     """Create the topic's table for the records' writer schemas (step 1 of the module docstring).
 
@@ -190,6 +199,8 @@ def ensure_table_for_writers(
         writers: the registry's answer per pair (a pair may be missing).
         partitioned: whether the table gets the ``_partition`` column.
         layout: the partitioning of the table (``docs/etcd-layout.md`` §3.9).
+        incarnation: the topic's incarnation, recorded in a table created here
+            (:data:`TOPIC_INCARNATION_PROPERTY`); ``None`` records none.
 
     Returns:
         The table: with the first parsed writer schema's columns and its
@@ -199,9 +210,10 @@ def ensure_table_for_writers(
     Raises:
         CommitFailedException: the catalog kept refusing the creation.
     """
+    born = {TOPIC_INCARNATION_PROPERTY: str(incarnation)} if incarnation is not None else {}
     if not keys:
         return ensure_table_for_schema(
-            catalog, table_topic, schema_from_columns(None, partitioned=partitioned), layout=layout
+            catalog, table_topic, schema_from_columns(None, partitioned=partitioned), properties=born, layout=layout
         )
     usable = [writers[k] for k in keys if k in writers and writers[k].writer is not None]
     first = usable[0] if usable else None
@@ -210,7 +222,7 @@ def ensure_table_for_writers(
         catalog,
         table_topic,
         schema_from_columns(columns, partitioned=partitioned),
-        properties=_schema_properties(first) if first is not None else None,
+        properties={**born, **(_schema_properties(first) if first is not None else {})},
         layout=layout,
     )
 

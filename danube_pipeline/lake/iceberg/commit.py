@@ -86,6 +86,7 @@ def commit_object(
     first_offset: int | None = None,
     partition: int | None = None,
     layout: TableLayout = DEFAULT_LAYOUT,
+    incarnation: int | None = None,
 ) -> ObjectCommit:
     """Commit one object's records to the topic's table, exactly once (module docstring).
 
@@ -104,6 +105,8 @@ def commit_object(
         partition: the partition index, for a partition of a partitioned topic.
         layout: the partitioning of the table if it is created here (``docs/etcd-layout.md``
             §3.9; :mod:`~danube_pipeline.lake.iceberg.layout`).
+        incarnation: the topic's incarnation, recorded in the table if it is created here
+            (:data:`~danube_pipeline.lake.iceberg.binding.TOPIC_INCARNATION_PROPERTY`).
 
     Returns:
         An :class:`ObjectCommit`.
@@ -116,7 +119,9 @@ def commit_object(
     partitioned = partition is not None
     if table is None:
         keys = [k for k in schema_keys(records) if k[0] != 0]
-        table = ensure_table_for_writers(catalog, table_topic, keys, writers, partitioned=partitioned, layout=layout)
+        table = ensure_table_for_writers(
+            catalog, table_topic, keys, writers, partitioned=partitioned, layout=layout, incarnation=incarnation
+        )
         created = True
     else:
         created = False

@@ -25,8 +25,11 @@ limits, and every layer keeps a contiguous range of offsets.
    (whole data files are dropped, others rewritten). The table's committed end offset lives in
    its ``danube.committed-end-offset`` property, which the delete leaves alone, so the deleted
    rows are never appended again.
-2. ``snapshots``: ``expire_snapshots`` older than the wall clock's now, keeping the last one:
-   the deleted rows' files (and the files compaction replaced) leave storage.
+2. ``snapshots``: the snapshots older than the wall clock's now expire, keeping the last one:
+   the deleted rows' files (and the files compaction replaced) leave storage. The files only
+   those snapshots reference are recorded durably before the expiry commits and deleted after
+   it (:mod:`~danube_pipeline.lake.retention.expiry`), and every run starts by deleting what
+   a run that died in between recorded.
 3. ``orphans``: ``remove_orphan_files`` older than ``orphan_min_age_ms`` (24 hours at least;
    files of commits still in flight must not be taken for orphans).
 4. ``descriptors``: the completed descriptors (§5.1) that end below the retained start are
@@ -52,8 +55,9 @@ below it were expired, so deleting them does not change where the first unexpire
 the size limit counts from the newest object). Whatever step a run dies after, the next run
 computes the same or a later retained start and redoes what is left: rows below it (step 1
 finds none if they are gone), descriptors below it, then objects below the first descriptor
-left. Between the steps every state is readable: the table holds a subset of the offsets the
-descriptors cover, every remaining descriptor has its object (objects are deleted only after
+left, and, before step 1, the files a run that died inside step 2 had recorded and no live
+snapshot references. Between the steps every state is readable: the table holds a subset of
+the offsets the descriptors cover, every remaining descriptor has its object (objects are deleted only after
 their descriptor), and the descriptors are contiguous.
 
 A namespace without limits (both 0, the default) is left alone: no rows, snapshots, orphan
@@ -63,7 +67,8 @@ broker is still asked to apply its own local retention.
 
 **The package.** :mod:`~danube_pipeline.lake.retention.retained_start` decides what is kept
 (the policy, the retained start, the expired descriptors, the days with expired rows);
-:mod:`~danube_pipeline.lake.retention.steps` runs the steps (:func:`apply_retention`). This
+:mod:`~danube_pipeline.lake.retention.steps` runs the steps (:func:`apply_retention`);
+:mod:`~danube_pipeline.lake.retention.expiry` records and deletes the expired files. This
 package re-exports their public names.
 """
 

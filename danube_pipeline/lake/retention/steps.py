@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlparse
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from danube_pipeline import faults
 from danube_pipeline.format.records import OBJECT_SUFFIX
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.retention.retained_start import (
@@ -24,8 +25,14 @@ from danube_pipeline.lake.retention.retained_start import (
     read_policy,
     retained_start_offset,
 )
-from danube_pipeline.lake.spark.procedures import delete_rows_below, expire_snapshots, remove_orphan_files
+from danube_pipeline.lake.retention.expiry import finish_recorded_expiry, record_expiring_files
+from danube_pipeline.lake.spark.procedures import (
+    delete_rows_below,
+    expire_snapshots_keeping_files,
+    remove_orphan_files,
+)
 from danube_pipeline.lake.tiering import completed_descriptors
+from danube_pipeline.lake.tiering.incarnation import current_table, topic_incarnation
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.names import TopicName
@@ -121,7 +128,9 @@ class RetentionReport:
         data_files_after: live data files of the table after it, ``None`` without a table.
         snapshot_id: the table's current snapshot after this run, ``None`` without one.
         snapshots_expired: table snapshots this run expired.
-        data_files_deleted: data files ``expire_snapshots`` deleted.
+        data_files_deleted: data and delete files the snapshot expiry deleted (this run's, and
+            what a run that died inside its expiry recorded:
+            :mod:`~danube_pipeline.lake.retention.expiry`).
         orphan_files_removed: files ``remove_orphan_files`` deleted.
         descriptors_deleted: object descriptors this run deleted from etcd.
         objects_deleted: segment objects this run deleted from object storage.
@@ -289,11 +298,19 @@ async def apply_retention(
     table_topic = part.parent if part is not None else topic
     partition = part.index if part is not None else None
     ident = iceberg.table_identifier(table_topic)
-    table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+    # a table of an earlier incarnation of the topic is retired first, never cut by this
+    # incarnation's retained start (lake/tiering/incarnation.py)
+    table = current_table(
+        catalog, table_topic, await topic_incarnation(store, table_topic), descriptors=descriptors, partition=partition
+    )
     if table is not None:
         report.table = ".".join(ident)
         report.data_files_before = iceberg.data_file_count(table)
     report.day = day
+
+    # what a run that died inside its snapshot expiry left: the files it recorded
+    if table is not None:
+        report.data_files_deleted += finish_recorded_expiry(table, topic).deleted_data_files
 
     # 1. rows below the retained start
     if table is not None and retained is not None:
@@ -317,10 +334,15 @@ async def apply_retention(
             if (current is None or s.snapshot_id != current.snapshot_id) and s.timestamp_ms < wall_ms
         ]
         if expirable:
-            report.data_files_deleted = expire_snapshots(
+            # record, commit, delete: a run that dies after the commit leaves the record,
+            # and the next run's finish_recorded_expiry (above) deletes the files
+            record_expiring_files(table, topic, expirable)
+            expire_snapshots_keeping_files(
                 sessions.get(), table_topic, older_than_ms=wall_ms, retain_last=1, catalog_name=spark_catalog
             )
-            table.refresh()
+            faults.point(faults.RETENTION_AFTER_EXPIRE_COMMIT)
+            finished = finish_recorded_expiry(table, topic)
+            report.data_files_deleted += finished.deleted_data_files
             report.snapshots_expired = len(before - {s.snapshot_id for s in table.snapshots()})
             log.info("%s: expired %d snapshots", topic.path, report.snapshots_expired)
     done("snapshots")

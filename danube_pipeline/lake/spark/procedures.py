@@ -2,8 +2,9 @@
 expiry and orphan-file removal, and the table's multi-part name they address it by.
 
 pyiceberg cannot compact; :func:`compact_table` runs Iceberg's ``rewrite_data_files``
-procedure. :func:`delete_rows_below`, :func:`expire_snapshots` and
-:func:`remove_orphan_files` are the Spark side of :mod:`danube_pipeline.lake.retention`.
+procedure. :func:`delete_rows_below`, :func:`expire_snapshots_keeping_files` and
+:func:`remove_orphan_files` are the Spark side of :mod:`danube_pipeline.lake.retention`
+(:func:`expire_snapshots`, which also deletes the expired files, is the one-call variant).
 
 None of these touch table properties, so the committed end offset that
 :func:`danube_pipeline.lake.iceberg.append_records` keeps in the property
@@ -30,6 +31,7 @@ __all__ = [
     "compact_table",
     "delete_rows_below",
     "expire_snapshots",
+    "expire_snapshots_keeping_files",
     "remove_orphan_files",
     "spark_table_name",
 ]
@@ -224,6 +226,39 @@ def expire_snapshots(
         f"retain_last => {max(1, int(retain_last))})"
     ).collect()[0]
     return int(row.asDict().get("deleted_data_files_count") or 0)
+
+
+def expire_snapshots_keeping_files(
+    spark: SparkSession,
+    topic: TopicName,
+    *,
+    older_than_ms: int,
+    retain_last: int = 1,
+    catalog_name: str | None = None,
+) -> None:
+    """Commit the same expiry as :func:`expire_snapshots` but delete no file: Iceberg's Java
+    ``table.expireSnapshots().expireOlderThan(…).retainLast(…).cleanExpiredFiles(false).commit()``.
+
+    The procedure commits the new metadata first and deletes the expired files afterwards, in
+    one call; a process killed in between leaves those files referenced by no snapshot. Split
+    in two, the caller records the files before this commit and deletes them after it
+    (:mod:`danube_pipeline.lake.retention.expiry`), so a later run can finish a dead one's work.
+
+    Args:
+        spark: a session from :func:`~danube_pipeline.lake.spark.session.build_spark_session` on the table's catalog.
+        topic: the topic whose table it is.
+        older_than_ms: milliseconds since the Unix epoch.
+        retain_last: snapshots kept whatever their age (at least 1).
+        catalog_name: the Spark catalog name; default ``settings.catalog_name()``.
+
+    Raises:
+        Py4JJavaError: the table does not exist, or the commit failed.
+    """
+    from danube_pipeline.lake.rewrite.java_table import load_java_table
+
+    table = load_java_table(spark, spark_table_name(topic, catalog_name))
+    action = table.expireSnapshots().expireOlderThan(int(older_than_ms)).retainLast(max(1, int(retain_last)))
+    action.cleanExpiredFiles(False).commit()
 
 
 ORPHAN_MIN_AGE_MS = 24 * 3600 * 1000

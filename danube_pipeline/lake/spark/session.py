@@ -16,6 +16,7 @@ the driver's own interpreter unless ``PYSPARK_PYTHON`` is set (:func:`build_spar
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -28,9 +29,12 @@ from danube_pipeline.errors import DanubeError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "SparkSetupError",
     "build_spark_session",
+    "grpc_fork_hazard",
     "iceberg_spark_runtime_jar",
     "jdbc_properties",
     "jdbc_uri",
@@ -47,6 +51,7 @@ ICEBERG_JAR_GLOB = "iceberg-spark-runtime-3.5_2.12-*.jar"
 DEFAULT_SQLITE_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
 POSTGRES_JAR_ENV = "DANUBE_POSTGRESQL_JDBC_JAR"
 DEFAULT_POSTGRES_JAR = Path("/usr/share/java/postgresql.jar")
+GRPC_FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 MASTER_ENV = "DANUBE_SPARK_MASTER"
 DEFAULT_MASTER = "local[*]"
 
@@ -282,8 +287,35 @@ def _jdbc_driver_jars(jdbc_url: str) -> list[str]:
     return [str(sqlite_jdbc_jar()), *([str(pg)] if pg is not None else [])]
 
 
+def grpc_fork_hazard() -> str | None:
+    """Why launching Spark's JVM now is unsafe, or ``None`` when it is not.
+
+    PySpark launches the JVM with ``fork`` and a ``preexec_fn``. In a process that imported
+    ``grpc`` with its fork support on (``GRPC_ENABLE_FORK_SUPPORT`` unset or true, read at
+    that import), gRPC's fork handlers run at that fork and, while channels are busy, can break
+    the parent's poller. The cure is ``GRPC_ENABLE_FORK_SUPPORT=false`` before ``grpc`` is
+    imported (the ``assets`` package sets it), or the JVM launched before ``grpc`` is imported.
+
+    Returns:
+        A sentence naming the hazard, or ``None``: the JVM already runs, ``grpc`` is not
+        imported, or its fork support is off.
+    """
+    from pyspark import SparkContext
+
+    if getattr(SparkContext, "_gateway", None) is not None or "grpc" not in sys.modules:
+        return None
+    if os.environ.get(GRPC_FORK_SUPPORT_ENV, "").strip().lower() in ("false", "0", "no", "off"):
+        return None
+    return (
+        "Spark's JVM is launched (fork + exec) in a process that imported grpc with its fork "
+        f"support on; set {GRPC_FORK_SUPPORT_ENV}=false before grpc is imported, or start Spark first"
+    )
+
+
 def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) -> SparkSession:
     """Get or create a Spark session.
+
+    Launching the JVM logs a warning when :func:`grpc_fork_hazard` names one.
 
     Jars are fixed when the JVM starts: a second call in one process with different jars
     gets the first session's jars. ``PYSPARK_PYTHON`` is set to this interpreter when unset,
@@ -305,6 +337,9 @@ def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) ->
     conf = dict(conf) if conf is not None else spark_conf(**kwargs)
     # PySpark passes the driver's PYSPARK_PYTHON to every executor as the worker interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    hazard = grpc_fork_hazard()
+    if hazard is not None:
+        log.warning("%s", hazard)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -9,6 +9,9 @@
   (the catalog's atomic swap of the metadata pointer; Iceberg spec, "Optimistic
   Concurrency"). The table evolves in place with the topic's schema versions, and records
   that cannot be rows go to its dead-letter table (:mod:`danube_pipeline.lake.iceberg.commit`).
+* :mod:`.incarnation`: which incarnation of a topic (deleted and created again) a table holds;
+  an earlier incarnation's table is renamed out of the way and kept (:func:`current_table`),
+  for every writer that trusts a table's committed end offset.
 * :mod:`.checks`: what the asset checks compare (:func:`descriptor_gaps`,
   :func:`descriptor_record_count`, :func:`object_mismatches`: descriptors against each other,
   the object store and the table).
@@ -25,6 +28,14 @@ from danube_pipeline.lake.tiering.checks import (
     descriptor_gaps,
     descriptor_record_count,
     object_mismatches,
+)
+from danube_pipeline.lake.tiering.incarnation import (
+    TableIncarnation,
+    current_table,
+    fits_descriptors,
+    holds_incarnation,
+    table_incarnation,
+    topic_incarnation,
 )
 from danube_pipeline.lake.tiering.segments import (
     OFFSET_INDEX_INTERVAL_RECORDS,
@@ -44,17 +55,23 @@ __all__ = [
     "DescriptorGap",
     "ObjectMismatch",
     "SegmentAdmin",
+    "TableIncarnation",
     "TableReport",
     "TieringReport",
     "commit_objects_to_table",
     "completed_descriptors",
+    "current_table",
     "descriptor_gaps",
     "descriptor_record_count",
+    "fits_descriptors",
+    "holds_incarnation",
     "list_topic_roots",
     "object_mismatches",
     "retained_start",
     "segments_needing_tiering",
+    "table_incarnation",
     "tier_sealed_segments",
+    "topic_incarnation",
     "untiered_segments",
     "with_released_segments",
 ]

@@ -5,10 +5,14 @@ once: each snapshot's summary records the last offset it holds, and a commit suc
 the table's current snapshot is still the one the writer read (the catalog's atomic swap of the
 metadata pointer; Iceberg spec, "Optimistic Concurrency"). The table evolves in place with the
 topic's schema versions, and records that cannot be rows go to its dead-letter table
-(:mod:`danube_pipeline.lake.iceberg.commit`).
+(:mod:`danube_pipeline.lake.iceberg.commit`). A table that holds another incarnation of the
+topic (it was deleted and created again) is renamed out of the way first
+(:mod:`.incarnation`).
 """
 
 from __future__ import annotations
+
+import logging
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +33,7 @@ from danube_pipeline.lake.schema_lookup import (
     registered_writers,
 )
 from danube_pipeline.lake.segment_objects import read_segment_object
+from danube_pipeline.lake.tiering.incarnation import current_table, topic_incarnation
 from danube_pipeline.metadata.descriptors import passable, read_descriptors, read_unavailable_ranges
 from danube_pipeline.metadata.values import ObjectDescriptor, TableLayout, UnavailableRange
 from danube_pipeline.names import TopicName
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
     from danube_pipeline.metadata.store import MetadataStore
 
 __all__ = ["TableReport", "commit_objects_to_table"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -122,6 +129,13 @@ async def commit_objects_to_table(
     ``{topic}__dlq`` (:mod:`danube_pipeline.lake.iceberg.dead_letter`) and its offset is committed
     all the same: bad data never stops tiering.
 
+    The table must hold the topic's current incarnation (:mod:`.incarnation`): one that holds an
+    earlier one (the topic was deleted and created again, starting at offset 0) is renamed to
+    ``{topic}__incarnation_{id}`` with its dead-letter table, kept for readers, and a new table
+    is started (logged at WARNING); a table that records no incarnation is adopted when its
+    committed end offset fits the descriptors. When the topic is re-created while its
+    descriptors are read, nothing is committed (the next call does it).
+
     A partition ``{topic}-part-{i}`` of a partitioned topic (``docs/etcd-layout.md`` §3.1,
     :func:`danube_pipeline.partitions.partition_of`) appends to the partitioned topic's table,
     with ``_partition = i`` and its own committed end offset
@@ -144,6 +158,8 @@ async def commit_objects_to_table(
         CorruptRecordError: an object does not match its descriptor or fails decoding.
         MetadataStoreError: etcd failed.
         InvalidNameError: a table named like the dead-letter table exists and is not one.
+        TableAlreadyExistsError: an older incarnation's table cannot be renamed: its retired
+            name is taken.
     """
     parse = parse_schema or default_schema_parser()
     part = await partition_of(store, topic)
@@ -151,10 +167,14 @@ async def commit_objects_to_table(
     partition = part.index if part is not None else None
     ident = iceberg.table_identifier(table_topic)
     report = TableReport(table=".".join(ident), partition=partition)
+    incarnation = await topic_incarnation(store, table_topic)
     descriptors, _ = await read_descriptors(store, topic)
+    if await topic_incarnation(store, table_topic) != incarnation:
+        log.warning("%s: the topic was created again while its objects were listed; nothing committed", topic.path)
+        return report
     completed = [d for d in descriptors if d.completed]
     ranges = await read_unavailable_ranges(store, topic)
-    table = catalog.load_table(ident) if catalog.table_exists(ident) else None
+    table = current_table(catalog, table_topic, incarnation, descriptors=descriptors, partition=partition)
     layout = await read_table_layout(store, table_topic)
     if table is not None:
         report.data_files_before = iceberg.data_file_count(table)
@@ -194,6 +214,7 @@ async def commit_objects_to_table(
             first_offset=_resume_offset(completed, d, committed, ranges),
             partition=partition,
             layout=layout,
+            incarnation=incarnation,
         )
         table = result.table
         committed = result.append.committed_end_offset
