@@ -118,8 +118,9 @@ async def test_an_owner_past_its_deadline_after_the_fdatasync_does_not_ack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lease is fresh when the write starts and stale once the slow ``fdatasync`` returns:
-    the batch is durable but not acknowledged (retriable NotServedHereError); its offset is
-    never handed out again. Once the lease is fresh (and confirmed) again, appends are acked."""
+    the batch is not acknowledged (retriable NotServedHereError) and is cut off the WAL again,
+    so its resend (maybe to a new owner) is the only copy. Once the lease is fresh (and
+    confirmed) again, appends are acked, from the offset handed back."""
     session = StaleDuringSync()
     ownership = Ownership(
         cast(Any, None), TopicName.parse("/default/slow"), 11, epoch=1, first_offset=0, reserved_end=999,
@@ -140,9 +141,12 @@ async def test_an_owner_past_its_deadline_after_the_fdatasync_does_not_ack(
         with pytest.raises(NotServedHereError) as refused:
             await wal.append(*frame(1))
         assert refused.value.retriable
-        assert wal.durable_end == 2 and wal.next_offset == 2  # written; offset 1 never reused
+        assert wal.durable_end == 1 and wal.next_offset == 1  # cut off: no copy of m1 stays
         monkeypatch.setattr(os, "fdatasync", real)
         session.stale = False
-        assert await wal.append(*frame(2)) == (2, 2)
+        assert await wal.append(*frame(2)) == (1, 1)
+        stored = wal.read(0, 10)
+        assert [b.base_offset for b in stored] == [0, 1]
+        assert b"m1" not in b"".join(b.data for b in stored) and b"m2" in stored[1].data
     finally:
         await wal.close()

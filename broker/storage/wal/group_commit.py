@@ -18,8 +18,11 @@ group commit from corruption (:mod:`broker.storage.wal.recovery`).
 After the ``fdatasync`` and before any future is resolved, the writer asks the
 :class:`OffsetGuard` again (:meth:`OffsetGuard.refuse_ack`): an owner that went past its
 self-fencing deadline during the write (:mod:`broker.cluster.ownership`) does not
-acknowledge; the batch is durable (its offsets are never handed out again) but its appends
-fail with the guard's typed error.
+acknowledge. Its appends fail with the guard's typed error (retriable), and the write is cut
+off again (truncated and synced, its offsets handed back) as a failed write is: the producers
+resend it, possibly to a new owner after a failover, and a copy kept here would become a second
+copy of a message acknowledged there once this WAL is tiered. Only a crash between the
+``fdatasync`` and the truncation leaves such a copy (at least once).
 
 A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 :class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
@@ -257,6 +260,16 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
+        guard = self.offset_guard
+        refused = guard.refuse_ack(batch[-1].last_offset) if guard is not None else None
+        if refused is not None:
+            # Durable, yet this owner may no longer acknowledge: it may have been failed over,
+            # and the producers resend to the new owner. A copy kept here would become a second
+            # copy of what the new owner acknowledges, so it is cut off as a failed write is.
+            failed = len(batch) + len(self._queue)
+            self._reserve_outage.failed(f"{failed} appends written but not acknowledged, cut off again: {refused}")
+            self._cut_back(batch, refused, fd, start_length)
+            return
         self.sync_count += 1
         self.record_count += sum(item.record_count for item in batch)
         self.byte_count += size
@@ -273,25 +286,20 @@ class GroupCommit:
             if self.storage_monitor is not None:
                 self.storage_monitor.storage_available(self._directory)
         self._on_written()
-        guard = self.offset_guard
-        refused = guard.refuse_ack(batch[-1].last_offset) if guard is not None else None
-        if refused is not None:
-            # Durable, yet this owner may no longer acknowledge (it may be failed over): the
-            # offsets stay used; the producers retry where the topic is served now.
-            self._reserve_outage.failed(f"{len(batch)} durable appends not acknowledged: {refused}")
         for item in batch:
             if not item.future.done():
-                if refused is not None:
-                    item.future.set_exception(refused)
-                else:
-                    item.future.set_result((item.first_offset, item.last_offset))
+                item.future.set_result((item.first_offset, item.last_offset))
 
     def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were
         never acknowledged), cut the file back, and hand the offsets out again."""
+        self._cut_back(batch, self._report_failure(exc, len(batch) + len(self._queue)), fd, good_length)
+
+    def _cut_back(self, batch: list[PendingAppend], error: Exception, fd: int, good_length: int) -> None:
+        """Fail ``batch`` and everything queued after it with ``error``, cut the file back to
+        ``good_length`` (synced), and hand their offsets out again: none was acknowledged."""
         failed = batch + self._queue
         self._queue = []
-        error = self._report_failure(exc, len(failed))
         assert self._local.active is not None
         self.next_offset = self._local.active.end + 1
         try:
