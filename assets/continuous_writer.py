@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ from pyiceberg.exceptions import CommitFailedException
 from sqlalchemy.exc import SQLAlchemyError
 
 from assets.metadata import iceberg_table_metadata, segment_objects_metadata
-from assets.partitions import TOPICS_PARTITIONS_NAME
+from assets.partitions import DAYS_PARTITIONS_NAME, TOPICS_PARTITIONS_NAME, days_from
 from assets.resources import IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline import settings
 from danube_pipeline.errors import DanubeError, TopicNotFoundError
@@ -196,7 +197,8 @@ class DagsterReporter:
 
     Each report adds the topic's ``topics`` partition first when it is missing (as
     ``topic_partitions_sensor`` would a little later), so the event lands on a partition the
-    UI lists. A failure to report is logged and dropped: the data is committed either way, and
+    UI lists, and the ``days`` partitions from its oldest record's publish day through today,
+    so the maintenance jobs can be run on the days that hold the commit's rows. A failure to report is logged and dropped: the data is committed either way, and
     the next materialization carries the table's totals.
     """
 
@@ -210,11 +212,13 @@ class DagsterReporter:
         self.catalog_name = catalog_name
         self.objects = objects
         self._partitions: set[str] = set()
+        self._days: set[str] = set()
 
     def prepare(self) -> None:
         """Open the instance's event storage now (creating its tables on a fresh instance), so
         that a Dagster webserver and daemon started afterwards find it initialised."""
         self._partitions = set(self.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME))
+        self._days = set(self.instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME))
 
     def report(self, result: TopicPass) -> list[AssetMaterialization]:
         """Report the steps of ``result`` that changed something.
@@ -259,12 +263,25 @@ class DagsterReporter:
             if key not in self._partitions:
                 self.instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [key])
                 self._partitions.add(key)
+            days = _days_of(table)
+            if days - self._days:
+                self.instance.add_dynamic_partitions(DAYS_PARTITIONS_NAME, sorted(days - self._days))
+                self._days |= days
             for event in events:
                 self.instance.report_runless_asset_event(event)
         except Exception:
             log.exception("%s: could not record %d materializations in Dagster", result.topic.path, len(events))
             return []
         return events
+
+
+def _days_of(table: TableReport | None) -> set[str]:
+    """The ``days`` partition keys of a commit: the UTC days from its oldest record's publish
+    time through today (none when it appended nothing)."""
+    if table is None or table.oldest_publish_time_us is None:
+        return set()
+    first = dt.datetime.fromtimestamp(table.oldest_publish_time_us / 1_000_000, dt.UTC).date()
+    return set(days_from(first, dt.datetime.now(dt.UTC).date()))
 
 
 class ContinuousWriter:
@@ -541,6 +558,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # the Dagster instance's SQL storage runs Alembic at open; its INFO lines ("Context impl
+    # SQLiteImpl.", "Will assume non-transactional DDL.") say nothing to a writer's reader
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
     try:
         config = WriterConfig(
             commit_interval_s=args.commit_interval_s,

@@ -35,6 +35,7 @@ from assets.bulk import bulk_table
 from assets.checks import tiering_checks
 from assets.jobs import (
     bulk_load_job,
+    commit_checks_job,
     compaction_job,
     freshness_check_job,
     retention_job,
@@ -49,7 +50,7 @@ from assets.resources import (
     SparkResource,
 )
 from assets.schedules import compaction_schedule, retention_schedule
-from assets.sensors import freshness_sensor, sealed_segments_sensor, topic_partitions_sensor
+from assets.sensors import commit_checks_sensor, freshness_sensor, sealed_segments_sensor, topic_partitions_sensor
 
 
 def default_resources() -> dict[str, ConfigurableResource[Any]]:
@@ -76,8 +77,16 @@ def default_resources() -> dict[str, ConfigurableResource[Any]]:
 defs = Definitions(
     assets=[segment_objects, iceberg_table, compacted_table, retention, schema_rewrite, bulk_table],
     asset_checks=tiering_checks,
-    jobs=[tiering_job, compaction_job, retention_job, schema_rewrite_job, freshness_check_job, bulk_load_job],
+    jobs=[
+        tiering_job,
+        compaction_job,
+        retention_job,
+        schema_rewrite_job,
+        freshness_check_job,
+        commit_checks_job,
+        bulk_load_job,
+    ],
     schedules=[compaction_schedule, retention_schedule],
-    sensors=[topic_partitions_sensor, sealed_segments_sensor, freshness_sensor],
+    sensors=[topic_partitions_sensor, sealed_segments_sensor, commit_checks_sensor, freshness_sensor],
     resources=default_resources(),
 )

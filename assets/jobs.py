@@ -11,7 +11,7 @@ from dagster import AssetSelection, define_asset_job
 
 from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
 from assets.bulk import bulk_table
-from assets.checks import fresh
+from assets.checks import commit_checks, fresh
 
 tiering_job = define_asset_job(
     "tiering_job",
@@ -56,6 +56,16 @@ freshness_check_job = define_asset_job(
     description=(
         "The iceberg_table check `fresh` alone, for one topic (run tag dagster/partition): "
         "requested by freshness_sensor when a topic turns stale or fresh again."
+    ),
+)
+
+commit_checks_job = define_asset_job(
+    "commit_checks_job",
+    selection=AssetSelection.checks(*commit_checks),
+    description=(
+        "The exactly-once checks of segment_objects and iceberg_table (every check but `fresh`) "
+        "for one topic (run tag dagster/partition): requested by commit_checks_sensor after the "
+        "continuous writer committed to the topic, since the writer's runless commits run no check."
     ),
 )
 

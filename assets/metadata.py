@@ -59,12 +59,16 @@ def iceberg_table_metadata(report: TableReport, catalog_name: str) -> dict[str, 
         catalog_name: the Iceberg catalog's name (``danube``).
 
     Returns:
-        Metadata entries (rows, bytes, offsets, snapshot ids, data files); unknown values are
-        left out.
+        Metadata entries (rows, bytes, offsets, snapshot ids, data files, and
+        ``publish_to_queryable_s``: seconds from the publish of the oldest record appended to
+        the commit, a float the UI plots per topic partition); unknown values are left out.
     """
     return known(
         {
             "table": f"{catalog_name}.{report.table}",
+            "publish_to_queryable_s": (
+                MetadataValue.float(round(lag_s, 3)) if (lag_s := report.publish_to_queryable_s) is not None else None
+            ),
             "partition": report.partition,
             "row_count": MetadataValue.int(report.row_count) if report.row_count is not None else None,
             "rows_appended": MetadataValue.int(report.rows_appended),

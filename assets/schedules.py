@@ -3,9 +3,11 @@ partitions that need it (retention at half past, so the two Spark jobs of a topi
 together).
 
 Each tick reads the tables' manifests (no data file) to find the days with work, and requests
-one run per (topic, day); the run key is the partition key, scoped to the tick. A partition of a
-partitioned topic (``docs/etcd-layout.md`` §3.1) shares its table with partition 0, whose runs
-do its maintenance; only the topics themselves are requested.
+one run per (topic, day); the run key is the partition key, scoped to the tick. A day that is
+not a ``days`` partition yet (rows loaded in bulk from days before the topic's first tiered
+day) is added by the tick before it is requested. A partition of a partitioned topic
+(``docs/etcd-layout.md`` §3.1) shares its table with partition 0, whose runs do its
+maintenance; only the topics themselves are requested.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from assets.jobs import compaction_job, retention_job
-from assets.partitions import TOPICS_PARTITIONS_NAME, in_day_range, topic_day_key
+from assets.partitions import DAYS_PARTITIONS_NAME, TOPICS_PARTITIONS_NAME, topic_day_key
 from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.iceberg.layout import data_files_by_day
@@ -33,6 +35,16 @@ partition spec)."""
 def _today(context: ScheduleEvaluationContext) -> dt.date:
     moment = context.scheduled_execution_time or dt.datetime.now(dt.UTC)
     return moment.astimezone(dt.UTC).date()
+
+
+def _add_days(context: ScheduleEvaluationContext, days: set[dt.date]) -> None:
+    """Add the ``days`` partitions a tick is about to request that do not exist yet (a day
+    before the first one ``topic_partitions_sensor`` knows, such as rows loaded in bulk from
+    earlier days): a run request for an unknown partition would fail."""
+    known = set(context.instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME))
+    missing = sorted({d.isoformat() for d in days} - known)
+    if missing:
+        context.instance.add_dynamic_partitions(DAYS_PARTITIONS_NAME, missing)
 
 
 def _topics(context: ScheduleEvaluationContext, etcd: EtcdResource) -> list[tuple[str, TopicName]]:
@@ -70,19 +82,19 @@ def compaction_schedule(
     """One ``compaction_job`` run per (topic, day) with files to merge."""
     today = _today(context)
     catalog = iceberg_catalog.load()
-    requested = 0
+    wanted: list[tuple[str, dt.date]] = []
     for key, table_topic in _topics(context, etcd):
         ident = iceberg.table_identifier(table_topic)
         if not catalog.table_exists(ident):
             continue
         for day, files in data_files_by_day(catalog.load_table(ident)).items():
-            if not in_day_range(day, today):
-                continue
-            if files.data_files >= COMPACTION_MIN_FILES or files.older_spec_files:
-                partition_key = topic_day_key(key, day)
-                requested += 1
-                yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
-    if not requested:
+            if day <= today and (files.data_files >= COMPACTION_MIN_FILES or files.older_spec_files):
+                wanted.append((key, day))
+    _add_days(context, {day for _, day in wanted})
+    for key, day in wanted:
+        partition_key = topic_day_key(key, day)
+        yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
+    if not wanted:
         yield SkipReason("no table partition has small files to merge")
 
 
@@ -120,14 +132,15 @@ def retention_schedule(
                 out.append((key, days, descriptors_expired))
         return out
 
-    requested = 0
+    wanted: list[tuple[str, dt.date]] = []
     for key, days, descriptors_expired in asyncio.run(run()):
-        wanted = [d for d in days if in_day_range(d, today)]
-        if not wanted and descriptors_expired:
-            wanted = [today]
-        for day in wanted:
-            partition_key = topic_day_key(key, day)
-            requested += 1
-            yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
-    if not requested:
+        expired = [d for d in days if d <= today]
+        if not expired and descriptors_expired:
+            expired = [today]
+        wanted += [(key, day) for day in expired]
+    _add_days(context, {day for _, day in wanted})
+    for key, day in wanted:
+        partition_key = topic_day_key(key, day)
+        yield RunRequest(run_key=str(partition_key), partition_key=partition_key)
+    if not wanted:
         yield SkipReason("nothing expired")

@@ -136,7 +136,7 @@ def _danube_pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedPro
 def _env_and_backfill_work_as_written(home: Path, env: dict[str, str]) -> None:
     """``danube-pipeline env`` prints the running stack's exports; ``danube-pipeline backfill``
     submits a backfill with nothing else in the environment, from any directory, once the
-    writer has registered the topic's partition."""
+    writer has registered the topic's partition, for a day that was no partition yet."""
     bare = {k: v for k, v in os.environ.items() if not k.startswith(("DANUBE_", "DAGSTER_"))}
     printed = _danube_pipeline("env", "--home", str(home), env=bare)
     assert printed.returncode == 0, printed.stderr
@@ -144,7 +144,8 @@ def _env_and_backfill_work_as_written(home: Path, env: dict[str, str]) -> None:
     assert exports["DANUBE_ETCD_ENDPOINTS"] == env["DANUBE_ETCD_ENDPOINTS"]
     assert exports["DANUBE_HOME"] == str(home) and exports["DAGSTER_HOME"] == env["DAGSTER_HOME"]
     assert set(exports) >= {"DANUBE_CATALOG_URI", "DANUBE_WAREHOUSE", "DANUBE_OBJECT_STORE_URL", "DANUBE_DAGSTER_STORAGE"}
-    day = dt.datetime.now(dt.UTC).date().isoformat()
+    # yesterday: no commit made it a day partition; the command adds it
+    day = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
     key = f"{day}|default.stop-0"
     outcome: list[subprocess.CompletedProcess[str]] = []
 

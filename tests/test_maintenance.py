@@ -29,7 +29,7 @@ from tiering_helpers import avro, avro_payload, make_env
 
 from assets.assets import iceberg_table, segment_objects
 from assets.checks import fresh, tiering_checks
-from assets.partitions import TOPICS_PARTITIONS_NAME
+from assets.partitions import DAYS_PARTITIONS_NAME, TOPICS_PARTITIONS_NAME
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from assets.schedules import compaction_schedule, retention_schedule
 from assets.sensors import freshness_sensor
@@ -258,12 +258,13 @@ def test_admin_cli_sets_the_table_layout(env: _Env) -> None:
 @pytest.mark.integration
 def test_compaction_schedule_requests_only_days_with_small_files(env: _Env) -> None:
     """Two objects on one day (two files) ask for a compaction run of that (topic, day); a day
-    with one file does not; a day before the partitions' first day is never requested."""
+    with one file does not; a day long past (rows loaded in bulk) is requested too, its day
+    partition added by the tick."""
     busy, quiet = _today() - dt.timedelta(days=2), _today() - dt.timedelta(days=1)
     env.put(3, busy)
     env.put(3, busy)
     env.put(3, quiet)
-    env.put(2, dt.date(2020, 1, 1))  # before FIRST_DAY: out of the partitions' range
+    env.put(2, dt.date(2020, 1, 1))  # long before any day the topic sensor adds
     env.put(2, dt.date(2020, 1, 1))
     env.tier()
     with instance_for_test() as instance:
@@ -271,10 +272,13 @@ def test_compaction_schedule_requests_only_days_with_small_files(env: _Env) -> N
         empty = _requests(compaction_schedule(context))  # no topic partitions yet
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
         requests = _requests(compaction_schedule(build_schedule_context(instance=instance, resources=env.resources(), scheduled_execution_time=_now())))
+        days = instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME)
     assert [type(r).__name__ for r in empty] == ["SkipReason"]
-    assert [r.partition_key for r in requests] == [
-        MultiPartitionKey({"topic": env.topic.partition_key, "day": busy.isoformat()})
+    assert sorted(str(r.partition_key) for r in requests) == [
+        str(MultiPartitionKey({"topic": env.topic.partition_key, "day": "2020-01-01"})),
+        str(MultiPartitionKey({"topic": env.topic.partition_key, "day": busy.isoformat()})),
     ]
+    assert sorted(days) == ["2020-01-01", busy.isoformat()]
 
 
 @pytest.mark.integration
@@ -366,9 +370,11 @@ def test_freshness_sensor_runs_the_check_when_a_table_turns_stale_or_fresh(
     assert request.tags["dagster/partition"] == env.topic.partition_key
     assert failed.check_name == "fresh" and not failed.passed
     meta = {k: v.value for k, v in failed.metadata.items()}
-    assert meta["pending_records"] == 5 and meta["lag_s"] >= 1.0 and meta["limit_s"] == 0.5
+    assert meta["pending_records"] == 5 and meta["lag_s"] >= 1.0 and meta["limit"] == "0.5 s"
+    # nothing plotted that is an epoch or a constant
+    assert "last_commit_ms" not in meta and "limit_s" not in meta
     assert "5 records not queryable yet" in (failed.description or "")
-    assert isinstance(unchanged, SkipReason) and "no change" in str(unchanged.skip_message)
+    assert isinstance(unchanged, SensorResult) and not unchanged.run_requests and unchanged.skip_reason is None
     assert passed.passed and {k: v.value for k, v in passed.metadata.items()}["pending_records"] == 0
 
 
@@ -398,6 +404,7 @@ def test_schedules_and_sensors_load_as_running() -> None:
         "retention_schedule": True,
         "topic_partitions_sensor": True,
         "sealed_segments_sensor": True,
+        "commit_checks_sensor": True,
         "freshness_sensor": True,
     }
 
@@ -463,6 +470,7 @@ def test_compaction_backfill_over_days_from_the_cli(
     }
     with instance_for_test(overrides=overrides) as instance:
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
+        instance.add_dynamic_partitions(DAYS_PARTITIONS_NAME, [d.isoformat() for d in days])
         cli = subprocess.run(
             [
                 sys.executable, "-m", "dagster", "job", "backfill", "-f", str(defs_file), "-a", "defs",

@@ -457,6 +457,7 @@ def test_size_retention_through_the_asset(
         instance.add_dynamic_partitions("topics", [topic.partition_key])
         # the (topic, day) partition of today, the day every record was published
         day = dt.datetime.now(dt.UTC).date().isoformat()
+        instance.add_dynamic_partitions("days", [day])
         result = materialize(
             [retention_asset],
             partition_key=MultiPartitionKey({"topic": topic.partition_key, "day": day}),

@@ -551,6 +551,8 @@ def test_asset_rewrites_only_the_materialized_days(rewrite_spark: Env, etcd_endp
     }
 
     def run(day: dt.date) -> dict[str, Any]:
+        if not instance.has_dynamic_partition("days", day.isoformat()):
+            instance.add_dynamic_partitions("days", [day.isoformat()])
         key = MultiPartitionKey({"topic": topic.partition_key, "day": day.isoformat()})
         result = materialize([schema_rewrite], partition_key=key, resources=resources, instance=instance)
         assert result.success
@@ -653,6 +655,7 @@ def test_backfill_over_two_days_through_the_daemon(rewrite_spark: Env, etcd_endp
     }
     with instance_for_test(overrides=overrides) as instance:
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [topic.partition_key])
+        instance.add_dynamic_partitions("days", [k.split("|")[0] for k in keys])
         target = PythonFileTarget(str(defs_file), "defs", str(Path(__file__).resolve().parents[1]), "rewrite_test")
         with create_test_daemon_workspace_context(target, instance) as context:
             backfill = PartitionBackfill.from_asset_partitions(

@@ -159,6 +159,7 @@ def test_compacted_table_asset(spark_catalog: dict[str, Any], etcd_endpoints: li
     }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("topics", [topic.partition_key])
+        instance.add_dynamic_partitions("days", [yesterday.isoformat()])
         result = materialize(
             [compacted_table],
             partition_key=MultiPartitionKey({"topic": topic.partition_key, "day": yesterday.isoformat()}),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import os
 import shlex
 import shutil
@@ -235,9 +236,12 @@ class DevStack:
                 )
                 self.writer.start()
             if self.dagster_home is not None and self.ui:
-                # dies with this launcher even when it is SIGKILLed (no clean-up then)
+                # dies with this launcher even when it is SIGKILLed (no clean-up then). At the
+                # default INFO level the daemon logs two lines per sensor tick ("Checking for new
+                # runs", "No run requests returned ... skipping"); runs show in the UI.
                 self.dagster = subprocess.Popen(
-                    die_with_parent([dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port)]),
+                    die_with_parent([dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port),
+                                     "--log-level", "warning"]),
                     env=self.env,
                 )
         except BaseException:
@@ -414,10 +418,41 @@ def backfill_command(job: str, partitions: str) -> list[str]:
             "--partitions", partitions, "--noprompt"]  # fmt: skip
 
 
+DAYS_PARTITIONS_NAME = "days"
+"""The dynamic partitions of the maintenance assets' day dimension (``assets/partitions.py``)."""
+
+
+def add_backfill_days(partitions: str, exports: dict[str, str]) -> list[str]:
+    """Add the days of ``partitions``' ``{day}|{ns}.{topic}`` keys to the Dagster instance of
+    ``exports`` as day partitions, so a backfill of a day with no commit yet (data loaded in
+    bulk, a day before the sensor saw the topic) is not refused as an unknown partition.
+
+    Returns:
+        The days added.
+
+    Raises:
+        ValueError: a key's day is not an ISO date (``YYYY-MM-DD``).
+    """
+    days = sorted({key.split("|", 1)[0] for key in partitions.split(",") if "|" in key})
+    for day in days:
+        dt.date.fromisoformat(day)
+    if not days:
+        return []
+    os.environ.update(exports)  # DagsterInstance.get() reads DAGSTER_HOME and the storage from it
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:
+        added = [day for day in days if not instance.has_dynamic_partition(DAYS_PARTITIONS_NAME, day)]
+        if added:
+            instance.add_dynamic_partitions(DAYS_PARTITIONS_NAME, added)
+    return added
+
+
 def _cmd_backfill(args: argparse.Namespace) -> int:
     try:
         exports = read_env_file(_dev_home(args.home))
-    except FileNotFoundError as exc:
+        add_backfill_days(args.partitions, exports)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     done = subprocess.run(

@@ -344,6 +344,9 @@ def _dagster_launch(select: str, *, partition: str | None = None) -> None:
     with DagsterInstance.get() as instance:
         if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
             instance.add_dynamic_partitions("topics", [TOPIC.partition_key])
+        day = partition.split("|")[0] if partition and "|" in partition else None  # a (day, topic) key
+        if day is not None and not instance.has_dynamic_partition("days", day):
+            instance.add_dynamic_partitions("days", [day])
     cmd = [dg_binary(), "launch", "-m", "assets.definitions", "--assets", select, "--partition", partition or TOPIC.partition_key]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -75,6 +75,7 @@ from danube_pipeline.lake.iceberg.append import (
     committed_end_offset_property,
     without_commit_retries,
 )
+from danube_pipeline.lake.iceberg.catalog import WRITE_PROPERTIES
 from danube_pipeline.lake.iceberg.schema import PARTITION_COLUMN, PAYLOAD_COLUMN
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
@@ -241,7 +242,7 @@ def ensure_dead_letter_table(catalog: Catalog, topic: TopicName, *, partitioned:
         table = catalog.create_table_if_not_exists(
             identifier,
             schema=dead_letter_schema(partitioned=partitioned),
-            properties={DEAD_LETTER_OF_PROPERTY: topic.path, "format-version": "2"},
+            properties={**WRITE_PROPERTIES, DEAD_LETTER_OF_PROPERTY: topic.path},
         )
     if table.properties.get(DEAD_LETTER_OF_PROPERTY) != topic.path:
         raise InvalidNameError(

@@ -15,6 +15,8 @@ properties over from the metadata they replace).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +64,49 @@ def _q(part: str) -> str:
     return f"`{part}`"
 
 
+PARQUET_CODEC_PROPERTY = "write.parquet.compression-codec"
+"""The table property naming the Parquet compression codec (Iceberg spec, "Table Properties")."""
+PARQUET_LEVEL_PROPERTY = "write.parquet.compression-level"
+"""The table property naming the codec's level."""
+APPEND_CODEC = "zstd"
+"""The codec pyiceberg writes when the table names none (its ``PARQUET_COMPRESSION_DEFAULT``)."""
+SPARK_CODEC_CONF = "spark.sql.iceberg.compression-codec"
+SPARK_LEVEL_CONF = "spark.sql.iceberg.compression-level"
+
+
+@contextmanager
+def _append_compression(spark: SparkSession, full: str) -> Iterator[str]:
+    """Make the session's Iceberg writes use the codec (and level) the table's appends use.
+
+    A table created by pyiceberg carries no ``write.parquet.compression-codec`` property, so
+    pyiceberg writes it ``zstd`` while Iceberg's Spark writer falls back to its own default,
+    ``gzip``, for a table without the property: compaction would rewrite a day's zstd files
+    in another codec (and a rewrite grows a day's bytes for that alone). The session settings
+    ``spark.sql.iceberg.compression-codec`` and ``-level`` take precedence over the table
+    property and are restored afterwards.
+
+    Yields:
+        The codec the rewrite writes.
+    """
+    rows = spark.sql(f"SHOW TBLPROPERTIES {full}").collect()
+    properties = {str(r["key"]): str(r["value"]) for r in rows}
+    codec = properties.get(PARQUET_CODEC_PROPERTY, APPEND_CODEC)
+    wanted = {SPARK_CODEC_CONF: codec}
+    if PARQUET_LEVEL_PROPERTY in properties:
+        wanted[SPARK_LEVEL_CONF] = properties[PARQUET_LEVEL_PROPERTY]
+    saved = {key: spark.conf.get(key, None) for key in (SPARK_CODEC_CONF, SPARK_LEVEL_CONF)}
+    for key, value in wanted.items():
+        spark.conf.set(key, value)
+    try:
+        yield codec
+    finally:
+        for key, previous in saved.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+
+
 def compact_table(
     spark: SparkSession,
     topic: TopicName,
@@ -76,7 +121,8 @@ def compact_table(
     Runs ``CALL {catalog}.system.rewrite_data_files(table => 'ns.topic', strategy => 'sort',
     options => map('min-input-files', '2'[, 'rewrite-all', ...]), where => ...)``: the ``sort``
     strategy writes each output file in the table's sort order (``_offset``,
-    :mod:`danube_pipeline.lake.iceberg.layout`), and with ``day`` only the files holding rows
+    :mod:`danube_pipeline.lake.iceberg.layout`), in the Parquet codec the table's appends use
+    (``zstd`` unless the table names one; Spark's own default would be ``gzip``), and with ``day`` only the files holding rows
     published that UTC day are considered, so the other days' partitions are not touched.
     Files written under an older partition spec are rewritten into the current one. The rewrite
     commits a ``replace`` snapshot that carries no ``danube.*`` summary properties and keeps the
@@ -110,11 +156,12 @@ def compact_table(
     options = f"'min-input-files', '{int(min_input_files)}'"
     if rewrite_all:
         options += ", 'rewrite-all', 'true'"
-    row = spark.sql(
-        f"CALL {_q(name)}.system.rewrite_data_files("
-        f"table => '{topic.namespace}.{topic.topic}', strategy => 'sort', "
-        f"options => map({options}){where})"
-    ).collect()[0]
+    with _append_compression(spark, full):
+        row = spark.sql(
+            f"CALL {_q(name)}.system.rewrite_data_files("
+            f"table => '{topic.namespace}.{topic.topic}', strategy => 'sort', "
+            f"options => map({options}){where})"
+        ).collect()[0]
     result = row.asDict()
     after = int(spark.sql(f"SELECT count(*) AS n FROM {full}.files").collect()[0]["n"])
     snaps = spark.sql(

@@ -78,6 +78,10 @@ class TableReport:
         bytes_read: bytes of the segment objects this call read and appended.
         first_offset: the first offset this call appended, ``None`` when it appended none.
         last_offset: the last offset this call appended, ``None`` when it appended none.
+        oldest_publish_time_us: the broker's publish time of the oldest record this call
+            appended, microseconds since the Unix epoch; ``None`` when it appended none.
+        committed_at_ms: when the table's current snapshot afterwards was committed, ms since
+            the Unix epoch; ``None`` without a table.
     """
 
     table: str
@@ -100,6 +104,17 @@ class TableReport:
     bytes_read: int = 0
     first_offset: int | None = None
     last_offset: int | None = None
+    oldest_publish_time_us: int | None = None
+    committed_at_ms: int | None = None
+
+    @property
+    def publish_to_queryable_s(self) -> float | None:
+        """Seconds from the publish of the oldest record this call appended to the commit of
+        the table's snapshot afterwards: the longest a record of this call waited to become
+        queryable. ``None`` when the call appended nothing."""
+        if self.oldest_publish_time_us is None or self.committed_at_ms is None:
+            return None
+        return max(0.0, self.committed_at_ms / 1000 - self.oldest_publish_time_us / 1_000_000)
 
 
 async def commit_objects_to_table(
@@ -230,6 +245,9 @@ async def commit_objects_to_table(
             if report.first_offset is None:
                 report.first_offset = d.start_offset
             report.last_offset = d.end_offset
+            oldest_us = min(r.publish_time_us for r in records)
+            if report.oldest_publish_time_us is None or oldest_us < report.oldest_publish_time_us:
+                report.oldest_publish_time_us = oldest_us
         else:
             report.objects_skipped += 1
         for sid, _ in writers:
@@ -241,6 +259,7 @@ async def commit_objects_to_table(
         table.refresh()
         snapshot = table.current_snapshot()
         report.snapshot_id = snapshot.snapshot_id if snapshot else None
+        report.committed_at_ms = snapshot.timestamp_ms if snapshot else None
         report.committed_end_offset = iceberg.committed_end_offset(table, partition=partition)
         report.row_count = iceberg.snapshot_row_count(table)
         report.data_files = iceberg.data_file_count(table)
