@@ -21,7 +21,7 @@ from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import MessageTooLargeError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import KeyValue, MetadataStore
-from danube_pipeline.metadata.values import NamespacePolicy
+from danube_pipeline.metadata.values import NamespacePolicy, TableCommit
 from danube_pipeline.names import TopicName
 
 from helpers import eventually
@@ -150,6 +150,7 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
         assert described == {
             "topic": events.path, "owner": me, "delivery": "NonReliable", "table": "danube.ops.events",
             "schema_subject": None, "producers": [], "tiering_lag_offsets": None,
+            "committed_end_offset": None, "committed_at_ms": None,
             "next_offset": 3, "first_local_offset": d.first_local_offset, "wal_bytes": d.wal_bytes,
             "sealed_segments": d.sealed_segments, "remote_first_offset": None, "remote_end_offset": None,
             "earliest_offset": d.earliest_offset, "cache_bytes": d.cache_bytes,
@@ -167,6 +168,14 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             other = (await run("topics", "describe", "/default/other")).ok()
         assert other["producers"] == [{"producer_id": live.producer_id, "producer_name": "live"}]
         assert other["table"] == "danube.default.other" and other["tiering_lag_offsets"] == 1
+        # what tiering records after a commit (§5.8) is shown as the table's committed end
+        other_name = TopicName.parse("/default/other")
+        commit = TableCommit("default.other", committed_end_offset=0, snapshot_id=7, committed_at_ms=1_795_000_000_000)
+        await meta.put(keys.table_commit(other_name), commit)
+        other = (await run("topics", "describe", "/default/other")).ok()
+        assert (other["committed_end_offset"], other["committed_at_ms"]) == (0, 1_795_000_000_000)
+        shown = (await run("topics", "describe", "/default/other", output="text")).out
+        assert "through offset 0 at 2026-11-18" in shown, shown
         owner_kv = await meta.get(keys.topic_assignment(broker.broker_id, events))
         assert owner_kv is not None and d.owner_epoch == owner_kv.create_revision
         # NonReliable: the messages are in memory only, nothing in a WAL

@@ -16,7 +16,8 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     report for the topics they have loaded (``Admin.ListTopics``; nulls when none has it loaded).
 ``topics describe /NS/TOPIC``
     ``{"topic": str, "owner": owner, "delivery": str, "table": str, "schema_subject": str | null,
-    "producers": [{"producer_id": int, "producer_name": str}], "tiering_lag_offsets": int | null,
+    "producers": [{"producer_id": int, "producer_name": str}], "committed_end_offset": int | null,
+    "committed_at_ms": int | null, "tiering_lag_offsets": int | null,
     "next_offset": int,
     "first_local_offset": int, "wal_bytes": int, "sealed_segments": int, "remote_first_offset":
     int | null, "remote_end_offset": int | null, "earliest_offset": int, "cache_bytes": int,
@@ -24,7 +25,9 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     "consumers": int, "records_from_object_storage": int, "skipped_below_retention": int}]}``:
     the owner from a lookup; ``table`` the Iceberg table the topic is committed to (a
     partition's is its topic's); the schema subject (§3.7) and the open producers (§3.3) from
-    etcd; ``tiering_lag_offsets`` the offsets handed out that object storage does not hold yet
+    etcd; ``committed_end_offset`` and ``committed_at_ms`` the table's last commit for the topic
+    as tiering recorded it (§5.8; ``null`` before the first); ``tiering_lag_offsets`` the
+    offsets handed out that object storage does not hold yet
     (``null`` for a NonReliable topic, never tiered); the rest from ``Admin.DescribeTopic`` (WAL,
     object storage §5.1, loaded subscriptions). A partitioned topic (§3.1) has no owner or WAL of its own:
     ``{"topic": str, "partitions": int, "delivery": str, "table": str, "partition_topics": [{"topic": str,
@@ -50,6 +53,7 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 
 import click
 
@@ -60,7 +64,7 @@ from danube_pipeline.client import DanubeClient, DeliveryMode
 from danube_pipeline.metadata import keys
 from danube_pipeline import settings
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, ProducerMetadata, TableLayout, TopicSchema
+from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, ProducerMetadata, TableCommit, TableLayout, TopicSchema
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import MAX_PARTITIONS, partition_names, partition_of
 
@@ -208,6 +212,18 @@ def table_name(topic: TopicName) -> str:
     return f"{settings.catalog_name()}.{topic.namespace}.{topic.topic}"
 
 
+async def _table_commit(store: MetadataStore, topic: TopicName) -> TableCommit | None:
+    """The topic's last commit to its table as tiering recorded it (§5.8), ``None`` before the
+    first one (or an unreadable value)."""
+    kv = await store.get(keys.table_commit(topic))
+    if kv is None:
+        return None
+    try:
+        return TableCommit.from_json(kv.value)
+    except ValueError:
+        return None
+
+
 async def _schema_and_producers(store: MetadataStore, topic: TopicName) -> tuple[str | None, list[Json]]:
     """The topic's schema subject (§3.7; ``None`` while it has none) and its open producers
     (§3.3, ``status: true``), from etcd."""
@@ -244,6 +260,7 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         delivery = await store.get(keys.topic_delivery(topic))
         subject, producers = await _schema_and_producers(store, topic)
         parent = await partition_of(store, topic)  # a partition's rows are in its topic's table
+        commit = await _table_commit(store, topic)
     mode = DeliveryMode.from_stored(delivery.value if delivery else None)
     return {
         "topic": topic.path,
@@ -252,6 +269,8 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         "table": table_name(parent.parent if parent is not None else topic),
         "schema_subject": subject,
         "producers": producers,
+        "committed_end_offset": commit.committed_end_offset if commit is not None else None,
+        "committed_at_ms": commit.committed_at_ms if commit is not None else None,
         "tiering_lag_offsets": None  # kept in memory only, never tiered (§3.2)
         if mode is DeliveryMode.NON_RELIABLE
         else tiering_lag_offsets(description.next_offset, description.first_local_offset, description.remote_end_offset),
@@ -316,6 +335,9 @@ def _describe_text(d: Json) -> str:
             ("schema subject", d["schema_subject"] or "(none: raw payloads)"),
             ("next offset", d["next_offset"]),
             ("not yet tiered", "-" if d["tiering_lag_offsets"] is None else f"{d['tiering_lag_offsets']} offsets"),
+            ("committed to table", "-" if d["committed_end_offset"] is None else (
+                f"through offset {d['committed_end_offset']} at "
+                f"{dt.datetime.fromtimestamp(d['committed_at_ms'] / 1000, dt.UTC):%Y-%m-%d %H:%M:%S} UTC")),
             ("first local offset", d["first_local_offset"]),
             ("WAL bytes", d["wal_bytes"]),
             ("sealed segments", d["sealed_segments"]),

@@ -220,6 +220,12 @@ def producer_identity(topic: TopicName, producer_name: str) -> str:
     return f"{storage_topic(topic)}/producer_ids/{producer_name}"
 
 
+def table_commit(topic: TopicName) -> str:
+    """§5.8 ``.../table_commit``; value :class:`TableCommit`, the topic's (partition's) last
+    commit to its Iceberg table as tiering recorded it."""
+    return f"{storage_topic(topic)}/table_commit"
+
+
 def unavailable_prefix(topic: TopicName) -> str:
     """§5.5 ``.../unavailable/``: every unavailable range of the topic."""
     return f"{storage_topic(topic)}/unavailable/"

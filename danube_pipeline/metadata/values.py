@@ -402,6 +402,27 @@ class ObjectsCursor(JsonRecord):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TableCommit(JsonRecord):
+    """§5.8 ``.../table_commit``: the last commit of a topic's offsets to its Iceberg table, as
+    tiering recorded it after the commit (the table itself is the truth; this is for tools
+    without an Iceberg reader, such as ``danube-admin``).
+
+    Attributes:
+        table: ``{ns}.{topic}`` in the catalog (a partition's is its topic's table).
+        committed_end_offset: the table's committed end offset for this topic (partition).
+        snapshot_id: the table's snapshot after the commit.
+        committed_at_ms: that snapshot's time, ms since the epoch.
+        incarnation: the topic incarnation the table holds (its root key's create revision).
+    """
+
+    table: str
+    committed_end_offset: int
+    snapshot_id: int
+    committed_at_ms: int
+    incarnation: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class LocalRetention(JsonRecord):
     """§3.6 ``/topics/{ns}/{topic}/local_retention``: a topic's override of the brokers' local
     WAL retention. ``-1`` (or a field left out) keeps the broker's setting."""

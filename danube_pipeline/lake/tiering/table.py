@@ -35,7 +35,8 @@ from danube_pipeline.lake.schema_lookup import (
 from danube_pipeline.lake.segment_objects import read_segment_object
 from danube_pipeline.lake.tiering.incarnation import current_table, topic_incarnation
 from danube_pipeline.metadata.descriptors import passable, read_descriptors, read_unavailable_ranges
-from danube_pipeline.metadata.values import ObjectDescriptor, TableLayout, UnavailableRange
+from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.values import ObjectDescriptor, TableCommit, TableLayout, UnavailableRange
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_of
 from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
@@ -264,7 +265,47 @@ async def commit_objects_to_table(
         report.row_count = iceberg.snapshot_row_count(table)
         report.data_files = iceberg.data_file_count(table)
         report.partition_spec = describe_spec(table)
+        if report.committed_end_offset is not None and report.snapshot_id is not None:
+            commit = TableCommit(
+                table=report.table,
+                committed_end_offset=report.committed_end_offset,
+                snapshot_id=report.snapshot_id,
+                committed_at_ms=report.committed_at_ms or 0,
+                incarnation=incarnation,
+            )
+            await record_table_commit(store, topic, commit)
     return report
+
+
+async def record_table_commit(store: MetadataStore, topic: TopicName, commit: TableCommit) -> bool:
+    """Write ``commit`` to §5.8 unless the key already records this incarnation at the same or
+    a later committed end offset (two writers may commit at once; the key only moves forward).
+    Each write compares the key's ``mod_revision`` and is read again on a lost compare.
+
+    Returns:
+        Whether it was written.
+
+    Raises:
+        MetadataStoreError: etcd failed.
+    """
+    key = keys.table_commit(topic)
+    for _ in range(5):
+        kv = await store.get(key)
+        if kv is not None:
+            try:
+                stored = TableCommit.from_json(kv.value)
+            except ValueError:
+                stored = None
+            if (
+                stored is not None
+                and stored.incarnation == commit.incarnation
+                and stored.committed_end_offset >= commit.committed_end_offset
+            ):
+                return False
+        guard = {key: kv.mod_revision if kv is not None else 0}
+        if await store.compare_and_put_many([(key, commit)], expected_mod_revisions=guard) is not None:
+            return True
+    return False
 
 
 def _apply_layout(catalog: Catalog, ident: tuple[str, str], table: Table, layout: TableLayout) -> list[str]:
