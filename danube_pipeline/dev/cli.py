@@ -328,7 +328,9 @@ async def brokers_not_running(etcd_endpoints: list[str], running: set[int]) -> d
     return absent
 
 
-def _missing_brokers_note(absent: dict[int, int], started: int) -> str:
+def missing_brokers_note(absent: dict[int, int], started: int) -> str:
+    """What ``dev`` prints when ``absent`` (:func:`brokers_not_running`) holds topics of broker
+    ids this run with ``started`` brokers did not start, and what to do about it."""
     ids = ", ".join(str(i) for i in sorted(absent))
     total = sum(absent.values())
     return (
@@ -368,7 +370,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         stack.start()
         absent = asyncio.run(brokers_not_running(stack.etcd.endpoints, {b.broker_id for b in stack.brokers}))
         if absent:
-            print(_missing_brokers_note(absent, len(stack.brokers)), file=sys.stderr)
+            print(missing_brokers_note(absent, len(stack.brokers)), file=sys.stderr)
         etcd = stack.etcd
         print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)")
         for broker in stack.brokers:
