@@ -104,6 +104,31 @@ class BrokerConfig:
         nonreliable_buffer_messages: messages a ``NonReliable`` topic keeps in memory, at
             most; the oldest are dropped beyond (``broker/storage/memory_log.py``).
         nonreliable_buffer_bytes: ... and batch bytes, at most.
+        tls_cert_file: PEM certificate chain the gRPC port serves (TLS 1.2+); ``None`` serves
+            plaintext. Reloaded from the file without a restart.
+        tls_key_file: PEM private key of ``tls_cert_file``.
+        tls_ca_file: PEM CA bundle that verifies client certificates (and peer brokers'
+            certificates for broker-to-broker calls, which are always mutual TLS under TLS).
+        tls_require_client_cert: refuse clients without a certificate signed by ``tls_ca_file``.
+        auth_jwt_secret_file: file holding the HS256 shared secret of JWT bearer tokens.
+        auth_jwt_public_key_file: PEM public key verifying RS256 or ES256 tokens.
+        auth_jwt_jwks_file: a JWKS file of public keys (selected by the token's ``kid``).
+        auth_jwt_issuer: the ``iss`` every token must carry (``None``: tokens need none).
+        auth_jwt_audience: the ``aud`` every token must carry (``None``: tokens need none).
+        auth_jwt_leeway_s: clock skew allowed on ``nbf`` and ``iat`` only, in seconds; ``exp``
+            is never extended.
+        auth_mtls: a verified client certificate's subject is the caller's principal.
+        authorization: check every RPC against the roles bound to its principal (deny what is
+            not granted); needs authentication.
+        super_admins: principals granted everything.
+        insecure: allow a non-loopback listen address without TLS and authentication (a
+            warning is logged at every start).
+        etcd_tls_ca_file: PEM CA bundle verifying etcd's certificate; etcd over TLS when set.
+        etcd_tls_cert_file: client certificate for etcd (mutual TLS), with ``etcd_tls_key_file``.
+        etcd_tls_key_file: its private key.
+        etcd_user: etcd user name (etcd authentication); the password comes from
+            ``etcd_password_file`` or ``DANUBE_ETCD_PASSWORD``, never from the command line.
+        etcd_password_file: file holding the etcd user's password.
 
     Raises:
         InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
@@ -148,6 +173,37 @@ class BrokerConfig:
     rebalance: bool = True
     nonreliable_buffer_messages: int = DEFAULT_NONRELIABLE_BUFFER_MESSAGES
     nonreliable_buffer_bytes: int = DEFAULT_NONRELIABLE_BUFFER_BYTES
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_require_client_cert: bool = False
+    auth_jwt_secret_file: Path | None = None
+    auth_jwt_public_key_file: Path | None = None
+    auth_jwt_jwks_file: Path | None = None
+    auth_jwt_issuer: str | None = None
+    auth_jwt_audience: str | None = None
+    auth_jwt_leeway_s: float = 0.0
+    auth_mtls: bool = False
+    authorization: bool = False
+    super_admins: tuple[str, ...] = ()
+    insecure: bool = False
+    etcd_tls_ca_file: Path | None = None
+    etcd_tls_cert_file: Path | None = None
+    etcd_tls_key_file: Path | None = None
+    etcd_user: str | None = None
+    etcd_password_file: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the gRPC port serves TLS."""
+        return self.tls_cert_file is not None
+
+    @property
+    def authentication(self) -> bool:
+        """Whether callers must authenticate (a JWT key of any kind, or client certificates)."""
+        return self.auth_mtls or any(
+            f is not None for f in (self.auth_jwt_secret_file, self.auth_jwt_public_key_file, self.auth_jwt_jwks_file)
+        )
 
     def __post_init__(self) -> None:
         validate_cluster_name(self.cluster_name)
@@ -195,6 +251,18 @@ class BrokerConfig:
                 f"got {self.load_manager_strategy!r}"
             )
         self.rebalance_cv_threshold  # noqa: B018 - validates rebalance_threshold
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_require_client_cert and (self.tls_ca_file is None or not self.tls):
+            raise ValueError("tls_require_client_cert needs tls_cert_file, tls_key_file and tls_ca_file")
+        if self.auth_mtls and not self.tls_require_client_cert:
+            raise ValueError("auth_mtls needs tls_require_client_cert (a verified client certificate)")
+        if self.authorization and not self.authentication:
+            raise ValueError("authorization needs authentication (a JWT key or auth_mtls)")
+        if self.auth_jwt_leeway_s < 0:
+            raise ValueError("must not be negative: auth_jwt_leeway_s")
+        if (self.etcd_tls_cert_file is None) != (self.etcd_tls_key_file is None):
+            raise ValueError("etcd_tls_cert_file and etcd_tls_key_file go together")
 
     @property
     def rebalance_cv_threshold(self) -> float:
