@@ -111,6 +111,10 @@ def fill(path: Path) -> int:
     return written
 
 
+FAILURE_LINES = 25
+"""Lines of a failed fault's error (a broker's log tail) printed below its note."""
+
+
 @dataclass
 class ChaosCluster:
     """etcd, 3 brokers (fixed ports), the proxy in front of etcd for broker 3, the tmpfs of broker 2.
@@ -270,6 +274,10 @@ class Faults:
                 await self.cluster.ensure_running()
         record.ended = time.monotonic()
         self.say(f"  {self.at(record.started)}  {kind:<12} {record.target:<22} {record.note.strip()}")
+        if not outcome.ok and outcome.error is not None:
+            # the one-line note cuts a start failure's log tail: show its last lines
+            for line in str(outcome.error).splitlines()[-FAILURE_LINES:]:
+                self.say(f"      | {line}")
         return record
 
     def _broker(self, record: FaultRecord) -> tuple[int, BrokerProcess]:
