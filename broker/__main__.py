@@ -2,7 +2,8 @@
 
 Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it)::
 
-    python -m broker --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
+    python -m broker [--config danube_broker.yml] [--print-config]
+        --etcd-endpoints h:p[,h:p] --listen host:port [--advertised-addr host:port]
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
         [--max-batch-bytes N] [--lease-ttl-s S] [--object-store-url URL] [--s3-endpoint-url URL]
         [--local-retention-bytes N] [--local-retention-ms MS] [--position-below-retention MODE]
@@ -10,8 +11,17 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
         [--load-manager-strategy fair|balanced|weighted_load] [--rebalance-threshold LEVEL|CV]
         [--rebalance-interval-s S] [--rebalance-cooldown-s S] [--rebalance-max-moves N]
         [--rebalance | --no-rebalance] [--load-report-interval-s S]
+        [--tls-cert-file PEM --tls-key-file PEM [--tls-ca-file PEM] [--tls-require-client-cert]]
+        [--auth-jwt-secret-file F | --auth-jwt-public-key-file PEM | --auth-jwt-jwks-file F]
+        [--auth-jwt-issuer ISS] [--auth-jwt-audience AUD] [--auth-jwt-leeway-s S] [--auth-mtls]
+        [--authorization] [--super-admin PRINCIPAL]... [--insecure]
+        [--etcd-tls-ca-file PEM] [--etcd-tls-cert-file PEM --etcd-tls-key-file PEM]
+        [--etcd-user NAME] [--etcd-password-file F]
         [--ready-file PATH] [--log-level INFO]
-"""
+
+Every setting can also come from the ``--config`` YAML file; flags override the ``DANUBE_*``
+variables, which override the file (``broker/config_file.py``). A non-loopback ``--listen``
+without TLS and authentication is refused (exit 2) unless ``--insecure`` is given."""
 
 from __future__ import annotations
 
@@ -23,8 +33,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from danube_pipeline import settings
+from typing import Any
 
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
@@ -51,143 +60,201 @@ from broker.config import (
     DEFAULT_SUBSCRIPTION_IDLE_S,
     BrokerConfig,
 )
-from broker.rpc.server import BrokerServer
+from broker.config_file import (
+    build_config,
+    dump_settings,
+    effective_settings,
+    environment_settings,
+    layer,
+    listen_exposure,
+    load_config_file,
+)
 
 log = logging.getLogger("broker")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
-    """Parse the command line into a :class:`BrokerConfig` (and configure logging)."""
-    p = argparse.ArgumentParser(prog="python -m broker", description="Danube Pipeline broker")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. No option has a default of its own: an option not given leaves the
+    setting to the environment, the configuration file or :class:`BrokerConfig`'s default
+    (``broker/config_file.py`` layers them)."""
+    p = argparse.ArgumentParser(
+        prog="python -m broker",
+        usage="%(prog)s [--config FILE] [--print-config] [options]",
+        description="Danube Pipeline broker",
+    )
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML configuration file (keys: BrokerConfig's field names; see "
+                        "docs/danube_broker.example.yml); flags and DANUBE_* variables override it")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration as YAML, secrets masked, and exit")
     p.add_argument(
         "--etcd-endpoints",
-        default=",".join(settings.etcd_endpoints()),
         help="comma-separated etcd host:port endpoints (default $DANUBE_ETCD_ENDPOINTS or 127.0.0.1:2379)",
     )
-    p.add_argument("--listen", default=DEFAULT_LISTEN, help="gRPC listen host:port; port 0 = any free port")
-    p.add_argument("--advertised-addr", default=None, help="host:port advertised to clients")
-    p.add_argument("--data-dir", default=str(settings.danube_home() / "broker"), help="broker data directory")
-    p.add_argument("--cluster-name", default="danube", help="cluster name (/cluster/{name})")
-    p.add_argument("--segment-max-bytes", type=int, default=DEFAULT_SEGMENT_MAX_BYTES, help="seal WAL segments at this size")
-    p.add_argument("--segment-max-age-s", type=float, default=DEFAULT_SEGMENT_MAX_AGE_S, help="seal non-empty WAL segments at this age")
-    p.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, help="largest record batch a producer may send, in bytes")
-    p.add_argument("--lease-ttl-s", type=int, default=10, help="TTL of the registration lease, in seconds")
-    p.add_argument("--max-receiver-queue-size", type=int, default=DEFAULT_MAX_RECEIVER_QUEUE_SIZE,
-                   help="largest consumer window granted, in messages")
-    p.add_argument("--max-consumer-buffer-bytes", type=int, default=DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
-                   help="batch bytes queued for one consumer stream, at most")
-    p.add_argument("--max-stream-unanswered-bytes", type=int, default=DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
-                   help="batch bytes one SendStream may have unanswered before the broker stops reading it")
-    p.add_argument("--closed-producer-ttl-s", type=int, default=DEFAULT_CLOSED_PRODUCER_TTL_S,
-                   help="seconds a closed producer's etcd key is kept, at most")
-    p.add_argument("--subscription-idle-s", type=float, default=DEFAULT_SUBSCRIPTION_IDLE_S,
-                   help="seconds a subscription without consumers stays loaded")
-    p.add_argument("--object-store-url", default=settings.object_store_url(),
+    p.add_argument("--listen", help=f"gRPC listen host:port; port 0 = any free port (default {DEFAULT_LISTEN}); "
+                                    "a non-loopback address needs TLS and authentication, or --insecure")
+    p.add_argument("--advertised-addr", help="host:port advertised to clients")
+    p.add_argument("--data-dir", help="broker data directory (default $DANUBE_HOME/broker)")
+    p.add_argument("--cluster-name", help="cluster name (/cluster/{name}; default danube)")
+    p.add_argument("--segment-max-bytes", type=int, help=f"seal WAL segments at this size (default {DEFAULT_SEGMENT_MAX_BYTES})")
+    p.add_argument("--segment-max-age-s", type=float, help=f"seal non-empty WAL segments at this age (default {DEFAULT_SEGMENT_MAX_AGE_S})")
+    p.add_argument("--max-batch-bytes", type=int, help=f"largest record batch a producer may send, in bytes (default {DEFAULT_MAX_BATCH_BYTES})")
+    p.add_argument("--lease-ttl-s", type=int, help="TTL of the registration lease, in seconds (default 10)")
+    p.add_argument("--max-receiver-queue-size", type=int,
+                   help=f"largest consumer window granted, in messages (default {DEFAULT_MAX_RECEIVER_QUEUE_SIZE})")
+    p.add_argument("--max-consumer-buffer-bytes", type=int,
+                   help=f"batch bytes queued for one consumer stream, at most (default {DEFAULT_MAX_CONSUMER_BUFFER_BYTES})")
+    p.add_argument("--max-stream-unanswered-bytes", type=int,
+                   help="batch bytes one SendStream may have unanswered before the broker stops reading it "
+                        f"(default {DEFAULT_MAX_STREAM_UNANSWERED_BYTES})")
+    p.add_argument("--closed-producer-ttl-s", type=int,
+                   help=f"seconds a closed producer's etcd key is kept, at most (default {DEFAULT_CLOSED_PRODUCER_TTL_S})")
+    p.add_argument("--subscription-idle-s", type=float,
+                   help=f"seconds a subscription without consumers stays loaded (default {DEFAULT_SUBSCRIPTION_IDLE_S})")
+    p.add_argument("--object-store-url",
                    help="object store holding the tiered segment objects, file:// or s3:// "
                         "(default $DANUBE_OBJECT_STORE_URL or file://$DANUBE_HOME/objects)")
-    p.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint (MinIO, moto) for s3:// stores")
-    p.add_argument("--s3-region", default=None, help="S3 region; credentials come from the AWS environment")
-    p.add_argument("--object-cache-bytes", type=int, default=DEFAULT_OBJECT_CACHE_BYTES,
-                   help="bound of the cache of objects read back, in bytes")
-    p.add_argument("--prefetch-bytes", type=int, default=DEFAULT_PREFETCH_BYTES,
-                   help="object bytes a cold read fetches ahead")
-    p.add_argument("--local-retention-bytes", type=int, default=DEFAULT_LOCAL_RETENTION_BYTES,
-                   help="WAL bytes kept per topic once sealed segments are verified in object storage")
-    p.add_argument("--local-retention-ms", type=int, default=DEFAULT_LOCAL_RETENTION_MS,
-                   help="sealed, tiered segments are deleted from the WAL once sealed this long ago")
-    p.add_argument("--local-retention-check-s", type=float, default=DEFAULT_LOCAL_RETENTION_CHECK_S,
-                   help="how often local retention runs, in seconds")
-    p.add_argument("--position-below-retention", choices=("earliest", "error"), default="earliest",
+    p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint (MinIO, moto) for s3:// stores")
+    p.add_argument("--s3-region", help="S3 region; credentials come from the AWS environment")
+    p.add_argument("--object-cache-bytes", type=int,
+                   help=f"bound of the cache of objects read back, in bytes (default {DEFAULT_OBJECT_CACHE_BYTES})")
+    p.add_argument("--prefetch-bytes", type=int, help=f"object bytes a cold read fetches ahead (default {DEFAULT_PREFETCH_BYTES})")
+    p.add_argument("--local-retention-bytes", type=int,
+                   help="WAL bytes kept per topic once sealed segments are verified in object storage "
+                        f"(default {DEFAULT_LOCAL_RETENTION_BYTES})")
+    p.add_argument("--local-retention-ms", type=int,
+                   help="sealed, tiered segments are deleted from the WAL once sealed this long ago "
+                        f"(default {DEFAULT_LOCAL_RETENTION_MS})")
+    p.add_argument("--local-retention-check-s", type=float,
+                   help=f"how often local retention runs, in seconds (default {DEFAULT_LOCAL_RETENTION_CHECK_S})")
+    p.add_argument("--position-below-retention", choices=("earliest", "error"),
                    help="a subscription whose position expired jumps to the earliest retained offset "
-                        "(logged and counted) or fails its consumers")
-    p.add_argument("--offset-block", type=int, default=DEFAULT_OFFSET_BLOCK,
-                   help="offsets a topic's owner reserves in etcd at a time, before acknowledging them")
-    p.add_argument("--unavailable-range", choices=("wait", "skip"), default="wait",
-                   help="at offsets a failed owner holds and nobody tiered yet, subscriptions wait, or "
-                        "skip them (logged and counted)")
-    p.add_argument("--load-report-interval-s", type=float, default=30.0,
-                   help="how often the load report /cluster/load/{id} is refreshed, in seconds")
+                        "(logged and counted; the default) or fails its consumers")
+    p.add_argument("--offset-block", type=int,
+                   help="offsets a topic's owner reserves in etcd at a time, before acknowledging them "
+                        f"(default {DEFAULT_OFFSET_BLOCK})")
+    p.add_argument("--unavailable-range", choices=("wait", "skip"),
+                   help="at offsets a failed owner holds and nobody tiered yet, subscriptions wait (the "
+                        "default), or skip them (logged and counted)")
+    p.add_argument("--load-report-interval-s", type=float,
+                   help="how often the load report /cluster/load/{id} is refreshed, in seconds (default 30)")
     p.add_argument("--load-manager-strategy", choices=("fair", "balanced", "weighted_load"),
-                   default=DEFAULT_LOAD_MANAGER_STRATEGY,
                    help="how the leader scores brokers when rebalancing: topic count (fair), topics, CPU "
-                        "and memory (balanced), or also msg/s and bytes/s (weighted_load)")
-    p.add_argument("--rebalance-threshold", default=DEFAULT_REBALANCE_THRESHOLD,
+                        f"and memory (balanced), or also msg/s and bytes/s (weighted_load); default {DEFAULT_LOAD_MANAGER_STRATEGY}")
+    p.add_argument("--rebalance-threshold",
                    help="CV of the broker scores above which topics move: conservative (0.4), balanced "
-                        "(0.3), aggressive (0.2) or a number")
-    p.add_argument("--rebalance-interval-s", type=float, default=DEFAULT_REBALANCE_INTERVAL_S,
-                   help="seconds between two looks at the load by the leader")
-    p.add_argument("--rebalance-cooldown-s", type=float, default=DEFAULT_REBALANCE_COOLDOWN_S,
-                   help="seconds without balancing moves after a round that moved topics")
-    p.add_argument("--rebalance-max-moves", type=int, default=DEFAULT_REBALANCE_MAX_MOVES,
-                   help="topics moved per round, at most")
-    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
+                        f"(0.3), aggressive (0.2) or a number (default {DEFAULT_REBALANCE_THRESHOLD})")
+    p.add_argument("--rebalance-interval-s", type=float,
+                   help=f"seconds between two looks at the load by the leader (default {DEFAULT_REBALANCE_INTERVAL_S})")
+    p.add_argument("--rebalance-cooldown-s", type=float,
+                   help=f"seconds without balancing moves after a round that moved topics (default {DEFAULT_REBALANCE_COOLDOWN_S})")
+    p.add_argument("--rebalance-max-moves", type=int, help=f"topics moved per round, at most (default {DEFAULT_REBALANCE_MAX_MOVES})")
+    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction,
                    help="whether the leader moves topics to even out the load (default on)")
-    p.add_argument("--nonreliable-buffer-messages", type=int, default=DEFAULT_NONRELIABLE_BUFFER_MESSAGES,
-                   help="messages a NonReliable topic keeps in memory (the oldest are dropped beyond)")
-    p.add_argument("--nonreliable-buffer-bytes", type=int, default=DEFAULT_NONRELIABLE_BUFFER_BYTES,
-                   help="batch bytes a NonReliable topic keeps in memory (the oldest are dropped beyond)")
-    p.add_argument("--ready-file", default=None, help="JSON file written atomically once serving")
-    p.add_argument("--log-level", default="INFO", help="logging level")
+    p.add_argument("--nonreliable-buffer-messages", type=int,
+                   help="messages a NonReliable topic keeps in memory (the oldest are dropped beyond; "
+                        f"default {DEFAULT_NONRELIABLE_BUFFER_MESSAGES})")
+    p.add_argument("--nonreliable-buffer-bytes", type=int,
+                   help="batch bytes a NonReliable topic keeps in memory (the oldest are dropped beyond; "
+                        f"default {DEFAULT_NONRELIABLE_BUFFER_BYTES})")
+    p.add_argument("--ready-file", help="JSON file written atomically once serving")
+    p.add_argument("--log-level", help="logging level (default INFO)")
+    _add_security_flags(p)
+    return p
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """TLS, authentication, authorization and etcd security. Secrets are given as files only."""
+    s = p.add_argument_group("security (secrets only ever as files)")
+    s.add_argument("--tls-cert-file", metavar="PEM", help="certificate chain the gRPC port serves (TLS 1.2+)")
+    s.add_argument("--tls-key-file", metavar="PEM", help="private key of --tls-cert-file")
+    s.add_argument("--tls-ca-file", metavar="PEM", help="CA bundle verifying client and peer-broker certificates")
+    s.add_argument("--tls-require-client-cert", action=argparse.BooleanOptionalAction,
+                   help="refuse clients without a certificate signed by --tls-ca-file")
+    s.add_argument("--auth-jwt-secret-file", metavar="FILE", help="file holding the HS256 secret of JWT bearer tokens")
+    s.add_argument("--auth-jwt-public-key-file", metavar="PEM", help="public key verifying RS256/ES256 tokens")
+    s.add_argument("--auth-jwt-jwks-file", metavar="FILE", help="JWKS file of token public keys (by kid)")
+    s.add_argument("--auth-jwt-issuer", help="the iss every token must carry")
+    s.add_argument("--auth-jwt-audience", help="the aud every token must carry")
+    s.add_argument("--auth-jwt-leeway-s", type=float, help="clock skew allowed on nbf and iat, in seconds (default 0)")
+    s.add_argument("--auth-mtls", action=argparse.BooleanOptionalAction,
+                   help="a verified client certificate's subject is the caller's principal")
+    s.add_argument("--authorization", action=argparse.BooleanOptionalAction,
+                   help="check every call against the roles bound to its principal (needs authentication)")
+    s.add_argument("--super-admin", action="append", metavar="PRINCIPAL",
+                   help="a principal granted everything (repeatable; replaces the file's super_admins)")
+    s.add_argument("--insecure", action=argparse.BooleanOptionalAction,
+                   help="allow a non-loopback --listen without TLS and authentication (a warning is logged)")
+    s.add_argument("--etcd-tls-ca-file", metavar="PEM", help="CA bundle verifying etcd's certificate (etcd over TLS)")
+    s.add_argument("--etcd-tls-cert-file", metavar="PEM", help="client certificate for etcd")
+    s.add_argument("--etcd-tls-key-file", metavar="PEM", help="private key of --etcd-tls-cert-file")
+    s.add_argument("--etcd-user", help="etcd user name")
+    s.add_argument("--etcd-password-file", metavar="FILE",
+                   help="file holding the etcd user's password (or $DANUBE_ETCD_PASSWORD)")
+
+
+#: Options whose value is a path; made absolute against the working directory.
+_PATH_OPTIONS = (
+    "data_dir", "ready_file", "tls_cert_file", "tls_key_file", "tls_ca_file", "auth_jwt_secret_file",
+    "auth_jwt_public_key_file", "auth_jwt_jwks_file", "etcd_tls_ca_file", "etcd_tls_cert_file",
+    "etcd_tls_key_file", "etcd_password_file",
+)  # fmt: skip
+#: Options that are not settings.
+_NOT_SETTINGS = frozenset({"config", "print_config", "super_admin", "etcd_endpoints"})
+
+
+def flag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gives (only the options given), by field name."""
+    values = {k: v for k, v in vars(args).items() if v is not None and k not in _NOT_SETTINGS}
+    for name in _PATH_OPTIONS:
+        if name in values:
+            values[name] = Path(values[name]).resolve()
+    if args.etcd_endpoints is not None:
+        values["etcd_endpoints"] = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
+    if args.super_admin is not None:
+        values["super_admins"] = tuple(args.super_admin)
+    return values
+
+
+def parse_command_line(argv: Sequence[str] | None = None) -> tuple[BrokerConfig, argparse.Namespace, str]:
+    """Parse the command line and layer it over the environment and ``--config``'s file.
+
+    Returns:
+        The configuration, the parsed options, and the log level.
+
+    Exits (``SystemExit(2)``) on a bad option, configuration file or setting, with a one-line
+    message.
+    """
+    p = build_parser()
     args = p.parse_args(argv)
+    try:
+        from_file = load_config_file(Path(args.config)) if args.config else {}
+        values = layer(from_file, environment_settings(), flag_settings(args))
+        log_level = str(values.get("log_level") or "INFO")
+        return build_config(values), args, log_level
+    except ValueError as exc:  # ConfigFileError and InvalidNameError are ValueErrors too
+        p.exit(2, f"{p.prog}: error: {exc}\n")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
+    """Parse the command line into a :class:`BrokerConfig` (and configure logging)."""
+    config, _, log_level = parse_command_line(argv)
+    _configure_logging(log_level)
+    return config
+
+
+def _configure_logging(log_level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    endpoints = [e.strip() for e in args.etcd_endpoints.split(",") if e.strip()]
-    try:
-        return BrokerConfig(
-            data_dir=Path(args.data_dir).resolve(),
-            etcd_endpoints=endpoints,
-            listen=args.listen,
-            advertised_addr=args.advertised_addr,
-            cluster_name=args.cluster_name,
-            segment_max_bytes=args.segment_max_bytes,
-            segment_max_age_s=args.segment_max_age_s,
-            max_batch_bytes=args.max_batch_bytes,
-            lease_ttl_s=args.lease_ttl_s,
-            max_receiver_queue_size=args.max_receiver_queue_size,
-            max_consumer_buffer_bytes=args.max_consumer_buffer_bytes,
-            max_stream_unanswered_bytes=args.max_stream_unanswered_bytes,
-            closed_producer_ttl_s=args.closed_producer_ttl_s,
-            subscription_idle_s=args.subscription_idle_s,
-            object_store_url=args.object_store_url,
-            object_store_options=_s3_options(args),
-            object_cache_bytes=args.object_cache_bytes,
-            prefetch_bytes=args.prefetch_bytes,
-            local_retention_bytes=args.local_retention_bytes,
-            local_retention_ms=args.local_retention_ms,
-            local_retention_check_s=args.local_retention_check_s,
-            position_below_retention=args.position_below_retention,
-            offset_block=args.offset_block,
-            unavailable_range=args.unavailable_range,
-            load_report_interval_s=args.load_report_interval_s,
-            load_manager_strategy=args.load_manager_strategy,
-            rebalance_threshold=args.rebalance_threshold,
-            rebalance_interval_s=args.rebalance_interval_s,
-            rebalance_cooldown_s=args.rebalance_cooldown_s,
-            rebalance_max_moves=args.rebalance_max_moves,
-            rebalance=args.rebalance,
-            nonreliable_buffer_messages=args.nonreliable_buffer_messages,
-            nonreliable_buffer_bytes=args.nonreliable_buffer_bytes,
-            ready_file=Path(args.ready_file).resolve() if args.ready_file else None,
-        )
-    except ValueError as exc:  # InvalidNameError is a ValueError too
-        p.error(str(exc))
-
-
-def _s3_options(args: argparse.Namespace) -> dict[str, object]:
-    """fsspec options for an ``s3://`` object store (credentials: the AWS environment)."""
-    options: dict[str, object] = {}
-    if args.s3_endpoint_url:
-        options["endpoint_url"] = args.s3_endpoint_url
-    if args.s3_region:
-        options["client_kwargs"] = {"region_name": args.s3_region}
-    return options
 
 
 async def run(config: BrokerConfig) -> None:
     """Start a broker and serve until SIGTERM/SIGINT, then shut down gracefully."""
+    from broker.rpc.server import BrokerServer  # not for --print-config or a refused start
+
     broker = BrokerServer(config)
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
@@ -202,8 +269,29 @@ async def run(config: BrokerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point (``danube-broker``)."""
-    config = parse_args(argv)
+    """Console entry point (``danube-broker``).
+
+    Returns:
+        0 after a clean stop (or ``--print-config``), 1 when the broker failed, 2 when it
+        refuses to listen on a non-loopback address without TLS and authentication (and no
+        ``--insecure``), 130 on Ctrl-C.
+    """
+    config, args, log_level = parse_command_line(argv)
+    if args.print_config:
+        sys.stdout.write(dump_settings(effective_settings(config, log_level=log_level)))
+        return 0
+    _configure_logging(log_level)
+    exposure = listen_exposure(config)
+    if exposure is not None and not config.insecure:
+        print(
+            f"python -m broker: error: refusing to listen on {config.listen} ({exposure}): a non-loopback "
+            "address needs TLS (--tls-cert-file/--tls-key-file) and authentication (a --auth-jwt-* key "
+            "or --auth-mtls), or --insecure",
+            file=sys.stderr,
+        )
+        return 2
+    if exposure is not None:
+        log.warning("INSECURE: serving %s on non-loopback address %s (--insecure)", exposure, config.listen)
     try:
         asyncio.run(run(config))
     except KeyboardInterrupt:
@@ -212,7 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("broker failed")
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
