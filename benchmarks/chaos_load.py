@@ -22,7 +22,7 @@ from typing import Any
 import faults_scenarios as fs
 import grpc
 
-from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType
+from danube_pipeline.client import Consumer, DanubeClient, InitialPosition, Producer, SubscriptionType
 from danube_pipeline.error_codec import RemoteError
 from danube_pipeline.errors import DanubeError, ProducerClosedError
 from danube_pipeline.lake.tiering import tier_sealed_segments
@@ -116,6 +116,33 @@ class Ledger:
         return [s for s in self.sends.values() if s.outcome == "acked"]
 
 
+RETRY_PAUSE_S = 0.3
+"""How long a producer or consumer loop waits after a failed connect or open."""
+
+
+async def try_connect(addresses: Sequence[str], ledger: Ledger, what: str) -> DanubeClient | None:
+    """A connected client, or ``None`` after noting the failure as ``what`` and a pause."""
+    candidate = new_client(addresses)
+    got = await fs.bounded(candidate.connect(), 10)
+    if got.ok:
+        return candidate
+    ledger.note(got.error or RuntimeError("?"), what)
+    await fs.bounded(candidate.close(), 5)
+    await asyncio.sleep(RETRY_PAUSE_S)
+    return None
+
+
+async def try_open(handle: Producer | Consumer, ledger: Ledger, what: str) -> bool:
+    """Open ``handle``; on failure note it as ``what``, close it, pause and return False."""
+    opened = await fs.bounded(handle.open(), 15)
+    if opened.ok:
+        return True
+    ledger.note(opened.error or RuntimeError("?"), what)
+    await fs.bounded(handle.close(), 5)
+    await asyncio.sleep(RETRY_PAUSE_S)
+    return False
+
+
 class ProducerTask:
     """One keyed producer on ``topic`` (its own client), sending every 10 ms its share of
     ``rate_per_s`` with at most ``window`` sends unresolved; reopened after a failure."""
@@ -174,20 +201,11 @@ class ProducerTask:
         try:
             while not self._stop.is_set():
                 if client is None:
-                    candidate = new_client(self.addresses)
-                    got = await fs.bounded(candidate.connect(), 10)
-                    if not got.ok:
-                        self.ledger.note(got.error or RuntimeError("?"), "connect")
-                        await fs.bounded(candidate.close(), 5)
-                        await asyncio.sleep(0.3)
+                    client = await try_connect(self.addresses, self.ledger, "connect")
+                    if client is None:
                         continue
-                    client = candidate
                 producer = client.producer(self.topic, producer_name=self.name, max_in_flight_batches=8)
-                opened = await fs.bounded(producer.open(), 15)
-                if not opened.ok:
-                    self.ledger.note(opened.error or RuntimeError("?"), "producer open")
-                    await fs.bounded(producer.close(), 5)
-                    await asyncio.sleep(0.3)
+                if not await try_open(producer, self.ledger, "producer open"):
                     continue
                 self.opens += 1
                 self._partitions = [p.topic for p in producer.partition_producers]
@@ -257,24 +275,15 @@ class LiveConsumer:
         try:
             while not self._stop.is_set():
                 if client is None:
-                    candidate = new_client(self.addresses)
-                    got = await fs.bounded(candidate.connect(), 10)
-                    if not got.ok:
-                        self.ledger.note(got.error or RuntimeError("?"), "consumer connect")
-                        await fs.bounded(candidate.close(), 5)
-                        await asyncio.sleep(0.3)
+                    client = await try_connect(self.addresses, self.ledger, "consumer connect")
+                    if client is None:
                         continue
-                    client = candidate
                 consumer = client.consumer(
                     self.topic, subscription="live", subscription_type=SubscriptionType.EXCLUSIVE,
                     initial_position=InitialPosition.EARLIEST, receiver_queue_size=1000, ack_batch_size=100,
                     ack_flush_ms=50,
                 )  # fmt: skip
-                opened = await fs.bounded(consumer.open(), 15)
-                if not opened.ok:
-                    self.ledger.note(opened.error or RuntimeError("?"), "consumer open")
-                    await fs.bounded(consumer.close(), 5)
-                    await asyncio.sleep(0.3)
+                if not await try_open(consumer, self.ledger, "consumer open"):
                     continue
                 self.opens += 1
                 try:
