@@ -23,6 +23,7 @@ from danube_pipeline.lake.iceberg.binding import TOPIC_INCARNATION_PROPERTY
 from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import TableCommit
 from danube_pipeline.names import TopicName
 from danube_pipeline.schemas.registry import SchemaRegistry
 from danube_pipeline.storage.objectstore import ObjectStore
@@ -73,8 +74,9 @@ async def test_a_recreated_topic_gets_a_new_table_and_the_old_one_is_kept(
         old_root = await meta.get(keys.topic_root(name))
         assert old_root is not None
         recorded = await meta.get(keys.table_commit(name))  # §5.8, for tools without Iceberg
-        assert recorded is not None and recorded.value["committed_end_offset"] == 29
-        assert recorded.value["incarnation"] == old_root.create_revision
+        assert recorded is not None
+        commit = TableCommit.from_json(recorded.value)
+        assert (commit.committed_end_offset, commit.incarnation) == (29, old_root.create_revision)
 
         await client.admin.delete_topic(name.path)
         assert await meta.get(keys.topic_root(name)) is None  # the root key is really deleted
@@ -89,7 +91,7 @@ async def test_a_recreated_topic_gets_a_new_table_and_the_old_one_is_kept(
         second = await tier_and_commit()
         assert (second.rows_appended, second.committed_end_offset) == (12, 11)
         recorded = await meta.get(keys.table_commit(name))  # the new incarnation's, lower end
-        assert recorded is not None and recorded.value["committed_end_offset"] == 11
+        assert recorded is not None and TableCommit.from_json(recorded.value).committed_end_offset == 11
         table = catalog.load_table(ident)
         assert table.properties[TOPIC_INCARNATION_PROPERTY] == str(new_root.create_revision)
         assert _payloads(table) == [(i, b"new %d" % i) for i in range(12)]  # nothing mixed in
