@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from danube_pipeline.errors import (
+    AuthenticationError,
     BatchNotAppendedError,
     BrokerIdUnreadableError,
     BrokerUnavailableError,
@@ -37,6 +38,7 @@ from danube_pipeline.errors import (
     OffsetOutOfRangeError,
     OffsetRangeError,
     PartitionedTopicError,
+    PermissionDeniedError,
     PolicyLimitError,
     PositionBelowRetentionError,
     ProducerFencedError,
@@ -91,6 +93,8 @@ WIRE_ERRORS: tuple[type[DanubeError], ...] = (
     ProducerFencedError,
     InvalidAckError,
     PolicyLimitError,
+    AuthenticationError,
+    PermissionDeniedError,
 )
 """The error classes that travel from broker to client with their typed fields."""
 

@@ -14,7 +14,14 @@ variable                   meaning                                      default
                            (``sqlite:///…`` or ``postgresql://…``)
 ``DANUBE_WAREHOUSE``       Iceberg warehouse URL                        ``file://$DANUBE_HOME/warehouse``
 ``DANUBE_CATALOG_NAME``    Iceberg catalog name (pyiceberg and Spark)   ``danube``
+``DANUBE_TLS_CA_FILE``     client: PEM CA bundle verifying the brokers  (plaintext)
+``DANUBE_TLS_CERT_FILE``   client: PEM client certificate (mutual TLS)  (none)
+``DANUBE_TLS_KEY_FILE``    client: its PEM private key                  (none)
+``DANUBE_TOKEN_FILE``      client: file holding a bearer token          (no token)
 ========================== ============================================ =====================
+
+The client's TLS and token variables apply to a ``DanubeClient`` given none of
+``tls_ca_file``, ``tls_cert_file``, ``tls_key_file`` (respectively no ``token``).
 
 A catalog on PostgreSQL (``postgresql+psycopg2://user:password@host:5432/db``) is shared by
 every host; Spark's JDBC URL and credentials are derived from the same URL
@@ -189,6 +196,32 @@ def etcd_endpoints() -> list[str]:
 def broker_addresses() -> list[str]:
     """Bootstrap broker addresses as ``host:port`` strings (used only to learn the cluster)."""
     return _split(os.environ.get("DANUBE_BROKER_ADDRESSES", "127.0.0.1:6650"))
+
+
+def _optional_path(variable: str) -> Path | None:
+    value = os.environ.get(variable, "").strip()
+    return Path(value) if value else None
+
+
+def client_tls_files() -> tuple[Path | None, Path | None, Path | None]:
+    """The client's TLS files from the environment: ``(ca_file, cert_file, key_file)`` of
+    ``DANUBE_TLS_CA_FILE``, ``DANUBE_TLS_CERT_FILE`` and ``DANUBE_TLS_KEY_FILE``, each ``None``
+    when unset."""
+    return (
+        _optional_path("DANUBE_TLS_CA_FILE"),
+        _optional_path("DANUBE_TLS_CERT_FILE"),
+        _optional_path("DANUBE_TLS_KEY_FILE"),
+    )
+
+
+def client_token() -> str | None:
+    """The bearer token in the file ``DANUBE_TOKEN_FILE`` names (stripped), ``None`` when unset.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    path = _optional_path("DANUBE_TOKEN_FILE")
+    return path.read_text(encoding="utf-8").strip() if path is not None else None
 
 
 def object_store_url() -> str:

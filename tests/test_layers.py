@@ -51,7 +51,7 @@ BASE = (
 )
 #: What the base install's dependencies bring, by top-level import name.
 BASE_THIRD_PARTY = {"aetcd", "grpc", "google", "crc32c", "click"}
-EXTRA_SHARED = ("danube_pipeline.schemas", "danube_pipeline.storage")
+EXTRA_SHARED = ("danube_pipeline.schemas", "danube_pipeline.storage", "danube_pipeline.auth")
 LAKE = ("danube_pipeline.lake",)
 DEV = ("danube_pipeline.dev",)
 

@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.metadata import keys, values
@@ -72,11 +73,20 @@ class ClientUnloader:
     Args:
         address: ``host:port`` of a broker of the cluster.
         request_timeout_ms: deadline of each RPC, in milliseconds.
+        tls_files: under TLS, the broker's ``(ca_file, cert_file, key_file)``: the client
+            calls in mutual TLS with the broker's own certificate; ``None`` calls in plaintext.
     """
 
-    def __init__(self, address: str, *, request_timeout_ms: int = UNLOAD_TIMEOUT_MS) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        request_timeout_ms: int = UNLOAD_TIMEOUT_MS,
+        tls_files: tuple[Path | None, Path, Path] | None = None,
+    ) -> None:
         self.address = address
         self.request_timeout_ms = request_timeout_ms
+        self._tls_files = tls_files
         self._client: DanubeClient | None = None
 
     async def __call__(self, topic: str) -> int:
@@ -90,7 +100,11 @@ class ClientUnloader:
                 is gone) or could not be reached (``BrokerUnavailableError``).
         """
         if self._client is None:
-            client = DanubeClient([self.address], request_timeout_ms=self.request_timeout_ms, metadata_retries=2)
+            ca_file, cert_file, key_file = self._tls_files or (None, None, None)
+            client = DanubeClient(
+                [self.address], request_timeout_ms=self.request_timeout_ms, metadata_retries=2,
+                tls_ca_file=ca_file, tls_cert_file=cert_file, tls_key_file=key_file,
+            )
             try:
                 await client.connect()
             except BaseException:

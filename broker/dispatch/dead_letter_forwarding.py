@@ -32,7 +32,9 @@ from danube_pipeline.errors import DanubeError
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
+from broker.config import BrokerConfig
 from broker.dispatch.dead_letter_topic import dead_letter_batch_for_producer
+from broker.rpc.tls import broker_channel
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,13 @@ FORWARD_TIMEOUT_S = 10.0
 
 
 async def forward_dead_letter(
-    address: str, topic_path: str, producer_name: str, batch: bytes, *, timeout_s: float = FORWARD_TIMEOUT_S
+    address: str,
+    topic_path: str,
+    producer_name: str,
+    batch: bytes,
+    *,
+    timeout_s: float = FORWARD_TIMEOUT_S,
+    config: BrokerConfig | None = None,
 ) -> tuple[int, int]:
     """Publish a dead-letter batch on the broker at ``address``, which owns ``topic_path``.
 
@@ -51,6 +59,8 @@ async def forward_dead_letter(
         producer_name: the batch's producer name (deterministic per source message).
         batch: the one-record dead-letter batch (producer id 0, base sequence 0).
         timeout_s: deadline of each RPC, in seconds.
+        config: this broker's configuration: under TLS the call is mutual TLS
+            (:func:`broker.rpc.tls.broker_channel`); ``None`` calls in plaintext.
 
     Returns:
         ``(first_offset, last_offset)`` in the dead-letter topic once durable there; for a
@@ -60,8 +70,10 @@ async def forward_dead_letter(
         DanubeError: what the owner answered, typed (``NotServedHereError`` when the topic
             moved meanwhile); ``BrokerUnavailableError`` when it could not be reached.
         MalformedRequestError: ``batch`` does not parse.
+        OSError: a TLS file of ``config`` cannot be read.
     """
-    async with grpc.aio.insecure_channel(address) as channel:
+    channel_cm = grpc.aio.insecure_channel(address) if config is None else broker_channel(config, address)
+    async with channel_cm as channel:
         stub = pb_grpc.ProducerServiceStub(channel)
         with rpc_errors(address):
             created = await stub.CreateProducer(

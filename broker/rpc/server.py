@@ -24,6 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -40,11 +41,13 @@ from broker.cluster.leader import LeaderDuties
 from broker.cluster.membership import Membership
 from broker.cluster.rebalance import ClientUnloader, Rebalancer
 from broker.rpc.admin_service import AdminServicer
+from broker.rpc.auth import auth_interceptors
 from broker.rpc.consumer_service import ConsumerServicer
 from broker.rpc.discovery_service import DiscoveryServicer
 from broker.rpc.producer_service import ProducerServicer
 from broker.rpc.schema_service import SchemaRegistryServicer
 from broker.rpc.status import tolerant_handler
+from broker.rpc.tls import ReloadingCertificates, broker_tls_files, etcd_security, server_credentials
 from broker.storage.wal.segment import fsync_dir, make_dirs_durable
 from broker.tasks import spawn
 
@@ -130,6 +133,7 @@ def create_server(
     cluster_name: str,
     max_message_bytes: int,
     max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[aio.Server, int]:
     """Build the gRPC server with every Danube service and health, bound to ``address``.
 
@@ -140,6 +144,8 @@ def create_server(
         cluster_name: answered by ``Discovery.ClusterMetadata``.
         max_message_bytes: gRPC send and receive limit per message, in bytes.
         max_unanswered_bytes: per ``SendStream``, batch bytes received and not answered, at most.
+        credentials: TLS credentials of the port (:func:`broker.rpc.tls.server_credentials`);
+            ``None`` serves plaintext.
 
     Returns:
         The (not yet started) server and the bound port.
@@ -152,7 +158,8 @@ def create_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
+        interceptors=auth_interceptors(broker),
     )
     servicers: dict[str, object] = {
         "danube.v1.ProducerService": ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
@@ -166,7 +173,10 @@ def create_server(
               for name, servicer in servicers.items())
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise RuntimeError(f"cannot bind {address}")
     return server, port
@@ -181,6 +191,8 @@ class BrokerServer:
         broker_id: the u64 id persisted in ``data_dir/broker_id``.
         advertised_addr: ``host:port`` clients use (known after :meth:`start`).
         port: the bound gRPC port (known after :meth:`start`).
+        certificates: when TLS is on, the reloader of the served certificate (after
+            :meth:`start`; :mod:`broker.rpc.tls`).
 
     Raises:
         BrokerIdUnreadableError: at construction, ``data_dir/broker_id`` exists but holds no
@@ -201,6 +213,7 @@ class BrokerServer:
         self._leader_duties: LeaderDuties | None = None
         self._rebalancer: Rebalancer | None = None
         self._server: aio.Server | None = None
+        self.certificates: ReloadingCertificates | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -219,9 +232,15 @@ class BrokerServer:
             ObjectStoreMismatchError: the object store is not the cluster's
                 (:mod:`danube_pipeline.storage.identity`).
             RuntimeError: the listen address cannot be bound.
+            OSError: a TLS or etcd credential file cannot be read.
+            ValueError: the TLS key does not match its certificate, or TLS settings are
+                incomplete (:func:`broker.rpc.tls.server_credentials`).
         """
         cfg = self.config
-        store = self._store = await MetadataStore.connect(cfg.etcd_endpoints)
+        credentials = None
+        if cfg.tls:  # before etcd: unreadable certificate files are a configuration error
+            credentials, self.certificates = server_credentials(cfg)
+        store = self._store = await MetadataStore.connect(cfg.etcd_endpoints, security=etcd_security(cfg))
         cache = self._cache = LocalCache(store, prefixes=("/",))
         await cache.start()
         membership: Membership | None = None
@@ -244,6 +263,7 @@ class BrokerServer:
             cluster_name=cfg.cluster_name,
             max_message_bytes=cfg.grpc_max_message_bytes,
             max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
+            credentials=credentials,
         )
         host, _ = _split_host_port(cfg.listen)
         if cfg.advertised_addr:
@@ -272,7 +292,7 @@ class BrokerServer:
         duties.start()
         if cfg.rebalance:
             self._rebalancer = Rebalancer(
-                store, cache, duties.epoch, duties=duties, unload=ClientUnloader(self.advertised_addr),
+                store, cache, duties.epoch, duties=duties, unload=ClientUnloader(self.advertised_addr, tls_files=broker_tls_files(cfg)),
                 strategy=cfg.load_manager_strategy, threshold=cfg.rebalance_cv_threshold,
                 interval_s=cfg.rebalance_interval_s, cooldown_s=cfg.rebalance_cooldown_s,
                 max_moves=cfg.rebalance_max_moves,

@@ -68,9 +68,11 @@ from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
+from broker.config import BrokerConfig
 from broker.core import Broker
 from broker.cluster.partitions import refuse_partitioned, topic_partitions
 from broker.topics.schema_policy import topic_schema
+from broker.rpc.tls import broker_channel
 from broker.topics.topic import Topic
 
 __all__ = ["delete_topic", "reset_cursor", "resolve_position"]
@@ -289,7 +291,7 @@ async def _delete_partition(broker: Broker, partition: TopicName, *, force: bool
             if owner.broker_id == broker.broker_id:
                 await _delete_served(broker, await broker.topic_for(partition), force=force)
                 return [partition.path]
-            return await _forward_delete(owner.address, partition, force=force)
+            return await _forward_delete(broker.config, owner.address, partition, force=force)
         except TopicNotFoundError:
             return []  # deleted meanwhile
         except NotServedHereError:
@@ -309,8 +311,9 @@ def _remote_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
     return error_from_status(exc.code(), exc.details() or "", error_class, metadata.get(ERROR_FIELDS_METADATA_KEY))
 
 
-async def _forward_delete(address: str, partition: TopicName, *, force: bool) -> list[str]:
-    """``Admin.DeleteTopic`` of ``partition`` on the broker at ``address``.
+async def _forward_delete(config: BrokerConfig, address: str, partition: TopicName, *, force: bool) -> list[str]:
+    """``Admin.DeleteTopic`` of ``partition`` on the broker at ``address`` (mutual TLS under
+    TLS, :func:`broker.rpc.tls.broker_channel`).
 
     Raises:
         DanubeError: what that broker answered, typed; ``BrokerUnavailableError`` when it
@@ -318,7 +321,7 @@ async def _forward_delete(address: str, partition: TopicName, *, force: bool) ->
     """
     budget = remaining_budget_s()
     timeout_s = FORWARD_TIMEOUT_S if budget is None else min(FORWARD_TIMEOUT_S, budget)
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with broker_channel(config, address) as channel:
         try:
             response = await pb_grpc.AdminStub(channel).DeleteTopic(
                 pb.DeleteTopicRequest(topic=partition.path, force=force), timeout=timeout_s

@@ -10,6 +10,10 @@ Usage::
             async for message in consumer:
                 await consumer.ack(message)
 
+A broker serving TLS: ``DanubeClient([...], tls_ca_file="ca.pem")``, with
+``tls_cert_file``/``tls_key_file`` for a client certificate and ``token=`` for a bearer token
+(or the ``DANUBE_TLS_*`` and ``DANUBE_TOKEN_FILE`` variables, :mod:`danube_pipeline.settings`).
+
 Layout (nats.py / aiokafka style): this module, :mod:`.producer`,
 :mod:`.consumer`, :mod:`.admin`, :mod:`.types` and :mod:`.status` (gRPC status to
 :class:`~danube_pipeline.errors.DanubeError`) are public; ``_connection`` (channel pool),
@@ -22,9 +26,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
-from danube_pipeline.client._connection import ConnectionPool
+from danube_pipeline import settings
+from danube_pipeline.client._connection import ChannelSecurity, ConnectionPool
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client.admin import AdminClient
@@ -94,9 +100,19 @@ class DanubeClient:
             failed first one. A pass tries every known broker once (connected first); a
             pass over the bootstrap addresses, made when every known broker failed, counts as one.
         retry_backoff_ms: sleep between passes and attempts, in milliseconds.
+        tls_ca_file: PEM CA bundle verifying the brokers' certificates; TLS is on when this or
+            a client certificate is given. Default ``DANUBE_TLS_CA_FILE`` (with
+            ``DANUBE_TLS_CERT_FILE`` and ``DANUBE_TLS_KEY_FILE``) when none of the three
+            ``tls_*`` arguments is given, else plaintext.
+        tls_cert_file: PEM client certificate chain for mutual TLS, with ``tls_key_file``.
+        tls_key_file: its PEM private key.
+        token: a bearer token sent as ``authorization: Bearer <token>`` on every call; default
+            the content of the file ``DANUBE_TOKEN_FILE`` names, else none.
 
     Raises:
-        ValueError: no bootstrap address, or a non-positive timeout or negative retry option.
+        ValueError: no bootstrap address, a non-positive timeout or negative retry option,
+            only one of ``tls_cert_file`` and ``tls_key_file``, or an empty token.
+        OSError: a TLS or token file cannot be read.
     """
 
     def __init__(
@@ -106,10 +122,21 @@ class DanubeClient:
         request_timeout_ms: int = 30_000,
         metadata_retries: int = 3,
         retry_backoff_ms: int = 200,
+        tls_ca_file: str | Path | None = None,
+        tls_cert_file: str | Path | None = None,
+        tls_key_file: str | Path | None = None,
+        token: str | None = None,
     ) -> None:
         if isinstance(bootstrap_addresses, str):
             bootstrap_addresses = bootstrap_addresses.split(",")
-        pool = ConnectionPool()
+        if tls_ca_file is None and tls_cert_file is None and tls_key_file is None:
+            tls_ca_file, tls_cert_file, tls_key_file = settings.client_tls_files()
+        if token is None:
+            token = settings.client_token()
+        security = ChannelSecurity.from_files(
+            tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, token=token
+        )
+        pool = ConnectionPool(security=security)
         metadata = ClusterMetadata(
             pool,
             bootstrap_addresses,

@@ -17,7 +17,7 @@ arguments travel in trailing metadata (the encoding is :mod:`danube_pipeline.err
 the client rebuilds the same typed error with the same fields.
 
 The classes live in one module per kind (``base``, ``requests``, ``schemas``, ``cluster``,
-``storage``, ``produce``); import them from here.
+``storage``, ``produce``, ``security``); import them from here.
 """
 
 from danube_pipeline.errors.base import (
@@ -72,8 +72,13 @@ from danube_pipeline.errors.produce import (
     DuplicateSequenceError,
     ProducerFencedError,
 )
+from danube_pipeline.errors.security import (
+    AuthenticationError,
+    PermissionDeniedError,
+)
 
 __all__ = [
+    "AuthenticationError",
     "BatchNotAppendedError",
     "BrokerIdUnreadableError",
     "BrokerUnavailableError",
@@ -95,6 +100,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "OffsetRangeError",
     "PartitionedTopicError",
+    "PermissionDeniedError",
     "PolicyLimitError",
     "PositionBelowRetentionError",
     "ProducerClosedError",

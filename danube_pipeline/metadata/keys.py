@@ -6,6 +6,8 @@ zero-padded to 20 digits so keys sort in offset order (§5.1 "Offset Padding").
 
 from __future__ import annotations
 
+from urllib.parse import quote, unquote
+
 from danube_pipeline.names import TopicName
 
 CLUSTER = "/cluster"
@@ -14,6 +16,7 @@ TOPICS = "/topics"
 SCHEMAS = "/schemas"
 DANUBE_DATA = "/danube-data"
 STORAGE_TOPICS = "/danube-data/storage/topics"
+SECURITY = "/security"
 
 OFFSET_PAD_DIGITS = 20
 
@@ -242,3 +245,39 @@ def unavailable_range(topic: TopicName, start_offset: int) -> str:
 def legacy_subscription_consumer(subscription: str, consumer_id: int) -> str:
     """§6 ``/subscriptions/{subscription_name}/{consumer_id}`` (legacy; not written)."""
     return f"/subscriptions/{subscription}/{consumer_id}"
+
+
+# ---- 7. security
+
+
+SECURITY_ROLES_PREFIX = f"{SECURITY}/roles/"
+"""§7.1 ``/security/roles/``: every role."""
+
+SECURITY_BINDINGS_PREFIX = f"{SECURITY}/bindings/"
+"""§7.2 ``/security/bindings/``: every binding."""
+
+
+def encode_principal(principal: str) -> str:
+    """``principal`` as one key segment: percent-encoded, ``/`` included (§7.2)."""
+    return quote(principal, safe="")
+
+
+def decode_principal(segment: str) -> str:
+    """The principal of an :func:`encode_principal` segment."""
+    return unquote(segment)
+
+
+def security_role(role: str) -> str:
+    """§7.1 ``/security/roles/{role}``; value ``{"permissions": [...]}``."""
+    return f"{SECURITY_ROLES_PREFIX}{encode_principal(role)}"
+
+
+def security_bindings_prefix(principal: str) -> str:
+    """§7.2 ``/security/bindings/{principal}/``: every binding of one principal."""
+    return f"{SECURITY_BINDINGS_PREFIX}{encode_principal(principal)}/"
+
+
+def security_binding(principal: str, scope: str) -> str:
+    """§7.2 ``/security/bindings/{principal}/{scope}``; value ``{"roles": [...]}``. ``scope`` is
+    ``cluster``, ``namespaces/{ns}`` or ``topics/{ns}/{topic}``."""
+    return f"{security_bindings_prefix(principal)}{scope}"
