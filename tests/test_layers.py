@@ -48,10 +48,11 @@ BASE = (
     "danube_pipeline.client",
     "danube_pipeline.proto",
     "danube_pipeline.admin",
+    "danube_pipeline.auth",
 )
 #: What the base install's dependencies bring, by top-level import name.
-BASE_THIRD_PARTY = {"aetcd", "grpc", "google", "crc32c", "click"}
-EXTRA_SHARED = ("danube_pipeline.schemas", "danube_pipeline.storage", "danube_pipeline.auth")
+BASE_THIRD_PARTY = {"aetcd", "grpc", "google", "crc32c", "click", "jwt", "cryptography"}
+EXTRA_SHARED = ("danube_pipeline.schemas", "danube_pipeline.storage")
 LAKE = ("danube_pipeline.lake",)
 DEV = ("danube_pipeline.dev",)
 
