@@ -9,6 +9,8 @@ PYTEST_ARGS ?=
 DEV_HOME ?=
 # `make dev BROKERS=3`: etcd and three brokers (ports 6650, 6651, 6652; data in broker, broker-2, ...).
 BROKERS ?= 1
+# `make dev SECURE=1`: TLS (client certificates required), tokens and authorization, files in .danube/dev/security.
+SECURE ?=
 
 .PHONY: setup demo test test-fast dev bench bench-peers proto typecheck clean
 
@@ -38,7 +40,7 @@ test-fast: $(VENV)/.installed-dev
 # etcd, BROKERS brokers (ports 6650, 6651, ...) and the Dagster UI and daemon, until Ctrl-C, in
 # $(DEV_HOME) or .danube/dev. (Brokers without Dagster: python -m danube_pipeline.dev.localcluster --brokers N.)
 dev: $(VENV)/.installed-demo
-	$(BIN)/danube-pipeline dev --brokers $(BROKERS) $(if $(DEV_HOME),--home $(DEV_HOME))
+	$(BIN)/danube-pipeline dev --brokers $(BROKERS) $(if $(DEV_HOME),--home $(DEV_HOME)) $(if $(SECURE),--secure)
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py

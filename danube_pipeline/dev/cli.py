@@ -19,6 +19,10 @@ Each command keeps its state in its own directory, Dagster runs included: ``demo
 Dagster instance configuration from ``dagster_home/dagster.yaml`` (``DAGSTER_HOME``) and put the
 instance's storage in ``<state>/dagster`` (``DANUBE_DAGSTER_STORAGE``). ``dev --home
 .danube/demo`` serves the last demo's state: its etcd, broker WAL, tables and Dagster runs.
+
+``dev --secure`` starts the same stack with TLS, token authentication and authorization on
+(:mod:`danube_pipeline.dev.secure`: a local CA, certificates, tokens and roles under
+``<state>/security``); ``env`` then exports the ``app`` principal's credentials.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from danube_pipeline import settings
 from danube_pipeline.dev.localcluster import (
@@ -46,6 +51,7 @@ from danube_pipeline.dev.localcluster import (
     die_with_parent,
 )
 from danube_pipeline.dev.drain import drain_and_wait
+from danube_pipeline.dev.secure import ADMIN, APP, PIPELINE, DevSecurity
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 
@@ -167,6 +173,7 @@ class DevStack:
         writer: bool = True,
         commit_interval_s: float = DEV_COMMIT_INTERVAL_S,
         ui: bool = True,
+        secure: bool = False,
     ) -> None:
         """Args:
         home: the state directory (etcd, WALs, objects, catalog, Dagster storage); kept.
@@ -183,12 +190,22 @@ class DevStack:
         commit_interval_s: the writer's ``--commit-interval-s``.
         ui: start ``dg dev`` (when ``dagster_home`` is given); ``False`` keeps only the
             writer's materializations in the instance (tests).
+        secure: TLS with client certificates, token authentication and authorization
+            (:mod:`danube_pipeline.dev.secure`); the writer and Dagster connect as
+            ``pipeline``, ``env.sh`` exports the ``app`` credentials.
         """
         self.home = home
         self.dagster_home = dagster_home
         self.dagster_port = dagster_port
         self.ui = ui
         self.etcd = EtcdServer(home / "etcd", host=etcd_host or host, client_port=etcd_port)
+        self.host = host
+        self.security = DevSecurity.at(home) if secure else None
+        security_args = self.security.broker_args() if self.security is not None else []
+        # a broker's own client (the rebalancer's unloader) must not pick up a shell's token
+        # or TLS files: it calls as a broker, with the broker's certificate
+        broker_env = dict.fromkeys(("DANUBE_TOKEN_FILE", "DANUBE_TLS_CA_FILE", "DANUBE_TLS_CERT_FILE",
+                                    "DANUBE_TLS_KEY_FILE"), "") if secure else None
         self.brokers = [
             BrokerProcess(
                 etcd_endpoints=self.etcd.endpoints,
@@ -196,7 +213,8 @@ class DevStack:
                 host=host,
                 port=broker_port + i if broker_port else 0,
                 segment_max_age_s=segment_max_age_s,
-                extra_args=["--object-store-url", (home / "objects").as_uri()],
+                extra_args=["--object-store-url", (home / "objects").as_uri(), *security_args],
+                env=broker_env,
             )
             for i in range(brokers)
         ]
@@ -218,14 +236,22 @@ class DevStack:
             FileNotFoundError: ``dg`` is missing.
         """
         try:
+            if self.security is not None:
+                DevSecurity.prepare(self.home, hosts=[self.host])
             self.etcd.start()
+            if self.security is not None:  # before the brokers: their first calls are decided by them
+                asyncio.run(self.security.write_grants(self.etcd.endpoints))
             for broker in self.brokers:
                 broker.start()
             exports = settings.environment(self.home, etcd_endpoints=self.etcd.endpoints, broker_addresses=self.addresses)
             if self.dagster_home is not None:
                 exports |= {"DAGSTER_HOME": str(self.dagster_home), DAGSTER_STORAGE_ENV: str(self.home / "dagster")}
+            own: dict[str, str] = {}
+            if self.security is not None:  # env.sh: the app; the writer and Dagster: the pipeline
+                own = self.security.client(PIPELINE).env()
+                exports |= self.security.client(APP).env()
             write_env_file(self.home, exports)
-            self.env = {**os.environ, **exports}
+            self.env = {**os.environ, **exports, **own}
             if self.start_writer:
                 # before Dagster: the writer opens (creates) the instance's storage first
                 self.writer = ContinuousWriterProcess(
@@ -247,6 +273,19 @@ class DevStack:
         except BaseException:
             self.stop()
             raise
+
+    def client_options(self, principal: str) -> dict[str, Any]:
+        """:class:`~danube_pipeline.client.DanubeClient` arguments connecting as ``principal``
+        (``admin``, ``pipeline``, ``app``) when ``secure``; empty otherwise (plaintext).
+
+        Raises:
+            OSError: the token file cannot be read.
+        """
+        if self.security is None:
+            return {}
+        creds = self.security.client(principal)
+        return {"tls_ca_file": creds.ca_file, "tls_cert_file": creds.cert_file, "tls_key_file": creds.key_file,
+                "token": creds.token()}
 
     @property
     def addresses(self) -> list[str]:
@@ -301,7 +340,8 @@ class DevStack:
         print(f"draining broker {broker.address} (id {broker.broker_id}) ...", file=sys.stderr, flush=True)
         try:
             waiting = asyncio.run(
-                drain_and_wait(self.etcd.endpoints, broker.address, broker.broker_id, timeout_s=DRAIN_TIMEOUT_S)
+                drain_and_wait(self.etcd.endpoints, broker.address, broker.broker_id, timeout_s=DRAIN_TIMEOUT_S,
+                               client_options=self.client_options(ADMIN))
             )
         except Exception as exc:  # noqa: BLE001 - a failed drain must not stop the clean-up
             print(f"draining broker {broker.address} failed ({exc}); stopping it anyway", file=sys.stderr)
@@ -343,6 +383,19 @@ def missing_brokers_note(absent: dict[int, int], started: int) -> str:
     )
 
 
+def security_banner(security: DevSecurity) -> str:
+    """What ``dev --secure`` prints about security: what is on and where the files are."""
+    admin = security.client(ADMIN)
+    return (
+        f"security  on: TLS with client certificates, tokens, authorization; CA, certificates, tokens in "
+        f"{security.directory}\n"
+        f"          env.sh connects as `{APP}` (its topics in namespace default); the writer "
+        f"and Dagster as `{PIPELINE}`\n"
+        f"          as the super-admin: DANUBE_TOKEN_FILE={admin.token_file} DANUBE_TLS_CERT_FILE={admin.cert_file} "
+        f"DANUBE_TLS_KEY_FILE={admin.key_file} danube-admin ..."
+    )
+
+
 def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -363,6 +416,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         segment_max_age_s=args.segment_max_age_s,
         writer=not args.no_writer,
         commit_interval_s=args.commit_interval_s,
+        secure=args.secure,
     )
     home_arg = f" --home {shlex.quote(args.home)}" if args.home else ""
     previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in STOP_SIGNALS}
@@ -379,6 +433,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             print(f"writer    pid {stack.writer.pid}   commits sealed segments within ~{args.commit_interval_s:g} s; "
                   f"log {stack.writer.log_path}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
+        if stack.security is not None:
+            print(security_banner(stack.security))
         print(f"env       {home / ENV_FILE}: in another shell, eval \"$(.venv/bin/danube-pipeline env{home_arg})\" "
               "points danube-admin, clients, pyiceberg and dagster at this stack")
         print("Ctrl-C (or SIGTERM, SIGHUP) stops them all.", flush=True)
@@ -503,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"(default {DEV_COMMIT_INTERVAL_S:g})")
     dev.add_argument("--no-writer", action="store_true",
                      help="no continuous writer: only the sensors' tiering runs bring data to Iceberg")
+    dev.add_argument("--secure", action="store_true",
+                     help="TLS (client certificates required), token authentication and authorization on: "
+                          "a local CA, certificates, tokens and roles in HOME/security")
     dev.set_defaults(func=_cmd_dev)
     env = sub.add_parser("env", help="print the exports that point a shell at the running dev stack")
     env.add_argument("--home", default=None, help="the dev state directory (default $DANUBE_HOME/dev)")

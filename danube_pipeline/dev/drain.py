@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.metadata import keys
@@ -57,9 +59,19 @@ async def untiered_ranges(store: MetadataStore, broker_id: int) -> list[str]:
     return waiting
 
 
-async def drain_and_wait(etcd_endpoints: list[str], address: str, broker_id: int, *, timeout_s: float) -> list[str]:
+async def drain_and_wait(
+    etcd_endpoints: list[str],
+    address: str,
+    broker_id: int,
+    *,
+    timeout_s: float,
+    client_options: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Drain the broker at ``address`` (``Admin.DrainBroker``: it releases every topic, §1.3),
     then wait up to ``timeout_s`` seconds until tiering holds every offset it alone holds.
+
+    ``client_options`` are more :class:`DanubeClient` arguments (``tls_ca_file``,
+    ``tls_cert_file``, ``tls_key_file``, ``token``: a principal with ``manage_broker``).
 
     Returns:
         What is still only on its disk at the deadline (:func:`untiered_ranges`); empty when
@@ -69,7 +81,7 @@ async def drain_and_wait(etcd_endpoints: list[str], address: str, broker_id: int
         BrokerUnavailableError: the broker could not be reached.
         MetadataStoreError: etcd failed.
     """
-    async with DanubeClient([address]) as client:
+    async with DanubeClient([address], **(client_options or {})) as client:
         await client.admin.drain_broker(address)
     deadline = time.monotonic() + timeout_s
     async with await MetadataStore.connect(etcd_endpoints) as store:
