@@ -16,7 +16,8 @@ above 2^53, as in etcd: ``docs/etcd-layout.md``, "Conventions").
 Each command group is a module of this package, whose docstring lists its verbs and the JSON
 each prints (``owner`` objects are ``{"broker_id": int, "address": "host:port"}``):
 :mod:`~danube_pipeline.admin.brokers`, :mod:`~danube_pipeline.admin.namespaces`,
-:mod:`~danube_pipeline.admin.topics` and :mod:`~danube_pipeline.admin.subscriptions`. This
+:mod:`~danube_pipeline.admin.topics`, :mod:`~danube_pipeline.admin.subscriptions` and
+:mod:`~danube_pipeline.admin.security` (tokens, roles, bindings). This
 module holds the root group with its options and :func:`main`.
 
 Not available yet, because the broker cannot do it: deleting a subscription.
@@ -40,7 +41,7 @@ from typing import NoReturn
 import click
 
 from danube_pipeline import settings
-from danube_pipeline.admin import brokers, namespaces, subscriptions, topics
+from danube_pipeline.admin import brokers, namespaces, security, subscriptions, topics
 from danube_pipeline.admin.arguments import is_address
 from danube_pipeline.admin.config import Config
 from danube_pipeline.errors import DanubeError, InvalidNameError, MetadataStoreError
@@ -118,6 +119,7 @@ cli.add_command(brokers.brokers)
 cli.add_command(namespaces.namespaces)
 cli.add_command(topics.topics)
 cli.add_command(subscriptions.subscriptions)
+cli.add_command(security.security)
 
 
 # ---------------------------------------------------------------------------- entry point
