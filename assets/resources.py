@@ -127,25 +127,22 @@ class ObjectStoreResource(ConfigurableResource[Any]):
         default=None,
         description="fsspec URL of the store's root; default $DANUBE_OBJECT_STORE_URL or file://$DANUBE_HOME/objects.",
     )
+    # No credential fields: a config value shows in Dagster's run config and UI. S3 credentials
+    # come from the standard AWS chain that s3fs's botocore reads (AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws/credentials, an instance or pod role).
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, moto).")
-    s3_access_key_id: str | None = Field(default=None, description="S3 access key; default the AWS credential chain.")
-    s3_secret_access_key: str | None = Field(default=None, description="S3 secret key.")
     s3_region: str | None = Field(default=None, description="S3 region.")
 
     def storage_options(self) -> dict[str, Any]:
         """fsspec ``storage_options`` for the configured backend.
 
         Returns:
-            ``endpoint_url``, ``key``, ``secret`` and ``client_kwargs.region_name`` for the S3
-            fields that are set; empty when none is.
+            ``endpoint_url`` and ``client_kwargs.region_name`` for the S3 fields that are set;
+            empty when none is. Credentials are left to the AWS chain.
         """
         options: dict[str, Any] = {}
         if self.s3_endpoint_url:
             options["endpoint_url"] = self.s3_endpoint_url
-        if self.s3_access_key_id:
-            options["key"] = self.s3_access_key_id
-        if self.s3_secret_access_key:
-            options["secret"] = self.s3_secret_access_key
         if self.s3_region:
             options["client_kwargs"] = {"region_name": self.s3_region}
         return options

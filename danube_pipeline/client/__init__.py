@@ -174,6 +174,9 @@ class DanubeClient:
 
         Raises:
             BrokerUnavailableError: no bootstrap address answered in ``1 + metadata_retries`` passes.
+            AuthenticationError: a broker refused the token or certificate (raised at once, not
+                retried).
+            PermissionDeniedError: the principal may not call ``ClusterMetadata`` (at once).
         """
         await self._metadata.refresh()
 

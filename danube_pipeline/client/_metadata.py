@@ -46,7 +46,13 @@ from danube_pipeline.client.types import (
     ClusterInfo,
     _cluster_info_from_pb,
 )
-from danube_pipeline.errors import BrokerUnavailableError, DanubeError, PartitionedTopicError
+from danube_pipeline.errors import (
+    AuthenticationError,
+    BrokerUnavailableError,
+    DanubeError,
+    PartitionedTopicError,
+    PermissionDeniedError,
+)
 from danube_pipeline.proto import danube_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -128,6 +134,8 @@ class ClusterMetadata:
             PartitionedTopicError: the topic is partitioned: it has no owner, its partitions
                 ``{topic}-part-{i}`` do (the error's ``partitions`` is the count).
             BrokerUnavailableError: every pass of the refresh failed.
+            AuthenticationError: a broker refused the client's credentials (raised at once).
+            PermissionDeniedError: a broker refused the principal ``ClusterMetadata`` (at once).
             DanubeError: another definite answer from the broker (e.g. ``InvalidNameError``).
         """
         if not refresh:
@@ -168,6 +176,8 @@ class ClusterMetadata:
 
         Raises:
             BrokerUnavailableError: every pass failed.
+            AuthenticationError: a broker refused the client's credentials (raised at once).
+            PermissionDeniedError: a broker refused the principal ``ClusterMetadata`` (at once).
         """
         await self._join_refresh()
         assert self.cluster is not None
@@ -255,6 +265,10 @@ class ClusterMetadata:
             try:
                 return await self._ask(address, bootstrap=bootstrap)
             except _BrokerFailed as failed:
+                if isinstance(failed.error, (AuthenticationError, PermissionDeniedError)):
+                    # the broker answered: these credentials are refused, and another pass or
+                    # broker would refuse them too
+                    raise failed.error from failed
                 failures.append(failed)
                 if isinstance(failed.error, BrokerUnavailableError):
                     self._pool.discard(address)

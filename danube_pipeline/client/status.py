@@ -58,6 +58,13 @@ def _error_class(exc: grpc.aio.AioRpcError) -> str | None:
 CLIENT_SIDE_INTERNAL_DETAILS = ("Internal error from Core", "Received RST_STREAM")
 
 
+#: What gRPC reports when a plaintext client's HTTP/2 preface reaches a TLS port: the server's
+#: TLS handshake fails and it closes the connection. The same words follow other closed
+#: connections too, so :data:`TLS_HINT` is phrased as a condition.
+PLAINTEXT_ON_TLS_DETAILS = "Socket closed"
+TLS_HINT = "if the broker serves TLS, give tls_ca_file"
+
+
 def is_transport_failure(exc: grpc.aio.AioRpcError) -> bool:
     """Whether ``exc`` is a connection-level failure rather than an answer from a broker.
 
@@ -92,7 +99,10 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> DanubeError:
     code = exc.code()
     details = exc.details() or ""
     if is_transport_failure(exc):
-        fields = json.dumps({"address": address, "reason": details})
+        reason = details
+        if code == grpc.StatusCode.UNAVAILABLE and PLAINTEXT_ON_TLS_DETAILS in details:
+            reason = f"{details} ({TLS_HINT})"
+        fields = json.dumps({"address": address, "reason": reason})
         return error_from_status(code, details, BrokerUnavailableError.__name__, fields)
     return error_from_status(code, details, _error_class(exc), _trailing(exc, ERROR_FIELDS_METADATA_KEY))
 

@@ -8,6 +8,13 @@ another; the SQLite JDBC driver from Debian's ``libxerial-sqlite-jdbc-java`` unl
 PostgreSQL) from Debian's ``libpostgresql-jdbc-java`` unless ``DANUBE_POSTGRESQL_JDBC_JAR`` names
 another.
 
+Credentials: a PostgreSQL catalog's password never enters the Spark configuration (which the
+UI's Environment tab, ``spark.conf.get`` and event logs show). :func:`spark_conf` keeps only
+``jdbc.user`` and writes the password to a private PostgreSQL password file (mode 0600, the
+``.pgpass`` format); the JVM's ``org.postgresql.pgpassfile`` system property names that file, and
+the PostgreSQL JDBC driver (pgjdbc 42.3 or later) reads it at each connection that has no password
+(:func:`pgpass_file`).
+
 Master: ``local[*]`` (every core of this host) unless ``DANUBE_SPARK_MASTER`` names another
 (``spark://host:7077`` for a standalone cluster; :func:`spark_master`). Python workers run
 the driver's own interpreter unless ``PYSPARK_PYTHON`` is set (:func:`build_spark_session`).
@@ -15,10 +22,14 @@ the driver's own interpreter unless ``PYSPARK_PYTHON`` is set (:func:`build_spar
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +49,7 @@ __all__ = [
     "iceberg_spark_runtime_jar",
     "jdbc_properties",
     "jdbc_uri",
+    "pgpass_file",
     "postgresql_jdbc_jar",
     "spark_conf",
     "spark_master",
@@ -52,6 +64,7 @@ DEFAULT_SQLITE_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
 POSTGRES_JAR_ENV = "DANUBE_POSTGRESQL_JDBC_JAR"
 DEFAULT_POSTGRES_JAR = Path("/usr/share/java/postgresql.jar")
 GRPC_FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
+PGPASSFILE_PROPERTY = "org.postgresql.pgpassfile"
 MASTER_ENV = "DANUBE_SPARK_MASTER"
 DEFAULT_MASTER = "local[*]"
 
@@ -165,7 +178,7 @@ def jdbc_uri(catalog_uri: str) -> str:
 
     ``sqlite:////abs/catalog.db`` → ``jdbc:sqlite:/abs/catalog.db``;
     ``postgresql+psycopg2://u:p@h:5432/db`` → ``jdbc:postgresql://h:5432/db`` (credentials
-    belong in ``jdbc.user``/``jdbc.password``: :func:`jdbc_properties`); a ``jdbc:`` URI is
+    are :func:`jdbc_properties`); a ``jdbc:`` URI is
     returned unchanged.
 
     Args:
@@ -220,8 +233,8 @@ def spark_conf(
         catalog_name: Spark catalog name (``spark.sql.catalog.<name>``); defaults to
             ``settings.catalog_name()``, the same name pyiceberg uses.
         catalog_uri: pyiceberg's SQLAlchemy URI, converted with :func:`jdbc_uri`; a PostgreSQL
-            URI's user and password become ``jdbc.user`` and ``jdbc.password``
-            (:func:`jdbc_properties`). The JDBC driver it needs must exist; the other one is
+            URI's user becomes ``jdbc.user``; its password stays out of the returned settings
+            and goes to :func:`pgpass_file` (:func:`jdbc_properties`). The JDBC driver it needs must exist; the other one is
             added when installed, so a JVM started for one catalog can open the other later.
         warehouse: the warehouse URL pyiceberg uses.
         master: Spark master URL; default :func:`spark_master` (``$DANUBE_SPARK_MASTER`` or
@@ -265,8 +278,77 @@ def spark_conf(
         "spark.sql.session.timeZone": "UTC",
     }
     for key, value in jdbc_properties(uri).items():
-        conf[f"{prefix}.jdbc.{key}"] = value
+        if key == "password":
+            _remember_password(uri, value)
+        else:
+            conf[f"{prefix}.jdbc.{key}"] = value
     return conf
+
+
+_pgpass_lock = threading.Lock()
+_pgpass_lines: dict[str, str] = {}
+_pgpass_path: Path | None = None
+
+
+def _pgpass_escape(field: str) -> str:
+    r"""Escape a password-file field: ``\`` and ``:`` get a backslash (PostgreSQL docs,
+    "The Password File")."""
+    return field.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def _remember_password(catalog_uri: str, password: str) -> None:
+    """Add the catalog's ``host:port:database:user:password`` line to :func:`pgpass_file`, and
+    point a running JVM at that file.
+
+    Raises:
+        DatabaseUrlError: the PostgreSQL URI lacks its host or database.
+    """
+    global _pgpass_path
+    url = settings.parse_postgres_url(catalog_uri)
+    key = ":".join(_pgpass_escape(part) for part in (url.host, str(url.port), url.database, url.user or "*"))
+    with _pgpass_lock:
+        if _pgpass_lines.get(key) != password:
+            _pgpass_lines[key] = password
+            if _pgpass_path is None:
+                directory = tempfile.mkdtemp(prefix="danube-pgpass-")  # mode 0700
+                atexit.register(shutil.rmtree, directory, ignore_errors=True)
+                _pgpass_path = Path(directory) / "pgpass"
+            text = "".join(f"{k}:{_pgpass_escape(p)}\n" for k, p in _pgpass_lines.items())
+            fd = os.open(_pgpass_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.replace(_pgpass_path.with_suffix(".tmp"), _pgpass_path)
+    _point_jvm_at_pgpass()
+
+
+def pgpass_file() -> Path | None:
+    """The private password file holding the passwords of the PostgreSQL catalogs that
+    :func:`spark_conf` configured in this process, or ``None`` when none had a password.
+
+    One ``host:port:database:user:password`` line per catalog, mode 0600, in a directory of its
+    own (``tempfile.mkdtemp``, removed when the process exits). The PostgreSQL JDBC driver reads it when a connection has no
+    ``password`` property, since the JVM's ``org.postgresql.pgpassfile`` system property
+    names it (:func:`build_spark_session` sets it; a catalog configured while the JVM runs sets
+    it at once). That property takes precedence over ``$PGPASSFILE`` and ``~/.pgpass``.
+
+    Returns:
+        The file's path, or ``None``.
+    """
+    with _pgpass_lock:
+        return _pgpass_path if _pgpass_lines else None
+
+
+def _point_jvm_at_pgpass() -> None:
+    """Set the running JVM's ``org.postgresql.pgpassfile`` to :func:`pgpass_file`; nothing when
+    no JVM runs yet or there is no file (:func:`build_spark_session` does it at launch)."""
+    path = pgpass_file()
+    if path is None or "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    jvm = getattr(SparkContext, "_jvm", None)
+    if jvm is not None:
+        jvm.java.lang.System.setProperty(PGPASSFILE_PROPERTY, str(path))
 
 
 def _jdbc_driver_jars(jdbc_url: str) -> list[str]:
@@ -345,4 +427,5 @@ def build_spark_session(conf: Mapping[str, str] | None = None, **kwargs: Any) ->
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _point_jvm_at_pgpass()
     return spark
