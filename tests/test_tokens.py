@@ -278,3 +278,25 @@ def test_fuzzed_claims_and_headers_signed_with_the_secret(claims: dict[str, obje
     assert claims["iss"] == "danube"
     exp = claims["exp"]
     assert isinstance(exp, (int, float)) and exp > NOW
+
+
+def test_key_files_are_reloaded_when_they_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotated secret file takes effect without a restart; a rotation half written (an empty
+    file) keeps the previous key."""
+    from danube_pipeline.auth import tokens
+
+    monkeypatch.setattr(tokens, "RELOAD_CHECK_S", 0.0)
+    secret_file = tmp_path / "jwt.secret"
+    secret_file.write_bytes(b"first secret of enough length for HS256 ..")
+    verifier = tokens.ReloadingTokenVerifier(secret_file=secret_file)
+    old = mint_token("alice", b"first secret of enough length for HS256 ..")
+    assert verifier.current().verify(old).principal == "alice"
+
+    secret_file.write_bytes(b"second secret, after the rotation, long enough")
+    new = mint_token("bob", b"second secret, after the rotation, long enough")
+    assert verifier.current().verify(new).principal == "bob"
+    with pytest.raises(AuthenticationError):
+        verifier.current().verify(old)
+
+    secret_file.write_bytes(b"")  # half written: the second secret stays
+    assert verifier.current().verify(new).principal == "bob"

@@ -42,7 +42,7 @@ from cryptography.x509.oid import NameOID
 from grpc import aio
 
 from danube_pipeline.auth.permissions import Permission, Resource, Scope, granted
-from danube_pipeline.auth.tokens import TokenClaims, TokenVerifier, bearer_token
+from danube_pipeline.auth.tokens import ReloadingTokenVerifier, TokenClaims, bearer_token
 from danube_pipeline.errors import AuthenticationError, DanubeError, InvalidNameError, PermissionDeniedError
 from danube_pipeline.names import TopicName
 
@@ -220,10 +220,10 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, broker: Broker, config: BrokerConfig) -> None:
         self._broker = broker
         self._config = config
-        self._verifier: TokenVerifier | None = None
+        self._verifier: ReloadingTokenVerifier | None = None
         if any(f is not None for f in (config.auth_jwt_secret_file, config.auth_jwt_public_key_file,
                                         config.auth_jwt_jwks_file)):
-            self._verifier = TokenVerifier.from_files(
+            self._verifier = ReloadingTokenVerifier(
                 secret_file=config.auth_jwt_secret_file,
                 public_key_file=config.auth_jwt_public_key_file,
                 jwks_file=config.auth_jwt_jwks_file,
@@ -276,7 +276,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if authorization:
             if self._verifier is None:
                 raise AuthenticationError("this broker takes no bearer tokens")
-            claims = self._verifier.verify(bearer_token(authorization))
+            claims = self._verifier.current().verify(bearer_token(authorization))
             return Caller(claims.principal, "token", claims)
         if self._config.auth_mtls and cert is not None:
             return Caller(cert, "certificate")
@@ -286,7 +286,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def still_authenticated(self, caller: Caller) -> None:
         """Raises: AuthenticationError: the caller's token expired meanwhile."""
         if caller.claims is not None and self._verifier is not None:
-            self._verifier.verify_times(caller.claims)
+            self._verifier.current().verify_times(caller.claims)
 
     # ---- what
 

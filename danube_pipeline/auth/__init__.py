@@ -3,11 +3,12 @@
 ``docs/etcd-layout.md`` §7)."""
 
 from danube_pipeline.auth.permissions import Binding, Permission, Resource, Role, Scope, granted, scopes_of
-from danube_pipeline.auth.tokens import TokenClaims, TokenVerifier, bearer_token, mint_token
+from danube_pipeline.auth.tokens import ReloadingTokenVerifier, TokenClaims, TokenVerifier, bearer_token, mint_token
 
 __all__ = [
     "Binding",
     "Permission",
+    "ReloadingTokenVerifier",
     "Resource",
     "Role",
     "Scope",

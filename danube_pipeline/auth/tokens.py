@@ -13,7 +13,9 @@ is cached by its text, and every use of the cache checks ``exp`` and ``nbf`` aga
 from __future__ import annotations
 
 import collections
+import functools
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,10 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from danube_pipeline.errors import AuthenticationError
 
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "ReloadingTokenVerifier",
     "ASYMMETRIC_ALGORITHMS",
     "HMAC_ALGORITHM",
     "MAX_PRINCIPAL_CHARS",
@@ -286,6 +291,74 @@ class TokenVerifier:
             raise AuthenticationError("the token has expired")
         if claims.not_before_s is not None and now_s + self.leeway_s < claims.not_before_s:
             raise AuthenticationError("the token is not valid yet (nbf or iat in the future)")
+
+
+class ReloadingTokenVerifier:
+    """A :class:`TokenVerifier` whose key files are read again when they change, so keys are
+    rotated by replacing the files, without a restart (as the TLS files are).
+
+    :meth:`current` looks at the files' size and modification time at most every
+    :data:`RELOAD_CHECK_S` seconds; when they changed it builds a new verifier, and a file that
+    does not parse yet (a rotation half written) keeps the previous verifier, logged once.
+
+    Args:
+        secret_file, public_key_file, jwks_file, issuer, audience, leeway_s: as
+            :meth:`TokenVerifier.from_files`.
+
+    Raises:
+        ValueError: the files cannot be read or hold no usable key at start.
+    """
+
+    def __init__(
+        self,
+        *,
+        secret_file: Path | None = None,
+        public_key_file: Path | None = None,
+        jwks_file: Path | None = None,
+        issuer: str | None = None,
+        audience: str | None = None,
+        leeway_s: float = 0.0,
+    ) -> None:
+        self._files = [f for f in (secret_file, public_key_file, jwks_file) if f is not None]
+        self._build = functools.partial(
+            TokenVerifier.from_files, secret_file=secret_file, public_key_file=public_key_file,
+            jwks_file=jwks_file, issuer=issuer, audience=audience, leeway_s=leeway_s,
+        )  # fmt: skip
+        self._verifier = self._build()
+        self._signature = self._stat()
+        self._checked_s = time.monotonic()
+        self._failed_signature: tuple[tuple[int, int], ...] | None = None
+
+    def _stat(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for f in self._files:
+            try:
+                st = f.stat()
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((-1, -1))
+        return tuple(out)
+
+    def current(self) -> TokenVerifier:
+        """The verifier of the key files as they are now (re-read after a change)."""
+        now = time.monotonic()
+        if now - self._checked_s < RELOAD_CHECK_S:
+            return self._verifier
+        self._checked_s = now
+        signature = self._stat()
+        if signature != self._signature and signature != self._failed_signature:
+            try:
+                self._verifier = self._build()
+                self._signature = signature
+                log.info("JWT key files changed: keys reloaded")
+            except ValueError as exc:
+                self._failed_signature = signature
+                log.warning("JWT key files changed but cannot be used yet (the previous keys stay): %s", exc)
+        return self._verifier
+
+
+RELOAD_CHECK_S = 1.0
+"""How often :class:`ReloadingTokenVerifier` looks at its key files, at most (seconds)."""
 
 
 def mint_token(
