@@ -80,7 +80,11 @@ async def test_roles_and_bindings_write_exactly_the_keys_of_section_7(etcd_endpo
         bad = await run("roles", "create", "writer", "-p", "produce", "-p", "publish")
         assert bad.code == 2 and "'publish'" in bad.err and "manage_cluster" in bad.err, bad.err
         assert await meta.get(writer) is None
-        made = (await run("roles", "create", "writer", "-p", "produce", "-p", "lookup", "-p", "produce")).ok()
+        creating = await run("roles", "create", "writer", "-p", "produce", "-p", "lookup", "-p", "produce")
+        made = creating.ok()
+        (line,) = [json.loads(x) for x in creating.err.splitlines() if x.startswith('{"audit"')]
+        assert line["change"] == "put" and line["resource"] == writer and line["result"] == "ok", line
+        assert line["principal"] and line["permissions"] == ["lookup", "produce"]
         assert made == {"role": "writer", "key": writer, "created": True, "before": None,
                         "permissions": ["lookup", "produce"], "revision": made["revision"]}
         kv = await meta.get(writer)

@@ -6,7 +6,9 @@ renders it as text; the helpers here format tables, label/value lines, owners an
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,3 +84,13 @@ def subscription_type_name(number: object) -> str | None:
 def as_int(value: object) -> int | None:
     """``value`` when it is an ``int`` (not a ``bool``), else ``None``."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def audit(change: str, resource: str, result: str, **fields: object) -> None:
+    """Print one structured audit line for a change ``danube-admin`` makes straight in etcd
+    (the brokers audit the changes that go through them, on their ``danube.audit`` logger), on
+    stderr: ``{"audit": "danube-admin", "principal", "change", "resource", "result", ...}``.
+    The principal is the etcd user (``DANUBE_ETCD_USER``) or, without one, the OS user."""
+    principal = os.environ.get("DANUBE_ETCD_USER") or getpass.getuser()
+    line = {"audit": "danube-admin", "principal": principal, "change": change, "resource": resource, "result": result}
+    click.echo(json.dumps({**line, **fields}), err=True)

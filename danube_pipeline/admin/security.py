@@ -47,8 +47,10 @@ Verbs and the JSON each prints:
 
 ``SCOPE`` is ``cluster``, ``namespace:NS`` or ``topic:/NS/TOPIC`` (the key tails of §7.2,
 ``namespaces/NS`` and ``topics/NS/TOPIC``, are taken too); the documents print it in the first
-form. Every change prints what it changed and the etcd revision it was applied at; the brokers
-follow it through their watched caches.
+form. Every change prints what it changed and the etcd revision it was applied at, and one
+audit line on stderr (:func:`~danube_pipeline.admin.output.audit`: who, the change, the key,
+the result, also for a change lost to a concurrent one); the brokers follow it through their
+watched caches.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from danube_pipeline.admin.config import AdminError, Config, metadata_store, run
-from danube_pipeline.admin.output import Json, emit, field_lines, table
+from danube_pipeline.admin.output import Json, audit, emit, field_lines, table
 from danube_pipeline.auth.permissions import Permission, Scope
 from danube_pipeline.auth.tokens import MAX_PRINCIPAL_CHARS, MAX_TOKEN_CHARS, TokenVerifier, mint_token
 from danube_pipeline.errors import AuthenticationError, InvalidNameError
@@ -396,6 +398,7 @@ async def _replace(store: MetadataStore, key: str, field: str, values: list[str]
     revision = await store.compare_and_put_many(
         [(key, {field: values})], expected_mod_revisions={key: current.mod_revision if current else 0}
     )
+    audit("put", key, "ok" if revision is not None else "conflict", **{field: values})
     if revision is None:
         raise AdminError(f"{what} changed while it was being written; nothing was written, run the command again")
     return {"key": key, "created": current is None, "before": before, field: values, "revision": revision}
@@ -415,6 +418,7 @@ async def _remove(store: MetadataStore, key: str, field: str, what: str) -> tupl
     if current is None:
         raise AdminError(f"{what} does not exist (no key {key}); nothing was deleted")
     revision = await store.transaction(modified={key: current.mod_revision}, deletes=[key])
+    audit("delete", key, "ok" if revision is not None else "conflict")
     if revision is None:
         raise AdminError(f"{what} changed while it was being deleted; nothing was deleted, run the command again")
     return _strings(current.value, field), revision
