@@ -58,6 +58,21 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (e.g. a test's directory: Dagster's
+    code server is started lazily, after any snapshot of the launcher's children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -92,6 +107,16 @@ class Launcher:
     def stop(self, signum: int) -> int:
         self.proc.send_signal(signum)
         return self.proc.wait(timeout=180)
+
+    def clean_up(self) -> None:
+        """After a failed test: the launcher's own clean stop first (a SIGKILL would leave
+        Dagster's code server behind), SIGKILL only if it hangs."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 async def _produce(addresses: list[str]) -> dict[str, int]:
@@ -226,10 +251,11 @@ def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> No
         assert len(started) >= 5, first.output()  # etcd, 2 brokers, the writer, dg and its children
         assert first.stop(signal.SIGTERM) == 0, first.output()
     finally:
-        if first.proc.poll() is None:
-            first.proc.kill()
+        first.clean_up()
     eventually_sync(lambda: not any(_alive(p) for p in started), timeout_s=60, interval_s=0.5,
                     what="every process below the launcher stopped")  # fmt: skip
+    eventually_sync(lambda: _mentioning(str(tmp_path)) == [], timeout_s=60, interval_s=0.5,
+                    what="no process of this stack left, Dagster's code server included")  # fmt: skip
     for log in (home / "broker" / "broker.log", home / "broker-2" / "broker.log"):
         assert "cannot revoke lease" not in log.read_text(errors="replace"), log  # etcd outlived them
 
@@ -244,5 +270,4 @@ def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> No
             ]
         assert second.stop(signal.SIGHUP) == 0, second.output()
     finally:
-        if second.proc.poll() is None:
-            second.proc.kill()
+        second.clean_up()
