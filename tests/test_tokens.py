@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -288,7 +289,9 @@ def test_key_files_are_reloaded_when_they_change(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(tokens, "RELOAD_CHECK_S", 0.0)
     secret_file = tmp_path / "jwt.secret"
     secret_file.write_bytes(b"first secret of enough length for HS256 ..")
-    verifier = tokens.ReloadingTokenVerifier(secret_file=secret_file)
+    verifier = tokens.ReloadingTokenVerifier(
+        [secret_file], functools.partial(tokens.TokenVerifier.from_files, secret_file=secret_file)
+    )
     old = mint_token("alice", b"first secret of enough length for HS256 ..")
     assert verifier.current().verify(old).principal == "alice"
 

@@ -30,6 +30,7 @@ serves). An RPC of no rule is refused under authorization: a new RPC is denied u
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -42,7 +43,7 @@ from cryptography.x509.oid import NameOID
 from grpc import aio
 
 from danube_pipeline.auth.permissions import Permission, Resource, Scope, granted
-from danube_pipeline.auth.tokens import ReloadingTokenVerifier, TokenClaims, bearer_token
+from danube_pipeline.auth.tokens import ReloadingTokenVerifier, TokenClaims, TokenVerifier, bearer_token
 from danube_pipeline.errors import AuthenticationError, DanubeError, InvalidNameError, PermissionDeniedError
 from danube_pipeline.names import TopicName
 
@@ -221,16 +222,18 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self._broker = broker
         self._config = config
         self._verifier: ReloadingTokenVerifier | None = None
-        if any(f is not None for f in (config.auth_jwt_secret_file, config.auth_jwt_public_key_file,
-                                        config.auth_jwt_jwks_file)):
-            self._verifier = ReloadingTokenVerifier(
+        key_files = [f for f in (config.auth_jwt_secret_file, config.auth_jwt_public_key_file,
+                                 config.auth_jwt_jwks_file) if f is not None]
+        if key_files:
+            self._verifier = ReloadingTokenVerifier(key_files, functools.partial(
+                TokenVerifier.from_files,
                 secret_file=config.auth_jwt_secret_file,
                 public_key_file=config.auth_jwt_public_key_file,
                 jwks_file=config.auth_jwt_jwks_file,
                 issuer=config.auth_jwt_issuer,
                 audience=config.auth_jwt_audience,
                 leeway_s=config.auth_jwt_leeway_s,
-            )
+            ))
         self._own_subject: str | None = None
         if config.tls_require_client_cert and config.tls_cert_file is not None:
             self._own_subject = _certificate_principal(config.tls_cert_file.read_bytes())

@@ -13,11 +13,10 @@ is cached by its text, and every use of the cache checks ``exp`` and ``nbf`` aga
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,28 +301,17 @@ class ReloadingTokenVerifier:
     does not parse yet (a rotation half written) keeps the previous verifier, logged once.
 
     Args:
-        secret_file, public_key_file, jwks_file, issuer, audience, leeway_s: as
-            :meth:`TokenVerifier.from_files`.
+        files: the key files to watch.
+        build: reads them into a verifier, e.g. :meth:`TokenVerifier.from_files` with its
+            arguments bound (``functools.partial``); called again after a change.
 
     Raises:
         ValueError: the files cannot be read or hold no usable key at start.
     """
 
-    def __init__(
-        self,
-        *,
-        secret_file: Path | None = None,
-        public_key_file: Path | None = None,
-        jwks_file: Path | None = None,
-        issuer: str | None = None,
-        audience: str | None = None,
-        leeway_s: float = 0.0,
-    ) -> None:
-        self._files = [f for f in (secret_file, public_key_file, jwks_file) if f is not None]
-        self._build = functools.partial(
-            TokenVerifier.from_files, secret_file=secret_file, public_key_file=public_key_file,
-            jwks_file=jwks_file, issuer=issuer, audience=audience, leeway_s=leeway_s,
-        )  # fmt: skip
+    def __init__(self, files: Sequence[Path], build: Callable[[], TokenVerifier]) -> None:
+        self._files = list(files)
+        self._build = build
         self._verifier = self._build()
         self._signature = self._stat()
         self._checked_s = time.monotonic()
