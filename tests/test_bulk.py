@@ -336,3 +336,25 @@ async def test_standalone_cluster_writes_the_same_table_as_local(env: Env, spark
     assert remote.rows_appended == local.rows_appended and remote.dead_letter_records == local.dead_letter_records
     assert _rows(env, ("default", "engines_cluster")) == _rows(env, ("default", "engines_local"))
     assert _dlq(env, ("default", "engines_cluster")) == _dlq(env, ("default", "engines_local"))
+
+
+@pytest.mark.spark
+@pytest.mark.asyncio
+async def test_bulk_load_into_a_payload_table_takes_records_with_a_schema(env: Env, spark: SparkSession) -> None:
+    """A topic tiered raw first has a ``_payload`` table; records that carry a schema id later
+    go into the same ``_payload`` column on both paths (the bulk path used to raise ``KeyError``)."""
+    env.registry.add_avro(1, 1, V1, subject="readings-value")
+    raw = [record(i, f"message {i}".encode()) for i in range(5)]
+    typed = [record(i, avro_payload(V1, {"sensor": "s", "value": float(i)}), 1, 1) for i in range(5, 9)]
+    tiered_topic, bulk_topic = TopicName("default", "payload_tiered"), TopicName("default", "payload_bulk")
+    for topic in (tiered_topic, bulk_topic):
+        await env.put(raw, topic)
+        assert (await env.tier(topic)).committed_end_offset == 4
+        await env.put(typed, topic)
+    assert (await env.tier(tiered_topic)).committed_end_offset == 8
+
+    report = await _bulk(env, spark, bulk_topic)
+    assert (report.first_offset, report.last_offset, report.rows_appended) == (5, 8, 4)
+    assert report.dead_letter_records == 0
+    assert _rows(env, iceberg.table_identifier(bulk_topic)) == _rows(env, iceberg.table_identifier(tiered_topic))
+    assert [r["_payload"] for r in _rows(env, iceberg.table_identifier(bulk_topic))] == [r.payload for r in raw + typed]

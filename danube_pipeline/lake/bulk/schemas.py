@@ -109,7 +109,8 @@ def raw_errors(
     Args:
         keys_by_object: each object's ``(schema_id, schema_version)`` pairs with a schema.
         order: the object ids, in offset order.
-        writers: the registry's answer per pair.
+        writers: the registry's answer per pair; empty for a ``_payload`` table, whose records
+            keep their bytes whatever their schema (no pair then changes the schema named).
         bound: :attr:`PreparedTable.bound`.
         recorded: the writer the table followed before the load, or ``None``.
 
@@ -119,7 +120,9 @@ def raw_errors(
     out: dict[str, str] = {}
     for object_id in order:
         for key in sorted(keys_by_object.get(object_id, ())):
-            w = writers[key]
+            w = writers.get(key)
+            if w is None:
+                continue
             ok = w.writer is not None and bound.get(key) is not None and bound[key].error is None
             if ok and iceberg.supersedes(w, recorded):
                 recorded = w
