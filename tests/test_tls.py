@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from cryptography import x509
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.client._connection import ChannelSecurity, ConnectionPool
-from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
+from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, EtcdTls, etcdctl_binary
 from danube_pipeline.errors import BrokerUnavailableError, MetadataStoreError
 from danube_pipeline.metadata.connection import EtcdSecurity
 from danube_pipeline.metadata import keys
@@ -437,35 +436,13 @@ async def test_the_client_takes_its_tls_files_and_token_from_the_environment(
 # --------------------------------------------------------------------------- etcd
 
 
-class TlsEtcd(EtcdServer):
-    """etcd serving its clients over TLS with ``pair``, requiring client certificates signed
-    by ``ca``."""
-
-    def __init__(self, data_dir: Path, *, pair: Pair, ca: CertAuthority, client: Pair) -> None:
-        super().__init__(data_dir)
-        self.pair, self.ca, self.client = pair, ca, client
-
-    @property
-    def client_url(self) -> str:
-        return f"https://{self.endpoint}"
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--cert-file", str(self.pair.cert_file), "--key-file", str(self.pair.key_file),
-                "--trusted-ca-file", str(self.ca.cert_file), "--client-cert-auth"]
-
-    def _healthy(self) -> bool:
-        context = ssl.create_default_context(cafile=str(self.ca.cert_file))
-        context.load_cert_chain(str(self.client.cert_file), str(self.client.key_file))
-        try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1.0, context=context) as response:
-                return bool(json.loads(response.read()).get("health") == "true")
-        except (OSError, ValueError):
-            return False
-
-
 @pytest.fixture
-def tls_etcd(pki: dict[str, Any], tmp_path: Path) -> Iterator[TlsEtcd]:
-    server = TlsEtcd(tmp_path / "etcd-tls", pair=pki["broker2"], ca=pki["ca"], client=pki["client"])
+def tls_etcd(pki: dict[str, Any], tmp_path: Path) -> Iterator[EtcdServer]:
+    """etcd serving its clients over TLS with ``broker2``'s certificate, requiring client
+    certificates signed by the cluster's CA."""
+    pair: Pair = pki["broker2"]
+    tls = EtcdTls(pair.cert_file, pair.key_file, pki["ca"].cert_file, client_cert_auth=True)
+    server = EtcdServer(tmp_path / "etcd-tls", tls=tls)
     server.start()
     try:
         yield server
@@ -474,7 +451,7 @@ def tls_etcd(pki: dict[str, Any], tmp_path: Path) -> Iterator[TlsEtcd]:
 
 
 @pytest.mark.asyncio
-async def test_the_metadata_store_reaches_etcd_over_mutual_tls(tls_etcd: TlsEtcd, pki: dict[str, Any]) -> None:
+async def test_the_metadata_store_reaches_etcd_over_mutual_tls(tls_etcd: EtcdServer, pki: dict[str, Any]) -> None:
     mine: Pair = pki["client"]
     security = EtcdSecurity(ca_file=pki["ca"].cert_file, cert_file=mine.cert_file, key_file=mine.key_file)
     async with await MetadataStore.connect(tls_etcd.endpoints, security=security) as store:
@@ -490,7 +467,7 @@ async def test_the_metadata_store_reaches_etcd_over_mutual_tls(tls_etcd: TlsEtcd
         )
 
 
-def test_a_broker_uses_its_etcd_tls_settings(tls_etcd: TlsEtcd, pki: dict[str, Any], tmp_path: Path) -> None:
+def test_a_broker_uses_its_etcd_tls_settings(tls_etcd: EtcdServer, pki: dict[str, Any], tmp_path: Path) -> None:
     mine: Pair = pki["client"]
     broker = TlsBroker(
         etcd_endpoints=tls_etcd.endpoints, data_dir=tmp_path / "broker-etcd-tls",

@@ -1,29 +1,22 @@
-"""Test certificates made with ``cryptography``: a CA, and server or client certificates it signs.
+"""Test certificates: a CA written to a directory, and certificates it signs, written beside it.
 
-Keys are ECDSA P-256 (fast to make). A certificate carries both ``serverAuth`` and
-``clientAuth`` in its extended key usage, so a broker's certificate also serves as its client
-certificate when it calls another broker.
+A thin wrapper over :mod:`danube_pipeline.dev.certificates` (the maker ``danube-pipeline dev
+--secure`` uses) that writes the files tests hand to brokers and clients. A certificate
+carries both ``serverAuth`` and ``clientAuth``, so a broker's certificate also serves as its
+client certificate when it calls another broker.
 """
 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-_ONE_DAY = datetime.timedelta(days=1)
+from danube_pipeline.dev.certificates import CertificateAuthority, cert_pem, key_pem
 
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+VALIDITY = datetime.timedelta(days=30)
 
 
 @dataclass(frozen=True)
@@ -52,29 +45,8 @@ class CertAuthority:
     def __init__(self, directory: Path, name: str = "test-ca") -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.datetime.now(datetime.timezone.utc)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _ONE_DAY)
-            .not_valid_after(now + 30 * _ONE_DAY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-        self.cert_pem = self.cert.public_bytes(serialization.Encoding.PEM)
+        self.authority = CertificateAuthority.create(name, validity=VALIDITY)
+        self.cert_pem = cert_pem(self.authority.cert)
         self.cert_file = directory / f"{name}.pem"
         self.cert_file.write_bytes(self.cert_pem)
 
@@ -95,33 +67,10 @@ class CertAuthority:
             hosts: subject alternative names.
             write: write the files (``False``: only compute where they would go).
         """
-        key = ec.generate_private_key(ec.SECP256R1())
-        sans: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                sans.append(x509.DNSName(host))
-        now = datetime.datetime.now(datetime.timezone.utc)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name or name)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _ONE_DAY)
-            .not_valid_after(now + 30 * _ONE_DAY)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        cert, key = self.authority.issue(common_name or name, hosts=hosts, server=True, validity=VALIDITY)
         pair = Pair(
-            cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-            key_pem=_key_pem(key),
+            cert_pem=cert_pem(cert),
+            key_pem=key_pem(key),
             cert_file=self.directory / f"{name}.pem",
             key_file=self.directory / f"{name}.key",
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.connection import EtcdSecurity
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import UnavailableRange
@@ -66,12 +67,14 @@ async def drain_and_wait(
     *,
     timeout_s: float,
     client_options: Mapping[str, Any] | None = None,
+    etcd_security: EtcdSecurity | None = None,
 ) -> list[str]:
     """Drain the broker at ``address`` (``Admin.DrainBroker``: it releases every topic, §1.3),
     then wait up to ``timeout_s`` seconds until tiering holds every offset it alone holds.
 
     ``client_options`` are more :class:`DanubeClient` arguments (``tls_ca_file``,
     ``tls_cert_file``, ``tls_key_file``, ``token``: a principal with ``manage_broker``).
+    ``etcd_security`` reaches etcd (default: the ``DANUBE_ETCD_*`` variables).
 
     Returns:
         What is still only on its disk at the deadline (:func:`untiered_ranges`); empty when
@@ -84,7 +87,7 @@ async def drain_and_wait(
     async with DanubeClient([address], **(client_options or {})) as client:
         await client.admin.drain_broker(address)
     deadline = time.monotonic() + timeout_s
-    async with await MetadataStore.connect(etcd_endpoints) as store:
+    async with await MetadataStore.connect(etcd_endpoints, security=etcd_security) as store:
         while True:
             waiting = await untiered_ranges(store, broker_id)
             if not waiting or time.monotonic() >= deadline:

@@ -13,13 +13,24 @@ file                        what
                             presents it when it calls another broker
 ``{role}.pem``, ``.key``    a client certificate per principal (``admin``, ``pipeline``,
                             ``app``; ``clientAuth``)
+``etcd.pem``, ``.key``      etcd's certificate (subject ``danube-etcd``; SANs ``127.0.0.1``,
+                            ``localhost`` and etcd's host; ``serverAuth`` and ``clientAuth``)
+                            for its client port and its peer port
 ``jwt.secret``              the brokers' HS256 secret (``--auth-jwt-secret-file``)
 ``{role}.token``            a bearer token per principal (:data:`TOKEN_TTL_S`)
+``etcd-root.password``      etcd user ``root``'s password (the operator's)
+``etcd-danube.password``    etcd user ``danube``'s password (brokers, writer, Dagster, shell)
 =========================== ============================================================
 
 The CA, certificates and secret are made once and kept (a shell that trusts the CA keeps
 working across restarts); they are made again when a file is missing or a certificate expires
-within a day. Tokens are minted at every start.
+within a day. Tokens are minted at every start. The etcd passwords are made once and never
+again: etcd keeps its users in its data directory (:mod:`danube_pipeline.dev.etcd_auth`).
+
+etcd serves its clients over TLS only and authenticates every request with a user and
+password: ``root`` administers users and roles; ``danube`` (etcd role ``danube``) reads every
+key and writes Danube's prefixes (:data:`ETCD_READWRITE_PREFIXES`). Clients do not present
+certificates to etcd (no ``--client-cert-auth``): the password names the user.
 
 The brokers require client certificates (``--tls-require-client-cert``). That is what makes
 broker-to-broker calls authenticated: a broker recognises a peer broker only by a verified
@@ -42,7 +53,6 @@ changes made with ``danube-admin security`` survive a restart):
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import secrets
 from collections.abc import Sequence
@@ -50,13 +60,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from danube_pipeline.auth.permissions import Binding, Permission, Role, Scope
 from danube_pipeline.auth.tokens import mint_token
+from danube_pipeline.dev.certificates import CertificateAuthority, cert_pem, key_pem, subject_alt_names
 from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.connection import EtcdSecurity, read_password
 from danube_pipeline.metadata.store import MetadataStore
 
 __all__ = [
@@ -64,6 +73,10 @@ __all__ = [
     "APP",
     "AUDIENCE",
     "BROKER_SUBJECT",
+    "ETCD_READWRITE_PREFIXES",
+    "ETCD_ROOT",
+    "ETCD_SUBJECT",
+    "ETCD_USER",
     "ISSUER",
     "PIPELINE",
     "SECURITY_DIR",
@@ -83,6 +96,20 @@ PRINCIPALS = (ADMIN, PIPELINE, APP)
 
 BROKER_SUBJECT = "danube-broker"
 """The brokers' certificate common name: a peer presenting it is a broker of the cluster."""
+
+ETCD_SUBJECT = "danube-etcd"
+"""etcd's certificate common name (its client and peer ports serve it)."""
+
+ETCD_ROOT = "root"
+"""etcd's administrator (users, roles, ``auth enable``): kept for the operator."""
+
+ETCD_USER = "danube"
+"""The etcd user of the brokers, the writer, Dagster and ``env.sh``: etcd role ``danube``
+(:data:`ETCD_READWRITE_PREFIXES`)."""
+
+ETCD_READWRITE_PREFIXES = (keys.CLUSTER, keys.NAMESPACES, keys.TOPICS, keys.SCHEMAS, keys.DANUBE_DATA, keys.SECURITY)
+"""The key prefixes etcd role ``danube`` may write (``docs/etcd-layout.md``); it reads every key
+(a broker's cache watches the whole key space)."""
 
 ISSUER = "danube-dev"
 """``iss`` of the dev tokens (the brokers run with ``--auth-jwt-issuer``)."""
@@ -130,22 +157,6 @@ def _write_private(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _sans(hosts: Sequence[str]) -> list[x509.GeneralName]:
-    names: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    return names
 
 
 def _still_valid(path: Path, now: datetime.datetime) -> bool:
@@ -211,6 +222,40 @@ class DevSecurity:
     broker_key_file: Path
     secret_file: Path
 
+    @property
+    def etcd_cert_file(self) -> Path:
+        """etcd's certificate (client and peer ports)."""
+        return self.directory / "etcd.pem"
+
+    @property
+    def etcd_key_file(self) -> Path:
+        """Its private key."""
+        return self.directory / "etcd.key"
+
+    def etcd_password_file(self, user: str) -> Path:
+        """The file holding etcd user ``user``'s password (:data:`ETCD_ROOT`, :data:`ETCD_USER`)."""
+        return self.directory / f"etcd-{user}.password"
+
+    def etcd_security(self, user: str = ETCD_USER) -> EtcdSecurity:
+        """How a process of the stack reaches etcd: TLS verified with the CA, as ``user``.
+
+        Raises:
+            OSError: the password file cannot be read.
+        """
+        return EtcdSecurity(ca_file=self.ca_file, user=user,
+                            password=read_password(self.etcd_password_file(user)) or "")
+
+    def etcd_env(self, etcd_url: str) -> dict[str, str]:
+        """The ``DANUBE_ETCD_*`` variables of :meth:`EtcdSecurity.from_env` that connect a
+        child process (or a shell) to etcd at ``etcd_url`` (``https://host:port``) as
+        :data:`ETCD_USER`; the password stays in its file."""
+        return {
+            "DANUBE_ETCD_ENDPOINTS": etcd_url,
+            "DANUBE_ETCD_TLS_CA_FILE": str(self.ca_file),
+            "DANUBE_ETCD_USER": ETCD_USER,
+            "DANUBE_ETCD_PASSWORD_FILE": str(self.etcd_password_file(ETCD_USER)),
+        }
+
     @classmethod
     def at(cls, home: Path) -> DevSecurity:
         """Where the files of ``home`` are (nothing is read or written)."""
@@ -219,13 +264,15 @@ class DevSecurity:
                    directory / "jwt.secret")
 
     @classmethod
-    def prepare(cls, home: Path, *, hosts: Sequence[str] = ()) -> DevSecurity:
-        """Make (or keep) the CA, certificates and secret of ``home``, and mint fresh tokens.
+    def prepare(cls, home: Path, *, hosts: Sequence[str] = (), etcd_hosts: Sequence[str] = ()) -> DevSecurity:
+        """Make (or keep) the CA, certificates, secret and etcd passwords of ``home``, and mint
+        fresh tokens.
 
         Args:
             home: the dev state directory.
             hosts: more names or addresses the brokers' certificate must carry (their listen
                 host), besides ``127.0.0.1`` and ``localhost``.
+            etcd_hosts: the same for etcd's certificate (etcd's listen host).
 
         Returns:
             The files.
@@ -238,8 +285,12 @@ class DevSecurity:
         security.directory.chmod(0o700)
         now = datetime.datetime.now(datetime.timezone.utc)
         broker_hosts = ["127.0.0.1", "localhost", *hosts]
-        if not security._complete(now, broker_hosts):
-            security._make_all(now, broker_hosts)
+        etcd_hosts = ["127.0.0.1", "localhost", *etcd_hosts]
+        if not security._complete(now, broker_hosts, etcd_hosts):
+            security._make_all(now, broker_hosts, etcd_hosts)
+        for user in (ETCD_ROOT, ETCD_USER):
+            if not security.etcd_password_file(user).is_file():
+                _write_private(security.etcd_password_file(user), secrets.token_hex(_SECRET_BYTES).encode())
         secret = security.secret_file.read_bytes().strip()
         for principal in PRINCIPALS:
             token = mint_token(principal, secret, ttl_s=TOKEN_TTL_S, issuer=ISSUER, audience=AUDIENCE)
@@ -266,8 +317,12 @@ class DevSecurity:
             "--super-admin", ADMIN,
         ]  # fmt: skip
 
-    async def write_grants(self, etcd_endpoints: Sequence[str]) -> list[str]:
+    async def write_grants(self, etcd_endpoints: Sequence[str], etcd_security: EtcdSecurity | None = None) -> list[str]:
         """Create the dev roles and bindings (:func:`dev_grants`) in etcd where absent.
+
+        Args:
+            etcd_endpoints: ``host:port`` (or ``https://host:port``) etcd endpoints.
+            etcd_security: how to reach etcd (default: the ``DANUBE_ETCD_*`` variables).
 
         Returns:
             The keys created (empty when all existed).
@@ -279,7 +334,7 @@ class DevSecurity:
         entries = [(keys.security_role(r.name), r.to_json()) for r in roles]
         entries += [(keys.security_binding(b.principal, b.scope.key_tail), b.to_json()) for b in bindings]
         created = []
-        async with await MetadataStore.connect(list(etcd_endpoints)) as store:
+        async with await MetadataStore.connect(list(etcd_endpoints), security=etcd_security) as store:
             for key, value in entries:
                 if await store.put_if_absent(key, dict(value)):
                     created.append(key)
@@ -287,71 +342,37 @@ class DevSecurity:
 
     # ---- making the files
 
-    def _complete(self, now: datetime.datetime, broker_hosts: Sequence[str]) -> bool:
+    def _complete(self, now: datetime.datetime, broker_hosts: Sequence[str], etcd_hosts: Sequence[str]) -> bool:
         """Whether every kept file exists, every certificate is valid for more than a day and
-        the brokers' certificate names every host."""
-        files = [self.ca_file, self.directory / "ca.key", self.broker_key_file, self.secret_file]
+        the brokers' and etcd's certificates name every host."""
+        files = [self.ca_file, self.directory / "ca.key", self.broker_key_file, self.etcd_key_file, self.secret_file]
         for principal in PRINCIPALS:
             files += [self.client(principal).cert_file, self.client(principal).key_file]
         if not all(f.is_file() for f in files):
             return False
-        certs = [self.ca_file, self.broker_cert_file, *(self.client(p).cert_file for p in PRINCIPALS)]
+        certs = [self.ca_file, self.broker_cert_file, self.etcd_cert_file,
+                 *(self.client(p).cert_file for p in PRINCIPALS)]
         if not all(_still_valid(c, now) for c in certs):
             return False
-        broker = x509.load_pem_x509_certificate(self.broker_cert_file.read_bytes())
-        sans = broker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        return all(name in sans for name in _sans(broker_hosts))
+        for cert_file, hosts in ((self.broker_cert_file, broker_hosts), (self.etcd_cert_file, etcd_hosts)):
+            cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            if not all(name in sans for name in subject_alt_names(hosts)):
+                return False
+        return True
 
-    def _make_all(self, now: datetime.datetime, broker_hosts: Sequence[str]) -> None:
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "danube-dev-ca")])
-        ca = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write_private(self.directory / "ca.key", _key_pem(ca_key))
-        _write_private(self.ca_file, ca.public_bytes(serialization.Encoding.PEM))
+    def _make_all(self, now: datetime.datetime, broker_hosts: Sequence[str], etcd_hosts: Sequence[str]) -> None:
+        ca = CertificateAuthority.create("danube-dev-ca", validity=_CA_VALIDITY, now=now)
+        _write_private(self.directory / "ca.key", key_pem(ca.key))
+        _write_private(self.ca_file, cert_pem(ca.cert))
 
         def issue(common_name: str, cert_file: Path, key_file: Path, *, server: bool, hosts: Sequence[str]) -> None:
-            key = ec.generate_private_key(ec.SECP256R1())
-            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server else [
-                ExtendedKeyUsageOID.CLIENT_AUTH]
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + _LEAF_VALIDITY)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                               critical=False)
-            )
-            if hosts:
-                builder = builder.add_extension(x509.SubjectAlternativeName(_sans(hosts)), critical=False)
-            cert = builder.sign(ca_key, hashes.SHA256())
-            _write_private(key_file, _key_pem(key))
-            _write_private(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+            cert, key = ca.issue(common_name, hosts=hosts, server=server, validity=_LEAF_VALIDITY, now=now)
+            _write_private(key_file, key_pem(key))
+            _write_private(cert_file, cert_pem(cert))
 
         issue(BROKER_SUBJECT, self.broker_cert_file, self.broker_key_file, server=True, hosts=broker_hosts)
+        issue(ETCD_SUBJECT, self.etcd_cert_file, self.etcd_key_file, server=True, hosts=etcd_hosts)
         for principal in PRINCIPALS:
             creds = self.client(principal)
             issue(principal, creds.cert_file, creds.key_file, server=False, hosts=())

