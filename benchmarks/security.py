@@ -9,9 +9,12 @@ Every other setting is the same.
 
 The ingest measurement is ``ingest.py``'s (one producer with at most W unacked, one consumer in
 its own process, acks after ``fdatasync``): the client takes its CA and token from
-``DANUBE_TLS_CA_FILE`` and ``DANUBE_TOKEN_FILE``, as any client does. The two brokers are
-measured in alternating rounds (plaintext, secured, plaintext, ...) so that a slow moment of the
-machine does not fall on one side only; the rate of a side is its messages over its seconds.
+``DANUBE_TLS_CA_FILE`` and ``DANUBE_TOKEN_FILE``, as any client does. Each side first runs one
+unmeasured warm-up round. Then every round runs each side once, back to back, the order rotated
+from round to round; a round's ratio is its secured rate over its plaintext rate (messages
+acked over the producer's seconds), and ``tls_auth_ratio`` is the median of the rounds' ratios,
+so a slow moment of a shared machine moves one round's ratio, not the figure. ``--breakdown``
+adds a third side, TLS without authentication, to tell TLS's cost from the checks'.
 
 The refusal matrix runs against the secured broker through the client library: no token, an
 expired token, the wrong issuer, the wrong audience, a bad signature, ``alg=none``, produce with
@@ -19,8 +22,8 @@ consume-only rights, consume outside the granted namespace, and a plaintext clie
 port. Each counts as ok when it raises the expected typed error (``AuthenticationError``,
 ``PermissionDeniedError``, or ``BrokerUnavailableError`` naming ``tls_ca_file``).
 
-    .venv/bin/python benchmarks/security.py                # 3 rounds of 150,000 1 KiB messages a side
-    .venv/bin/python benchmarks/security.py --messages 300000 --rounds 3
+    .venv/bin/python benchmarks/security.py                # 7 rounds of 100,000 1 KiB messages a side
+    .venv/bin/python benchmarks/security.py --messages 50000 --rounds 9 --breakdown
 
 It ends with one line, figures of that run:
 ``security: refusals_checked=N refusals_ok=N tls_auth_ratio=X`` (msg/s secured / plaintext).
@@ -31,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +75,8 @@ class Secured:
     broker: BrokerProcess
     ca_file: Path
     token_file: Path
+    cert_file: Path
+    key_file: Path
 
 
 def _token(principal: str, **kwargs: object) -> str:
@@ -123,12 +130,15 @@ def _start_secured(root: Path, etcd_endpoints: list[str]) -> Secured:
         ],
     )
     broker.start()
-    return Secured(broker, ca.cert_file, token_file)
+    return Secured(broker, ca.cert_file, token_file, pair.cert_file, pair.key_file)
 
 
-async def _prepare(plain: str, secured: Secured) -> None:
+async def _prepare(plain: str, secured: Secured, tls_only: str | None = None) -> None:
     async with DanubeClient([plain]) as client:
         await client.admin.create_topic(ingest.TOPIC)
+    if tls_only is not None:
+        async with DanubeClient([tls_only], tls_ca_file=secured.ca_file) as client:
+            await client.admin.create_topic(ingest.TOPIC)
     async with DanubeClient([secured.broker.address], tls_ca_file=secured.ca_file, token=_token(ADMIN)) as client:
         await client.admin.create_topic(ingest.TOPIC)
         await client.admin.create_topic(OTHER_TOPIC)
@@ -203,48 +213,85 @@ def _ingest(address: str, args: argparse.Namespace, pid: int, env: dict[str, str
             os.environ.pop(name, None)
 
 
+def _start_tls_only(root: Path, etcd_endpoints: list[str], secured: Secured) -> BrokerProcess:
+    """A broker serving TLS with the secured broker's certificate, without authentication."""
+    broker = BrokerProcess(
+        etcd_endpoints=etcd_endpoints, data_dir=root / "broker-tls",
+        extra_args=["--tls-cert-file", str(secured.cert_file), "--tls-key-file", str(secured.key_file)],
+    )
+    broker.start()
+    return broker
+
+
+def _pair_orders(sides: list[str], rounds: int) -> list[list[str]]:
+    """The order of the sides in each round: rotated by one every round, so that no side is
+    always first (the first run of a round meets a machine the previous round left busy)."""
+    return [sides[i % len(sides):] + sides[: i % len(sides)] for i in range(rounds)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=1024, help="payload size in bytes")
-    parser.add_argument("--messages", type=int, default=150_000, help="messages per round and side")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per round and side")
+    parser.add_argument("--rounds", type=int, default=7, help="measured rounds; each runs every side once")
+    parser.add_argument("--warmup-messages", type=int, default=20_000,
+                        help="messages of the unmeasured first round of each side")
     parser.add_argument("--window", type=int, default=256, help="most unacked messages")
     parser.add_argument("--time-limit-s", type=float, default=60.0, help="give up a round after this many seconds")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="add a third side, TLS without authentication, to tell TLS's cost from the checks'")
     args = parser.parse_args()
     for name in TLS_ENV:
         os.environ.pop(name, None)  # the plaintext side runs with no TLS or token
     started = time.monotonic()
-    totals = {"plaintext": [0, 0.0], "tls+auth": [0, 0.0]}
+    sides = ["plaintext", "tls+auth"] + (["tls"] if args.breakdown else [])
+    rates: dict[str, list[float]] = {side: [] for side in sides}
     complete = True
     with tempfile.TemporaryDirectory(prefix="danube-security-") as tmp:
         root = Path(tmp)
         # one etcd each: brokers on one etcd form one cluster, and a client learns every broker
-        with EtcdServer(root / "etcd-plain") as etcd_plain, EtcdServer(root / "etcd-secured") as etcd:
-            _grant(etcd.endpoints)
-            plain = BrokerProcess(etcd_endpoints=etcd_plain.endpoints, data_dir=root / "broker-plain")
+        with contextlib.ExitStack() as stack:
+            etcds = {side: stack.enter_context(EtcdServer(root / f"etcd-{side.replace('+', '-')}")) for side in sides}
+            _grant(etcds["tls+auth"].endpoints)
+            plain = BrokerProcess(etcd_endpoints=etcds["plaintext"].endpoints, data_dir=root / "broker-plain")
             plain.start()
-            secured = _start_secured(root, etcd.endpoints)
-            try:
-                asyncio.run(_prepare(plain.address, secured))
-                env = {"DANUBE_TLS_CA_FILE": str(secured.ca_file), "DANUBE_TOKEN_FILE": str(secured.token_file)}
-                for _ in range(args.rounds):
-                    for side, broker, side_env in (("plaintext", plain, {}), ("tls+auth", secured.broker, env)):
-                        r = _ingest(broker.address, args, broker.pid, side_env)
-                        totals[side][0] += int(r["acked"])
-                        totals[side][1] += r["ingest_s"]
-                        complete = complete and r["acked"] == args.messages and r["consumed"] == args.messages + 1
-                        print(f"  {side:9} {r['ingest_msgs_per_s']:10,.0f} msg/s  p50 {r['p50_ms']:.2f} ms  "
-                              f"p99 {r['p99_ms']:.2f} ms  consumed {r['consumed']:,.0f}", flush=True)
-                refusals = asyncio.run(_check_refusals(secured))
-            finally:
-                secured.broker.stop()
-                plain.stop()
-    rate = {side: acked / max(seconds, 1e-9) for side, (acked, seconds) in totals.items()}
-    ratio = rate["tls+auth"] / rate["plaintext"]
-    print(f"security: {args.rounds} rounds x {args.messages:,} messages x {args.size} B a side, one producer "
-          f"(W={args.window}), one consumer in its own process; {time.monotonic() - started:.0f} s")
-    print(f"  plaintext     {rate['plaintext']:10,.0f} msg/s")
-    print(f"  tls+auth      {rate['tls+auth']:10,.0f} msg/s   ({ratio:.2f} of plaintext; target >= 0.80)")
+            stack.callback(plain.stop)
+            secured = _start_secured(root, etcds["tls+auth"].endpoints)
+            stack.callback(secured.broker.stop)
+            brokers = {"plaintext": plain, "tls+auth": secured.broker}
+            if args.breakdown:
+                brokers["tls"] = _start_tls_only(root, etcds["tls"].endpoints, secured)
+                stack.callback(brokers["tls"].stop)
+            asyncio.run(_prepare(plain.address, secured, *([brokers["tls"].address] if args.breakdown else [])))
+            ca_env = {"DANUBE_TLS_CA_FILE": str(secured.ca_file)}
+            envs = {"plaintext": {}, "tls+auth": {**ca_env, "DANUBE_TOKEN_FILE": str(secured.token_file)}, "tls": ca_env}
+            warmup = argparse.Namespace(**{**vars(args), "messages": args.warmup_messages})
+            for side in sides:  # unmeasured: first connections, first segments, caches
+                _ingest(brokers[side].address, warmup, brokers[side].pid, envs[side])
+            for i, order in enumerate(_pair_orders(sides, args.rounds)):
+                for side in order:
+                    r = _ingest(brokers[side].address, args, brokers[side].pid, envs[side])
+                    rates[side].append(r["acked"] / max(r["ingest_s"], 1e-9))
+                    complete = complete and r["acked"] == args.messages and r["consumed"] == args.messages + 1
+                    print(f"  round {i + 1} {side:9} {rates[side][-1]:10,.0f} msg/s  p50 {r['p50_ms']:.2f} ms  "
+                          f"p99 {r['p99_ms']:.2f} ms  consumed {r['consumed']:,.0f}", flush=True)
+            refusals = asyncio.run(_check_refusals(secured))
+    # One ratio per round, from the two runs of that round (next to each other in time); the
+    # median of them is the figure: one disturbed round moves it little.
+    ratios = sorted(s / p for s, p in zip(rates["tls+auth"], rates["plaintext"], strict=True))
+    ratio = statistics.median(ratios)
+    print(f"security: {args.rounds} rounds x {args.messages:,} messages x {args.size} B a side after a "
+          f"{args.warmup_messages:,}-message warm-up, one producer (W={args.window}), one consumer in its own "
+          f"process; {time.monotonic() - started:.0f} s")
+    for side in sides:
+        print(f"  {side:9}  median {statistics.median(rates[side]):10,.0f} msg/s   "
+              f"(rounds {min(rates[side]):,.0f} to {max(rates[side]):,.0f})")
+    print(f"  tls+auth / plaintext per round: {' '.join(f'{r:.2f}' for r in ratios)}; median {ratio:.2f} "
+          "(target >= 0.80)")
+    if args.breakdown:
+        tls = statistics.median(t / p for t, p in zip(rates["tls"], rates["plaintext"], strict=True))
+        auth = statistics.median(s / t for s, t in zip(rates["tls+auth"], rates["tls"], strict=True))
+        print(f"  breakdown (medians per round): tls / plaintext {tls:.2f}, tls+auth / tls {auth:.2f}")
     for name, ok, outcome in refusals:
         print(f"  refusal {'ok  ' if ok else 'FAIL'} {name:40} {outcome}")
     ok_count = sum(1 for _, ok, _ in refusals if ok)

@@ -12,12 +12,14 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
         [--rebalance-interval-s S] [--rebalance-cooldown-s S] [--rebalance-max-moves N]
         [--rebalance | --no-rebalance] [--load-report-interval-s S]
         [--tls-cert-file PEM --tls-key-file PEM [--tls-ca-file PEM] [--tls-require-client-cert]]
+        [--internal-listen host:port]
         [--auth-jwt-secret-file F | --auth-jwt-public-key-file PEM | --auth-jwt-jwks-file F]
         [--auth-jwt-issuer ISS] [--auth-jwt-audience AUD] [--auth-jwt-leeway-s S] [--auth-mtls]
         [--authorization] [--super-admin PRINCIPAL]... [--insecure]
         [--etcd-tls-ca-file PEM] [--etcd-tls-cert-file PEM --etcd-tls-key-file PEM]
         [--etcd-user NAME] [--etcd-password-file F]
-        [--ready-file PATH] [--log-level INFO]
+        [--metrics-listen host:port [--no-metrics-per-topic]]
+        [--ready-file PATH] [--log-level INFO] [--log-format text|json]
 
 Every setting can also come from the ``--config`` YAML file; flags override the ``DANUBE_*``
 variables, which override the file (``broker/config_file.py``). A non-loopback ``--listen``
@@ -34,6 +36,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from danube_pipeline import logs
+from danube_pipeline.logs import LOG_FORMATS
 
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
@@ -68,6 +73,7 @@ from broker.config_file import (
     layer,
     listen_exposure,
     load_config_file,
+    metrics_exposure,
 )
 
 log = logging.getLogger("broker")
@@ -157,8 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nonreliable-buffer-bytes", type=int,
                    help="batch bytes a NonReliable topic keeps in memory (the oldest are dropped beyond; "
                         f"default {DEFAULT_NONRELIABLE_BUFFER_BYTES})")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none); port 0 = any "
+                        "free port; plain HTTP: a non-loopback address needs --insecure")
+    p.add_argument("--metrics-per-topic", action=argparse.BooleanOptionalAction,
+                   help="label metrics by topic and subscription (default), or only by namespace")
     p.add_argument("--ready-file", help="JSON file written atomically once serving")
     p.add_argument("--log-level", help="logging level (default INFO)")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help="text lines, or one JSON object per line with broker, topic and subscription fields "
+                        "(default text)")
     _add_security_flags(p)
     return p
 
@@ -171,6 +185,9 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--tls-ca-file", metavar="PEM", help="CA bundle verifying client and peer-broker certificates")
     s.add_argument("--tls-require-client-cert", action=argparse.BooleanOptionalAction,
                    help="refuse clients without a certificate signed by --tls-ca-file")
+    s.add_argument("--internal-listen", metavar="HOST:PORT",
+                   help="second port for broker-to-broker calls only: mutual TLS with the brokers' "
+                        "certificate (needs TLS, --tls-ca-file and authentication)")
     s.add_argument("--auth-jwt-secret-file", metavar="FILE", help="file holding the HS256 secret of JWT bearer tokens")
     s.add_argument("--auth-jwt-public-key-file", metavar="PEM", help="public key verifying RS256/ES256 tokens")
     s.add_argument("--auth-jwt-jwks-file", metavar="FILE", help="JWKS file of token public keys (by kid)")
@@ -231,6 +248,9 @@ def parse_command_line(argv: Sequence[str] | None = None) -> tuple[BrokerConfig,
         from_file = load_config_file(Path(args.config)) if args.config else {}
         values = layer(from_file, environment_settings(), flag_settings(args))
         log_level = str(values.get("log_level") or "INFO")
+        args.log_format = str(values.get("log_format") or "text")
+        if args.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format {args.log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
         return build_config(values), args, log_level
     except ValueError as exc:  # ConfigFileError and InvalidNameError are ValueErrors too
         p.exit(2, f"{p.prog}: error: {exc}\n")
@@ -243,12 +263,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     return config
 
 
-def _configure_logging(log_level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(log_level: str, log_format: str = "text") -> None:
+    # every line carries the broker's id (``broker``: null until the id is read at start)
+    logs.configure(log_level, log_format, process_fields={"broker": None})
 
 
 async def run(config: BrokerConfig) -> None:
@@ -256,6 +273,7 @@ async def run(config: BrokerConfig) -> None:
     from broker.rpc.server import BrokerServer  # not for --print-config or a refused start
 
     broker = BrokerServer(config)
+    logs.set_process_fields(broker=broker.broker_id)
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -280,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(dump_settings(effective_settings(config, log_level=log_level)))
         return 0
-    _configure_logging(log_level)
+    _configure_logging(log_level, args.log_format)
     exposure = listen_exposure(config)
     if exposure is not None and not config.insecure:
         print(
@@ -292,6 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if exposure is not None:
         log.warning("INSECURE: serving %s on non-loopback address %s (--insecure)", exposure, config.listen)
+    metrics_exposed = metrics_exposure(config)
+    if metrics_exposed is not None and not config.insecure:
+        print(
+            f"python -m broker: error: refusing to serve metrics on {config.metrics_listen} ({metrics_exposed}; "
+            "they name every topic and subscription): use a loopback address, or --insecure",
+            file=sys.stderr,
+        )
+        return 2
+    if metrics_exposed is not None:
+        log.warning("INSECURE: serving metrics %s on non-loopback address %s (--insecure)",
+                    metrics_exposed, config.metrics_listen)
     try:
         asyncio.run(run(config))
     except KeyboardInterrupt:

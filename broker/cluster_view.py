@@ -35,11 +35,20 @@ class RegisteredBroker:
         broker_id: the u64 broker id.
         address: ``host:port`` clients use (``advertised_addr``).
         mode: the state's ``mode`` (``active``, ``draining``), empty when unknown.
+        internal_address: ``host:port`` of its broker-to-broker port (``internal_addr``),
+            ``None`` when it serves none.
     """
 
     broker_id: int
     address: str
     mode: str
+    internal_address: str | None = None
+
+    @property
+    def peer_address(self) -> str:
+        """Where another broker calls it: the broker-to-broker port when it has one, else
+        the advertised address."""
+        return self.internal_address or self.address
 
 
 class ClusterView:
@@ -203,7 +212,8 @@ class ClusterView:
         if raw is None:
             raise BrokerUnavailableError(f"broker {broker_id}", f"serves {name.path} but is not registered")
         registration = values.BrokerRegistration.from_json(raw)
-        return RegisteredBroker(broker_id, registration.advertised_addr, self._broker_mode(broker_id))
+        return RegisteredBroker(broker_id, registration.advertised_addr, self._broker_mode(broker_id),
+                                registration.internal_addr)
 
     def registered_brokers(self) -> list[RegisteredBroker]:
         """Every broker under ``/cluster/register/`` with its state's mode (§1.2, §1.3)."""
@@ -216,7 +226,8 @@ class ClusterView:
                 registration = values.BrokerRegistration.from_json(raw)
             except ValueError:
                 continue
-            out.append(RegisteredBroker(int(suffix), registration.advertised_addr, self._broker_mode(int(suffix))))
+            out.append(RegisteredBroker(int(suffix), registration.advertised_addr, self._broker_mode(int(suffix)),
+                                        registration.internal_addr))
         return out
 
     def other_active_brokers(self) -> list[int]:

@@ -110,6 +110,13 @@ class BrokerConfig:
         tls_ca_file: PEM CA bundle that verifies client certificates (and peer brokers'
             certificates for broker-to-broker calls, which are always mutual TLS under TLS).
         tls_require_client_cert: refuse clients without a certificate signed by ``tls_ca_file``.
+        internal_listen: ``host:port`` of a second gRPC port for broker-to-broker calls only
+            (forwarded deletions, dead letters, the rebalancer's unloads), ``None`` for none. It
+            always requires and verifies client certificates against ``tls_ca_file`` and serves
+            only peers whose certificate carries this broker's own certificate subject, so a
+            cluster whose clients authenticate with tokens alone still runs its brokers over
+            mutual TLS. Advertised as ``internal_addr`` in ``/cluster/register/{id}``
+            (``docs/etcd-layout.md`` §1.2); needs TLS, ``tls_ca_file`` and authentication.
         auth_jwt_secret_file: file holding the HS256 shared secret of JWT bearer tokens.
         auth_jwt_public_key_file: PEM public key verifying RS256 or ES256 tokens.
         auth_jwt_jwks_file: a JWKS file of public keys (selected by the token's ``kid``).
@@ -129,6 +136,13 @@ class BrokerConfig:
         etcd_user: etcd user name (etcd authentication); the password comes from
             ``etcd_password_file`` or ``DANUBE_ETCD_PASSWORD``, never from the command line.
         etcd_password_file: file holding the etcd user's password.
+        metrics_listen: ``host:port`` serving Prometheus metrics at ``/metrics``
+            (:mod:`broker.metrics`); ``None`` (the default) serves none. Port 0 binds any free
+            port. Advertised as ``prom_exporter`` in ``/cluster/register/{id}``
+            (``docs/etcd-layout.md`` §1.2). Plain HTTP without authentication: a non-loopback
+            address needs ``insecure``.
+        metrics_per_topic: label metric series by topic and subscription; ``False`` aggregates
+            them per namespace (no ``topic`` or ``subscription`` label).
 
     Raises:
         InvalidNameError: ``cluster_name`` breaks the cluster-name grammar.
@@ -177,6 +191,7 @@ class BrokerConfig:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
     tls_require_client_cert: bool = False
+    internal_listen: str | None = None
     auth_jwt_secret_file: Path | None = None
     auth_jwt_public_key_file: Path | None = None
     auth_jwt_jwks_file: Path | None = None
@@ -192,6 +207,8 @@ class BrokerConfig:
     etcd_tls_key_file: Path | None = None
     etcd_user: str | None = None
     etcd_password_file: Path | None = None
+    metrics_listen: str | None = None
+    metrics_per_topic: bool = True
 
     @property
     def tls(self) -> bool:
@@ -255,6 +272,8 @@ class BrokerConfig:
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.tls_require_client_cert and (self.tls_ca_file is None or not self.tls):
             raise ValueError("tls_require_client_cert needs tls_cert_file, tls_key_file and tls_ca_file")
+        if self.internal_listen is not None and not (self.tls and self.tls_ca_file and self.authentication):
+            raise ValueError("internal_listen needs tls_cert_file, tls_key_file, tls_ca_file and authentication")
         if self.auth_mtls and not self.tls_require_client_cert:
             raise ValueError("auth_mtls needs tls_require_client_cert (a verified client certificate)")
         if self.authorization and not self.authentication:
@@ -263,6 +282,10 @@ class BrokerConfig:
             raise ValueError("must not be negative: auth_jwt_leeway_s")
         if (self.etcd_tls_cert_file is None) != (self.etcd_tls_key_file is None):
             raise ValueError("etcd_tls_cert_file and etcd_tls_key_file go together")
+        if self.metrics_listen is not None:
+            _host, sep, port = self.metrics_listen.rpartition(":")
+            if not sep or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"metrics_listen must be host:port, got {self.metrics_listen!r}")
 
     @property
     def rebalance_cv_threshold(self) -> float:

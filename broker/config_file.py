@@ -2,7 +2,7 @@
 of its sources, and the check that keeps a broker off the network without TLS and authentication.
 
 The file is YAML. Its keys are the field names of :class:`~broker.config.BrokerConfig`, plus
-``log_level``, ``s3_endpoint_url`` and ``s3_region`` (the command-line options that are not
+``log_level``, ``log_format``, ``s3_endpoint_url`` and ``s3_region`` (the command-line options that are not
 fields). Three optional sections group the security settings; a key ``k`` inside section ``s``
 is the field ``s_k``::
 
@@ -39,7 +39,7 @@ from danube_pipeline.errors import DanubeError
 from broker.config import BrokerConfig
 
 #: Keys of the file that are not :class:`BrokerConfig` fields, with their type.
-EXTRA_KEYS: dict[str, type] = {"log_level": str, "s3_endpoint_url": str, "s3_region": str}
+EXTRA_KEYS: dict[str, type] = {"log_level": str, "log_format": str, "s3_endpoint_url": str, "s3_region": str}
 #: Sections of the file: ``{section: {k: v}}`` stands for the field ``section_k``.
 SECTIONS = ("tls", "auth", "etcd")
 #: ``str`` fields that also take a YAML number (``rebalance_threshold: 0.25``).
@@ -354,3 +354,18 @@ def listen_exposure(config: BrokerConfig) -> str | None:
         return None
     missing = [what for what, on in (("plaintext", config.tls), ("unauthenticated", config.authentication)) if not on]
     return " and ".join(missing) or None
+
+
+def metrics_exposure(config: BrokerConfig) -> str | None:
+    """What the network would see on ``config.metrics_listen``, when it is unsafe: the metrics
+    endpoint is plain HTTP without authentication, and its labels name every topic and
+    subscription served here.
+
+    Returns:
+        ``None`` without a metrics endpoint or on a loopback address; otherwise
+        ``"plaintext and unauthenticated"`` (even when the gRPC port has TLS and authentication).
+    """
+    if config.metrics_listen is None:
+        return None
+    host, _, _ = config.metrics_listen.rpartition(":")
+    return None if is_loopback_host(host) else "plaintext and unauthenticated"

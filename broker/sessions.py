@@ -398,7 +398,7 @@ class ConsumerSessions:
             owner = await self._cluster.lookup(name)
             if owner.broker_id == self._served.broker_id:  # assigned here meanwhile: the next try loads it
                 raise
-            return await forward_dead_letter(owner.address, name.path, producer_name, batch, config=self._config)
+            return await forward_dead_letter(owner.peer_address, name.path, producer_name, batch, config=self._config)
         producer = Producer(id=0, name=producer_name, access_mode=0, topic=topic)
         # Shielded: a cancelled caller must not cancel the write (the sequence state follows it).
         return await asyncio.shield(topic.publish(producer, batch))

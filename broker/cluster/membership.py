@@ -125,6 +125,10 @@ class Membership:
         topic_list: returns the topics served here, ``/ns/topic`` sorted, for the load report.
         traffic: returns ``topic -> (records, bytes)`` written to each topic served here since
             its WAL opened, for the report's ``MsgRate`` and ``ByteRate``; none by default.
+        internal_addr: ``host:port`` of the broker-to-broker port (``internal_listen``),
+            registered as ``internal_addr`` (§1.2); ``None`` registers none.
+        prom_exporter: the metrics URL ``http://host:port/metrics`` (``metrics_listen``),
+            registered as ``prom_exporter`` (§1.2); ``None`` (no metrics endpoint) registers null.
     """
 
     def __init__(
@@ -139,8 +143,12 @@ class Membership:
         load_report_interval_s: float,
         topic_list: Callable[[], list[str]],
         traffic: Callable[[], Mapping[str, tuple[int, int]]] = dict,
+        internal_addr: str | None = None,
+        prom_exporter: str | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.prom_exporter = prom_exporter
+        self.internal_addr = internal_addr
         self.advertised_addr = advertised_addr
         self.cluster_name = cluster_name
         self.store = store
@@ -216,7 +224,8 @@ class Membership:
             admin_addr=f"http://{self.advertised_addr}",
             advertised_addr=self.advertised_addr,
             broker_addr=f"http://{self.advertised_addr}",
-            prom_exporter=None,
+            prom_exporter=self.prom_exporter,
+            internal_addr=self.internal_addr,
         )
         await self.store.put(keys.cluster_name(self.cluster_name), None)
         # Registration and state live and die with the lease (§1.2, §1.3).

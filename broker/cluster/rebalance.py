@@ -37,12 +37,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from danube_pipeline.client import DanubeClient
+from danube_pipeline.client.status import rpc_errors
+from danube_pipeline.errors import BrokerUnavailableError, NotServedHereError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.outages import OutageLog
+from danube_pipeline.proto import danube_pb2 as pb
+from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.leader import UNASSIGNED_PREFIX, LeaderDuties, assignments, broker_mode, registered_brokers
 from broker.cluster.load_manager import (
@@ -53,6 +56,7 @@ from broker.cluster.load_manager import (
     Strategy,
     plan_rebalance,
 )
+from broker.rpc.tls import BrokerChannels
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +70,29 @@ Unload = Callable[[str], Awaitable[object]]
 
 
 class ClientUnloader:
-    """:data:`Unload` through the Danube client: ``Admin.UnloadTopic`` on the topic's owner,
-    found with ``Discovery.TopicLookup``. The client is bootstrapped from ``address`` (the
-    broker's own) at the first call and kept.
+    """:data:`Unload` over a broker-to-broker channel: ``Admin.UnloadTopic`` on the topic's
+    owner.
+
+    The owner's address comes from ``owner_address``; in a broker that is the owner's
+    registration (``docs/etcd-layout.md`` §1.2): its broker-to-broker port when it serves one
+    (``internal_addr``), else its advertised address
+    (:attr:`broker.cluster_view.RegisteredBroker.peer_address`). Without ``owner_address``
+    every call goes to ``address``. The channels are kept
+    (:class:`broker.rpc.tls.BrokerChannels`) and opened again when the certificate, key or CA
+    file changes, so a rotated certificate reaches the next call without a restart. A call
+    answered ``NotServedHereError`` (the topic moved) or ``BrokerUnavailableError`` is tried
+    once more, the owner looked up again.
 
     Args:
-        address: ``host:port`` of a broker of the cluster.
+        address: ``host:port`` of a broker of the cluster, called when ``owner_address`` is
+            ``None``.
         request_timeout_ms: deadline of each RPC, in milliseconds.
-        tls_files: under TLS, the broker's ``(ca_file, cert_file, key_file)``: the client
-            calls in mutual TLS with the broker's own certificate; ``None`` calls in plaintext.
+        tls_files: under TLS, the broker's ``(ca_file, cert_file, key_file)``: mutual TLS
+            with the broker's own certificate; ``None`` calls in plaintext.
+        owner_address: returns ``host:port`` to call for a topic (``/ns/topic``).
+
+    Attributes:
+        channels: the kept channels.
     """
 
     def __init__(
@@ -83,11 +101,12 @@ class ClientUnloader:
         *,
         request_timeout_ms: int = UNLOAD_TIMEOUT_MS,
         tls_files: tuple[Path | None, Path, Path] | None = None,
+        owner_address: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         self.address = address
         self.request_timeout_ms = request_timeout_ms
-        self._tls_files = tls_files
-        self._client: DanubeClient | None = None
+        self._owner_address = owner_address
+        self.channels = BrokerChannels(tls_files)
 
     async def __call__(self, topic: str) -> int:
         """Release ``topic`` from its owner.
@@ -96,28 +115,34 @@ class ClientUnloader:
             The first offset the next owner hands out.
 
         Raises:
-            DanubeError: the owner refused (``NotServedHereError`` after the retries, the topic
-                is gone) or could not be reached (``BrokerUnavailableError``).
+            DanubeError: the owner refused (``NotServedHereError`` twice, the topic is gone)
+                or could not be reached (``BrokerUnavailableError``), typed as it answered.
+            OSError: a TLS file cannot be read.
         """
-        if self._client is None:
-            ca_file, cert_file, key_file = self._tls_files or (None, None, None)
-            client = DanubeClient(
-                [self.address], request_timeout_ms=self.request_timeout_ms, metadata_retries=2,
-                tls_ca_file=ca_file, tls_cert_file=cert_file, tls_key_file=key_file,
-            )
+        path = TopicName.parse(topic).path
+        for attempt in range(2):
+            address = self.address if self._owner_address is None else await self._owner_address(path)
+            channel = await self.channels.channel(address)
             try:
-                await client.connect()
-            except BaseException:
-                await client.close()
-                raise
-            self._client = client
-        return await self._client.admin.unload_topic(topic)
+                with rpc_errors(address):
+                    response = await pb_grpc.AdminStub(channel).UnloadTopic(
+                        pb.UnloadTopicRequest(topic=path), timeout=self.request_timeout_ms / 1000
+                    )
+            except BrokerUnavailableError:
+                await self.channels.discard(address)
+                if attempt:
+                    raise
+            except NotServedHereError:
+                if attempt:
+                    raise
+            else:
+                return int(response.next_offset)
+            await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
-        """Close the client's channels (idempotent)."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        """Close the channels (idempotent)."""
+        await self.channels.close()
 
 
 @dataclass(frozen=True, slots=True)

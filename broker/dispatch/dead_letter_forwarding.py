@@ -54,7 +54,8 @@ async def forward_dead_letter(
     """Publish a dead-letter batch on the broker at ``address``, which owns ``topic_path``.
 
     Args:
-        address: ``host:port`` of the dead-letter topic's owner (its ``advertised_addr``).
+        address: ``host:port`` of the dead-letter topic's owner (its ``internal_addr`` when it
+            serves one, else its ``advertised_addr``).
         topic_path: the dead-letter topic, ``/ns/topic``; created there if needed.
         producer_name: the batch's producer name (deterministic per source message).
         batch: the one-record dead-letter batch (producer id 0, base sequence 0).

@@ -10,6 +10,9 @@ set (nothing is installed otherwise, see :func:`auth_interceptors`):
   broker of the cluster and may do everything: a broker's identity comes only from its
   certificate, never from a request header. Anything else is ``UNAUTHENTICATED``
   (:class:`~danube_pipeline.errors.AuthenticationError`), with a reason that names no secret.
+  A certificate is verified only on a port that requires one: the main port under
+  ``tls_require_client_cert``, and the broker-to-broker port (``internal_listen``), whose
+  interceptor (``brokers_only``) admits brokers and nobody else.
 * **What.** With ``authorization``, each RPC needs a permission on its real resource
   (:data:`RULES`): produce and consume calls on the topic of their producer or consumer
   (``Receive``, ``Ack``, ``Nack`` included), admin calls on the topic, the namespace or the
@@ -21,7 +24,9 @@ set (nothing is installed otherwise, see :func:`auth_interceptors`):
 * **Audit.** Logger ``danube.audit`` writes one JSON line per refused call and per admin change
   (:data:`ADMIN_CHANGES`): ``principal`` (``-`` when unauthenticated), ``rpc``, ``resource``,
   ``result`` (``ok``, ``refused`` or ``failed: <status>``); a refusal adds ``reason`` and
-  ``peer``, a change ``via`` (``token``, ``certificate``, ``broker``).
+  ``peer``, a change ``via`` (``token``, ``certificate``, ``broker``). On the broker-to-broker
+  port, where every caller has the brokers' one subject, a change also names the certificate
+  that made it: ``cert_serial``, its serial number in hexadecimal.
 
 ``grpc.health.v1.Health`` is served without credentials (it tells only whether the broker
 serves). An RPC of no rule is refused under authorization: a new RPC is denied until mapped.
@@ -47,6 +52,7 @@ from danube_pipeline.auth.tokens import ReloadingTokenVerifier, TokenClaims, Tok
 from danube_pipeline.errors import AuthenticationError, DanubeError, InvalidNameError, PermissionDeniedError
 from danube_pipeline.names import TopicName
 
+from broker import metrics
 from broker.config import BrokerConfig
 from broker.core import Broker
 from broker.rpc.status import UndecodableRequest, abort_with
@@ -182,23 +188,29 @@ class Caller:
         principal: its name.
         via: ``"token"``, ``"certificate"`` or ``"broker"`` (a peer broker's certificate).
         claims: the token's claims, for a token.
+        cert_serial: the serial number (hexadecimal) of the verified certificate that named
+            the caller (``via`` ``certificate`` or ``broker``).
     """
 
     principal: str
     via: str
     claims: TokenClaims | None = None
+    cert_serial: str | None = None
 
 
-def _certificate_principal(pem: bytes) -> str:
-    """The subject's common name, else the whole RFC 4514 subject.
+def _certificate_identity(pem: bytes) -> tuple[str, str]:
+    """``(principal, serial)``: the subject's common name, else the whole RFC 4514 subject,
+    and the serial number in hexadecimal.
 
     Raises:
         ValueError: ``pem`` is not a PEM certificate.
     """
-    subject = x509.load_pem_x509_certificate(pem).subject
+    certificate = x509.load_pem_x509_certificate(pem)
+    subject = certificate.subject
     names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     value = names[0].value if names else None
-    return value if isinstance(value, str) and value else subject.rfc4514_string()
+    principal = value if isinstance(value, str) and value else subject.rfc4514_string()
+    return principal, format(certificate.serial_number, "x")
 
 
 def audit(principal: str, rpc: str, resource: str, result: str, **extra: str) -> None:
@@ -213,14 +225,19 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     Args:
         broker: the broker core (its watched cache, producers and consumers).
         config: the security settings.
+        brokers_only: for the broker-to-broker port (``internal_listen``), whose handshake
+            requires a verified client certificate: admit only peers whose certificate carries
+            this broker's own subject; anyone else (a token included) is ``UNAUTHENTICATED``.
 
     Raises:
         ValueError: a key or certificate file cannot be read or holds nothing usable.
     """
 
-    def __init__(self, broker: Broker, config: BrokerConfig) -> None:
+    def __init__(self, broker: Broker, config: BrokerConfig, *, brokers_only: bool = False) -> None:
         self._broker = broker
         self._config = config
+        self._brokers_only = brokers_only
+        self._verified_certs = config.tls_require_client_cert or brokers_only
         self._verifier: ReloadingTokenVerifier | None = None
         key_files = [f for f in (config.auth_jwt_secret_file, config.auth_jwt_public_key_file,
                                  config.auth_jwt_jwks_file) if f is not None]
@@ -235,32 +252,33 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                 leeway_s=config.auth_jwt_leeway_s,
             ))
         self._own_subject: str | None = None
-        if config.tls_require_client_cert and config.tls_cert_file is not None:
-            self._own_subject = _certificate_principal(config.tls_cert_file.read_bytes())
+        if self._verified_certs and config.tls_cert_file is not None:
+            self._own_subject = _certificate_identity(config.tls_cert_file.read_bytes())[0]
         self._super_admins = frozenset(config.super_admins)
-        self._cert_principals: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._cert_principals: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     # ---- who
 
-    def _peer_certificate(self, context: Any) -> str | None:
-        """The verified client certificate's principal, if the port verifies client certificates."""
-        if not self._config.tls_require_client_cert:
+    def _peer_certificate(self, context: Any) -> tuple[str, str] | None:
+        """The verified client certificate's ``(principal, serial)``, if the port verifies
+        client certificates."""
+        if not self._verified_certs:
             return None  # a certificate the port did not verify names nobody
         pems = (context.auth_context() or {}).get("x509_pem_cert") or []
         if not pems:
             return None
         pem = bytes(pems[0])
-        principal = self._cert_principals.get(pem)
-        if principal is None:
+        identity = self._cert_principals.get(pem)
+        if identity is None:
             try:
-                principal = _certificate_principal(pem)
+                identity = _certificate_identity(pem)
             except ValueError:
                 return None
-            self._cert_principals[pem] = principal
+            self._cert_principals[pem] = identity
             if len(self._cert_principals) > 256:
                 self._cert_principals.popitem(last=False)
-        return principal
+        return identity
 
     def authenticate(self, context: Any) -> Caller:
         """The caller of ``context``.
@@ -273,16 +291,20 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             for k, v in (context.invocation_metadata() or ())
             if k.lower() == "authorization"
         ]
-        cert = self._peer_certificate(context)
+        identity = self._peer_certificate(context)
+        cert, serial = identity if identity is not None else (None, None)
         if cert is not None and cert == self._own_subject and not authorization:
-            return Caller(cert, "broker")
+            return Caller(cert, "broker", cert_serial=serial)
+        if self._brokers_only:
+            raise AuthenticationError("this port serves the cluster's brokers only (a certificate with the "
+                                      "brokers' subject, without a token); clients use the main port")
         if authorization:
             if self._verifier is None:
                 raise AuthenticationError("this broker takes no bearer tokens")
             claims = self._verifier.current().verify(bearer_token(authorization))
             return Caller(claims.principal, "token", claims)
         if self._config.auth_mtls and cert is not None:
-            return Caller(cert, "certificate")
+            return Caller(cert, "certificate", cert_serial=serial)
         raise AuthenticationError("no credentials: send 'authorization: Bearer <token>'"
                                   + (" or a client certificate" if self._config.auth_mtls else ""))
 
@@ -344,16 +366,23 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _admit(self, context: Any, method: str, request: Any) -> tuple[Caller, str]:
         """Authenticate and authorize the call; abort it when refused."""
+        counted = metrics.active().auth  # allow and deny at each call's admission
         try:
             caller = self.authenticate(context)
         except AuthenticationError as exc:
+            counted.authenticated(False)
             await self._refuse(context, method, "-", "-", exc)
             raise
+        counted.authenticated(True)
         try:
-            return caller, self.authorize(caller, method, request)
+            where = self.authorize(caller, method, request)
         except PermissionDeniedError as exc:
+            counted.authorized(False)
             await self._refuse(context, method, caller.principal, exc.resource, exc)
             raise
+        if self._config.authorization:
+            counted.authorized(True)
+        return caller, where
 
     async def _recheck(self, context: Any, method: str, caller: Caller, request: Any) -> None:
         """For each message of a stream: the token is still valid and the permission still held."""
@@ -372,7 +401,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         else:
             code = context.code() if hasattr(context, "code") else None
             result = f"failed: {getattr(code, 'name', None) or type(error).__name__}"
-        audit(caller.principal, method, resource, result, via=caller.via)
+        extra = {"cert_serial": caller.cert_serial} if self._brokers_only and caller.cert_serial else {}
+        audit(caller.principal, method, resource, result, via=caller.via, **extra)
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with the checks around its behaviour (same kind, same (de)serializers)."""
@@ -428,11 +458,18 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         raise ValueError(f"{method}: client-streaming RPCs are not served")  # none in danube.proto
 
 
-def auth_interceptors(broker: Broker) -> Sequence[aio.ServerInterceptor]:
+def auth_interceptors(broker: Broker, *, brokers_only: bool = False) -> Sequence[aio.ServerInterceptor]:
     """The interceptors of the broker's gRPC server: none without authentication.
+
+    Args:
+        broker: the broker core.
+        brokers_only: for the broker-to-broker port: admit only the cluster's brokers
+            (:class:`AuthInterceptor`).
 
     Raises:
         ValueError: a key or certificate file cannot be read or holds nothing usable.
     """
     config = broker.config
+    if brokers_only:
+        return [AuthInterceptor(broker, config, brokers_only=True)]
     return [AuthInterceptor(broker, config)] if config.authentication else []

@@ -4,7 +4,8 @@
 (:class:`broker.core.Broker`), its membership in the cluster (:class:`broker.cluster.membership.Membership`)
 and the gRPC server built by :func:`create_server` with the servicers of :mod:`broker.rpc`
 (``producer_service``, ``consumer_service``, ``discovery_service``, ``admin_service``,
-``schema_service``).
+``schema_service``). With ``internal_listen`` a second server with the same services serves
+the other brokers only, over mutual TLS (:func:`broker.rpc.tls.internal_server_credentials`).
 
 Start: connect to etcd and load the cache, bind and start the gRPC server, join the cluster
 (registration, state, leader candidacy, load report), load the topics assigned here, report
@@ -31,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from danube_pipeline.errors import BrokerIdUnreadableError
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.schemas.registry import SchemaRegistry
 from danube_pipeline.storage.identity import check_store_identity
@@ -40,6 +42,8 @@ from broker.core import Broker
 from broker.cluster.leader import LeaderDuties
 from broker.cluster.membership import Membership
 from broker.cluster.rebalance import ClientUnloader, Rebalancer
+from broker.metrics.exporter import BrokerMetricsEndpoint, start_metrics
+from broker.metrics.interceptor import metrics_interceptors
 from broker.rpc.admin_service import AdminServicer
 from broker.rpc.auth import auth_interceptors
 from broker.rpc.consumer_service import ConsumerServicer
@@ -47,7 +51,13 @@ from broker.rpc.discovery_service import DiscoveryServicer
 from broker.rpc.producer_service import ProducerServicer
 from broker.rpc.schema_service import SchemaRegistryServicer
 from broker.rpc.status import tolerant_handler
-from broker.rpc.tls import ReloadingCertificates, broker_tls_files, etcd_security, server_credentials
+from broker.rpc.tls import (
+    ReloadingCertificates,
+    broker_tls_files,
+    etcd_security,
+    internal_server_credentials,
+    server_credentials,
+)
 from broker.storage.wal.segment import fsync_dir, make_dirs_durable
 from broker.tasks import spawn
 
@@ -134,6 +144,7 @@ def create_server(
     max_message_bytes: int,
     max_unanswered_bytes: int = DEFAULT_MAX_STREAM_UNANSWERED_BYTES,
     credentials: grpc.ServerCredentials | None = None,
+    brokers_only: bool = False,
 ) -> tuple[aio.Server, int]:
     """Build the gRPC server with every Danube service and health, bound to ``address``.
 
@@ -146,6 +157,8 @@ def create_server(
         max_unanswered_bytes: per ``SendStream``, batch bytes received and not answered, at most.
         credentials: TLS credentials of the port (:func:`broker.rpc.tls.server_credentials`);
             ``None`` serves plaintext.
+        brokers_only: the broker-to-broker port (``internal_listen``): every call but health
+            needs a peer broker's verified certificate (:class:`broker.rpc.auth.AuthInterceptor`).
 
     Returns:
         The (not yet started) server and the bound port.
@@ -159,7 +172,7 @@ def create_server(
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
-        interceptors=auth_interceptors(broker),
+        interceptors=[*metrics_interceptors(), *auth_interceptors(broker, brokers_only=brokers_only)],
     )
     servicers: dict[str, object] = {
         "danube.v1.ProducerService": ProducerServicer(broker, max_unanswered_bytes=max_unanswered_bytes),
@@ -193,6 +206,10 @@ class BrokerServer:
         port: the bound gRPC port (known after :meth:`start`).
         certificates: when TLS is on, the reloader of the served certificate (after
             :meth:`start`; :mod:`broker.rpc.tls`).
+        internal_addr: ``host:port`` of the broker-to-broker port other brokers call
+            (``internal_listen``'s host, or the advertised host for a wildcard, and the bound
+            port), registered as ``internal_addr`` (``docs/etcd-layout.md`` §1.2); ``None``
+            without ``internal_listen``.
 
     Raises:
         BrokerIdUnreadableError: at construction, ``data_dir/broker_id`` exists but holds no
@@ -213,7 +230,10 @@ class BrokerServer:
         self._leader_duties: LeaderDuties | None = None
         self._rebalancer: Rebalancer | None = None
         self._server: aio.Server | None = None
+        self._metrics: BrokerMetricsEndpoint | None = None
         self.certificates: ReloadingCertificates | None = None
+        self.internal_addr: str | None = None
+        self._internal_server: aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -237,13 +257,25 @@ class BrokerServer:
                 incomplete (:func:`broker.rpc.tls.server_credentials`).
         """
         cfg = self.config
-        credentials = None
+        credentials = internal_credentials = None
         if cfg.tls:  # before etcd: unreadable certificate files are a configuration error
             credentials, self.certificates = server_credentials(cfg)
+        if cfg.internal_listen is not None:
+            internal_credentials, _ = internal_server_credentials(cfg)
+        elif cfg.authentication and not cfg.tls_require_client_cert:
+            log.warning(
+                "authentication is on but no port verifies client certificates (no --internal-listen, "
+                "no --tls-require-client-cert): calls from other brokers (forwarded deletions, dead "
+                "letters, unloads) will be refused"
+            )
         store = self._store = await MetadataStore.connect(cfg.etcd_endpoints, security=etcd_security(cfg))
         cache = self._cache = LocalCache(store, prefixes=("/",))
         await cache.start()
         membership: Membership | None = None
+        self._metrics = start_metrics(
+            cfg, self.broker_id, broker=lambda: self._broker, rebalancer=lambda: self._rebalancer,
+            is_leader=lambda: self._membership is not None and self._membership.is_leader,
+        )
         broker = self._broker = Broker(
             cfg,
             self.broker_id,
@@ -271,6 +303,22 @@ class BrokerServer:
         else:
             adv_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
             self.advertised_addr = f"{adv_host}:{self.port}"
+        if cfg.internal_listen is not None:
+            self._internal_server, internal_port = create_server(
+                broker,
+                cfg.internal_listen,
+                health_servicer=self._health,
+                cluster_name=cfg.cluster_name,
+                max_message_bytes=cfg.grpc_max_message_bytes,
+                max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
+                credentials=internal_credentials,
+                brokers_only=True,
+            )
+            internal_host, _ = _split_host_port(cfg.internal_listen)
+            if internal_host in ("0.0.0.0", "::", ""):  # the advertised host, which the certificate names
+                internal_host = _split_host_port(self.advertised_addr)[0]
+            self.internal_addr = f"{internal_host}:{internal_port}"
+            await self._internal_server.start()
         await self._server.start()
         membership = self._membership = Membership(
             broker_id=self.broker_id,
@@ -282,6 +330,8 @@ class BrokerServer:
             load_report_interval_s=cfg.load_report_interval_s,
             topic_list=lambda: sorted(broker.topics),
             traffic=lambda: {path: (t.wal.record_count, t.wal.byte_count) for path, t in broker.topics.items()},
+            internal_addr=self.internal_addr,
+            prom_exporter=self._metrics.url if self._metrics is not None else None,
         )
         duties = self._leader_duties = LeaderDuties(
             store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s
@@ -291,8 +341,13 @@ class BrokerServer:
         membership.on_leadership = lambda _leader: duties.wake()
         duties.start()
         if cfg.rebalance:
+
+            async def owner_address(topic: str) -> str:
+                return (await broker.lookup(TopicName.parse(topic))).peer_address
+
+            unloader = ClientUnloader(self.advertised_addr, tls_files=broker_tls_files(cfg), owner_address=owner_address)
             self._rebalancer = Rebalancer(
-                store, cache, duties.epoch, duties=duties, unload=ClientUnloader(self.advertised_addr, tls_files=broker_tls_files(cfg)),
+                store, cache, duties.epoch, duties=duties, unload=unloader,
                 strategy=cfg.load_manager_strategy, threshold=cfg.rebalance_cv_threshold,
                 interval_s=cfg.rebalance_interval_s, cooldown_s=cfg.rebalance_cooldown_s,
                 max_moves=cfg.rebalance_max_moves,
@@ -311,6 +366,9 @@ class BrokerServer:
             "broker %d serving on %s (advertised %s), %d topics loaded",
             self.broker_id, cfg.listen, self.advertised_addr, len(broker.topics),
         )
+        if self.internal_addr is not None:
+            log.info("broker %d serving brokers only on %s (registered %s)",
+                     self.broker_id, cfg.internal_listen, self.internal_addr)
 
     def _storage_changed(self, full: bool) -> None:
         """Show a full WAL disk in health: ``danube.v1.ProducerService`` is ``NOT_SERVING``
@@ -347,6 +405,8 @@ class BrokerServer:
             self._broker.end_consumer_streams()
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
+        if self._internal_server is not None:
+            await self._internal_server.stop(self.config.shutdown_grace_s)
         if self._broker is not None:
             await self._broker.close()
         if self._leader_duties is not None:
@@ -357,6 +417,8 @@ class BrokerServer:
             await self._cache.stop()
         if self._store is not None:
             await self._store.close()
+        if self._metrics is not None:
+            self._metrics.close()
         self._stopped.set()
         log.info("broker %d stopped", self.broker_id)
 

@@ -17,7 +17,14 @@ mutual TLS with the broker's own certificate as client certificate and ``tls_ca_
 roots that verify the peer, so a broker's identity comes only from its verified certificate.
 grpc's Python API can only require a client certificate or not ask for one
 (``require_client_authentication``): a broker presents its certificate, but the peer sees it
-only when it runs with ``tls_require_client_cert``.
+only on a port that requires one: its main port under ``tls_require_client_cert``, or its
+broker-to-broker port (``internal_listen``, :func:`internal_server_credentials`), which always
+does. Brokers call each other there when the peer registered one (``internal_addr``,
+``docs/etcd-layout.md`` §1.2).
+
+:class:`BrokerChannels` keeps long-lived broker-to-broker channels (the rebalancer's unloads)
+and opens them again, closing the old ones, when the broker's certificate, key or CA file
+changes, so a rotated certificate reaches outgoing calls without a restart.
 
 :func:`etcd_security` turns the broker's ``etcd_*`` settings into the etcd connection's
 :class:`~danube_pipeline.metadata.connection.EtcdSecurity`.
@@ -149,30 +156,48 @@ class ReloadingCertificates:
         return config
 
 
-def server_credentials(config: BrokerConfig) -> tuple[grpc.ServerCredentials, ReloadingCertificates]:
+def server_credentials(
+    config: BrokerConfig, *, require_client_cert: bool | None = None
+) -> tuple[grpc.ServerCredentials, ReloadingCertificates]:
     """The gRPC port's TLS credentials, reloading the certificate files on change.
 
     Args:
         config: a broker configuration with ``tls`` on (``tls_cert_file`` and
             ``tls_key_file`` set; ``tls_ca_file`` for client certificates).
+        require_client_cert: require and verify client certificates; ``None`` follows
+            ``config.tls_require_client_cert``.
 
     Returns:
         The credentials for ``add_secure_port`` and the reloader behind them.
 
     Raises:
-        ValueError: ``tls_key_file`` is missing, ``tls_require_client_cert`` without
+        ValueError: ``tls_key_file`` is missing, client certificates required without
             ``tls_ca_file``, or the key does not match the certificate.
         OSError: a file cannot be read.
     """
     if config.tls_cert_file is None or config.tls_key_file is None:
         raise ValueError("TLS needs both tls_cert_file and tls_key_file")
-    if config.tls_require_client_cert and config.tls_ca_file is None:
-        raise ValueError("tls_require_client_cert needs tls_ca_file (the CA that signs client certificates)")
+    require = config.tls_require_client_cert if require_client_cert is None else require_client_cert
+    if require and config.tls_ca_file is None:
+        raise ValueError("client certificates need tls_ca_file (the CA that signs them)")
     certificates = ReloadingCertificates(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
     credentials = grpc.dynamic_ssl_server_credentials(
-        certificates.initial, certificates.fetch, require_client_authentication=config.tls_require_client_cert
+        certificates.initial, certificates.fetch, require_client_authentication=require
     )
     return credentials, certificates
+
+
+def internal_server_credentials(config: BrokerConfig) -> tuple[grpc.ServerCredentials, ReloadingCertificates]:
+    """The credentials of the broker-to-broker port (``internal_listen``): the broker's own
+    certificate, reloaded on change, and client certificates always required and verified
+    against ``tls_ca_file``. A client without a certificate of that CA fails the handshake.
+
+    Raises:
+        ValueError: TLS files or ``tls_ca_file`` missing, or the key does not match the
+            certificate.
+        OSError: a file cannot be read.
+    """
+    return server_credentials(config, require_client_cert=True)
 
 
 def broker_channel_credentials(config: BrokerConfig) -> grpc.ChannelCredentials | None:
@@ -184,15 +209,92 @@ def broker_channel_credentials(config: BrokerConfig) -> grpc.ChannelCredentials 
     Raises:
         OSError: a file cannot be read.
     """
-    if not config.tls:
+    return _files_credentials(broker_tls_files(config))
+
+
+def _files_credentials(tls_files: tuple[Path | None, Path, Path] | None) -> grpc.ChannelCredentials | None:
+    """Mutual-TLS channel credentials read now from ``(ca_file, cert_file, key_file)``;
+    ``None`` (plaintext) for ``None``.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    if tls_files is None:
         return None
-    assert config.tls_cert_file is not None and config.tls_key_file is not None
-    roots = config.tls_ca_file.read_bytes() if config.tls_ca_file is not None else None
+    ca_file, cert_file, key_file = tls_files
     return grpc.ssl_channel_credentials(
-        root_certificates=roots,
-        private_key=config.tls_key_file.read_bytes(),
-        certificate_chain=config.tls_cert_file.read_bytes(),
+        root_certificates=ca_file.read_bytes() if ca_file is not None else None,
+        private_key=key_file.read_bytes(),
+        certificate_chain=cert_file.read_bytes(),
     )
+
+
+class BrokerChannels:
+    """Long-lived channels from this broker to other brokers, one per address, opened again
+    when the certificate, key or CA file changes (size, modification time, inode, as
+    :class:`ReloadingCertificates` looks at them): the channels opened with the old files are
+    closed and the next call opens a new one that presents the new certificate.
+
+    Args:
+        tls_files: ``(ca_file, cert_file, key_file)`` for mutual TLS with the broker's own
+            certificate (:func:`broker_tls_files`); ``None`` opens plaintext channels.
+
+    Attributes:
+        reopened: how many times a change of the files closed the open channels (for tests
+            and diagnostics).
+    """
+
+    def __init__(self, tls_files: tuple[Path | None, Path, Path] | None) -> None:
+        self._tls_files = tls_files
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stamps: tuple[_FileStamp | None, ...] | None = None
+        self.reopened = 0
+
+    def _current_stamps(self) -> tuple[_FileStamp | None, ...] | None:
+        """The files' stamps; ``None`` while one cannot be stat'ed (being replaced)."""
+        if self._tls_files is None:
+            return ()
+        try:
+            return tuple(None if path is None else _stamp(path) for path in self._tls_files)
+        except OSError:
+            return None
+
+    async def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to the broker at ``address`` (``host:port``), opened again if the TLS
+        files changed since the open channels were made.
+
+        Raises:
+            OSError: a TLS file cannot be read.
+        """
+        stamps = self._current_stamps()
+        if stamps is not None and stamps != self._stamps:
+            if self._channels:
+                self.reopened += 1
+                log.info("broker certificate files changed: reopening %d broker-to-broker channels",
+                         len(self._channels))
+            await self.close()
+            self._stamps = stamps
+        channel = self._channels.get(address)
+        if channel is None:
+            credentials = _files_credentials(self._tls_files)
+            if credentials is None:
+                channel = grpc.aio.insecure_channel(address)
+            else:
+                channel = grpc.aio.secure_channel(address, credentials)
+            self._channels[address] = channel
+        return channel
+
+    async def discard(self, address: str) -> None:
+        """Close the channel to ``address`` (after it failed); the next call opens a new one."""
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        """Close every channel (idempotent)."""
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
 
 
 def broker_tls_files(config: BrokerConfig) -> tuple[Path | None, Path, Path] | None:
@@ -243,11 +345,13 @@ def broker_channel(config: BrokerConfig, address: str) -> grpc.aio.Channel:
 
 
 __all__ = [
+    "BrokerChannels",
     "ReloadingCertificates",
     "broker_channel",
     "broker_channel_credentials",
     "broker_tls_files",
     "check_key_pair",
     "etcd_security",
+    "internal_server_credentials",
     "server_credentials",
 ]

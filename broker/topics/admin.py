@@ -96,7 +96,8 @@ async def delete_topic(broker: Broker, name: TopicName, *, force: bool = False) 
 
     A plain topic is deleted on its owner only. A partitioned topic (root value N > 0, §3.1) is
     deleted on any broker: each partition that still exists is deleted through its owner (this
-    broker, or a ``DeleteTopic`` forwarded to the owner's advertised address), in index order,
+    broker, or a ``DeleteTopic`` forwarded to the owner: its broker-to-broker port when it
+    registered one, else its advertised address), in index order,
     then the partitioned topic's own keys.
 
     Args:
@@ -291,7 +292,7 @@ async def _delete_partition(broker: Broker, partition: TopicName, *, force: bool
             if owner.broker_id == broker.broker_id:
                 await _delete_served(broker, await broker.topic_for(partition), force=force)
                 return [partition.path]
-            return await _forward_delete(broker.config, owner.address, partition, force=force)
+            return await _forward_delete(broker.config, owner.peer_address, partition, force=force)
         except TopicNotFoundError:
             return []  # deleted meanwhile
         except NotServedHereError:

@@ -94,13 +94,22 @@ class BrokerRegistration(JsonRecord):
 
     ``broker_addr`` and ``admin_addr`` carry an ``http://`` scheme (§1.2);
     ``advertised_addr`` is ``host:port``. ``prom_exporter`` is ``None`` while no metrics
-    endpoint runs.
+    endpoint runs. ``internal_addr`` (``host:port`` of the broker-to-broker port, a Danube
+    Pipeline addition) is written only when the broker serves one: without it the JSON has
+    Danube's four fields exactly.
     """
 
     admin_addr: str
     advertised_addr: str
     broker_addr: str
     prom_exporter: str | None
+    internal_addr: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = JsonRecord.to_json(self)
+        if out.get("internal_addr") is None:
+            del out["internal_addr"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
