@@ -8,6 +8,7 @@ before the first message and acks everything it receives. Defaults: 1 GiB of 1 K
 
     .venv/bin/python benchmarks/ingest.py                  # 1 GiB of 1 KiB messages
     .venv/bin/python benchmarks/ingest.py --size 100 --messages 2000000
+    .venv/bin/python benchmarks/ingest.py --metrics-cost     # metrics on vs off, series count
 
 It prints:
 
@@ -32,12 +33,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen  # noqa: E402 - a sibling module of this script
+from results import quantiles_ms, write_result  # noqa: E402 - a sibling module too
 
 TOPIC = "/bench/ingest"
 SUBSCRIPTION = "bench-consumer"
@@ -78,7 +81,7 @@ def _consume(address: str, expected: int, conn: multiprocessing.connection.Conne
     conn.send(asyncio.run(run()))
 
 
-async def _produce(address: str, args: argparse.Namespace, broker_pid: int) -> dict[str, float]:
+async def _produce(address: str, args: argparse.Namespace, broker_pid: int) -> dict[str, Any]:
     payload = loadgen.make_payload(args.size)
     samples: list[float] = [_rss_mib(broker_pid)]
 
@@ -131,6 +134,7 @@ async def _produce(address: str, args: argparse.Namespace, broker_pid: int) -> d
         "rss_after_mib": samples[-1],
         "syncs": syncs,
         "acked": result.acked,
+        "latency_quantiles_ms": quantiles_ms(result.latencies_s),
     }
 
 
@@ -140,7 +144,17 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=None, help="messages (N); default 1 GiB worth")
     parser.add_argument("--window", type=int, default=256, help="most unacked messages (W)")
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="give up after this many seconds")
+    parser.add_argument("--metrics-cost", action="store_true",
+                        help="measure instead the cost of the broker's metrics: ingest with metrics on and off in "
+                             "interleaved rounds (median), and the series of a broker with 100 topics "
+                             "(benchmarks/metrics_cost.py); --messages is then per round (default 50,000)")
+    parser.add_argument("--rounds", type=int, default=5, help="--metrics-cost: rounds per setting")
     args = parser.parse_args()
+    if args.metrics_cost:
+        import metrics_cost  # noqa: PLC0415 - a sibling module, only for this mode
+
+        args.messages = args.messages or 50_000
+        return metrics_cost.run(args)
     if args.messages is None:
         args.messages = (1 << 30) // args.size
     with tempfile.TemporaryDirectory(prefix="danube-ingest-") as tmp:
@@ -167,6 +181,7 @@ def main() -> int:
         f"ingest: msgs_per_s={r['ingest_msgs_per_s']:.0f} consume_ratio={ratio:.2f} rss_peak_mib={r['rss_peak_mib']:.0f} "
         f"rss_after_mib={r['rss_after_mib']:.0f} msgs_per_sync={(args.messages + 1) / max(r['syncs'], 1):.1f}"
     )
+    write_result("ingest", {"size_bytes": args.size, "messages": args.messages, "window": args.window, **r})
     return 0 if r["consumed"] == args.messages + 1 and r["acked"] == args.messages else 1
 
 

@@ -291,6 +291,7 @@ class Consumer:
                     self.subscription.consumer_has_room(self)
                 if group:
                     self.subscription.consumer_sent(self)
+                    self.subscription.metrics.sent(group, size)
                     yield group
         finally:
             self.subscription.remove_consumer(self, reason="stream ended")

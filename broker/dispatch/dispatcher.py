@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from danube_pipeline import faults
+from danube_pipeline import faults, logs
 from danube_pipeline.errors import SegmentUnreadableError
 from danube_pipeline.format.batches import iter_batch
 from danube_pipeline.format.segments import StoredBatch
@@ -60,7 +60,8 @@ class Dispatcher:
     def start(self) -> None:
         """Start the dispatch task."""
         sub = self._sub
-        self._task = asyncio.create_task(self._run(), name=f"dispatch:{sub.topic}:{sub.name}")
+        with logs.bind(topic=sub.topic, subscription=sub.name):  # the task and its log lines carry them
+            self._task = asyncio.create_task(self._run(), name=f"dispatch:{sub.topic}:{sub.name}")
 
     def wake(self) -> None:
         """Run a dispatch round soon (consumers, acks, settings or the log changed)."""
@@ -99,6 +100,7 @@ class Dispatcher:
                 due = hold.sent_at + timeout_s
                 if due <= now:
                     n = self._ledger.take_back(hold, hold.bits, reason="ack timeout")
+                    sub.metrics.ack_timed_out(n)
                     log.info("%s/%s: %d messages unacknowledged by consumer %d for %d ms: redelivered",
                              sub.topic, sub.name, n, consumer.id, sub.settings.ack_timeout_ms)
                 else:
@@ -154,6 +156,7 @@ class Dispatcher:
                 done.add(o)
                 sub.ack_ranges([(o, o)])
                 self.dead_lettered += 1
+                sub.metrics.dead_lettered()
                 log.info("%s/%s: offset %d redelivered %d times; published to %s at offset %d and acknowledged",
                          sub.topic, sub.name, o, count, dead_letter_topic, written)
             await sub.flush_cursor()
@@ -201,7 +204,9 @@ class Dispatcher:
             if not batches or batches[0].base_offset != handout.base:  # held nowhere any more
                 self._skip_batch(handout)
                 continue
-            moved += self._assign(handout, batches[0], ready, eligible)
+            handed = self._assign(handout, batches[0], ready, eligible)
+            self._sub.metrics.redelivered(handed)
+            moved += handed
         return moved, False
 
     def _skip_batch(self, handout: Handout) -> None:

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from danube_pipeline.errors import InvalidAckError, PositionBelowRetentionError
 from danube_pipeline.modes import SubscriptionType
 
+from broker import metrics
 from broker.dispatch.consumer import DEFAULT_MAX_BUFFER_BYTES, Consumer, Handout
 from broker.dispatch.consumer_set import ConsumerSet
 from broker.dispatch.cursor import CursorWriter
@@ -134,6 +135,7 @@ class Subscription:
             self, wake=lambda: self._dispatcher.wake(), on_active_change=on_active_change, on_idle=on_idle
         )
         self._closed = False
+        self.metrics = metrics.active().subscription(topic, name)  # bound once
         self._dispatcher = Dispatcher(self)
         self._remove_listener = wal.add_listener(lambda _end: self._dispatcher.wake())
         self._remove_remote_listener = (
@@ -346,6 +348,7 @@ class Subscription:
         self.check_ack(consumer, ranges)
         why = f"nack: {reason}" if reason else "nack"
         n = self.ledger.nack(consumer, ranges, reason=why, nack_delay_s=self.settings.nack_delay_s)
+        self.metrics.nacked(n)
         self._dispatcher.wake()
         return n
 

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import logging
 
-from danube_pipeline import faults
+from danube_pipeline import faults, logs
 from danube_pipeline.errors import MetadataStoreError, NotServedHereError, OffsetRangeError, TopicNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -133,7 +133,8 @@ class TopicLoader:
             return topic
         task = self._loading.get(path)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._open_alone(name))
+            with logs.bind(topic=path):  # the loading task's log lines carry the topic
+                task = asyncio.get_running_loop().create_task(self._open_alone(name))
             self._loading[path] = task
             task.add_done_callback(functools.partial(self._loading_done, path))
         return await asyncio.shield(task)

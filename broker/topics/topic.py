@@ -16,6 +16,7 @@ from danube_pipeline.metadata.protocols import MetadataReader, MetadataWriter
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 
+from broker import metrics
 from broker.config import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_CONSUMER_BUFFER_BYTES,
@@ -109,6 +110,7 @@ class Topic:
         self.sequences = ProducerSequences(name.path)
         self.publish_limiter = RateLimiter(self.max_publish_rate, name=f"{name.path} publish")
         self.dispatch_limiters: dict[str, RateLimiter] = {}
+        self.metrics = metrics.active().topic(name.path)  # bound once: the produce path only increments
 
     @property
     def path(self) -> str:
@@ -225,7 +227,9 @@ class Topic:
                 try:
                     validate(payload)
                 except ValueError as exc:
+                    self.metrics.schema_validated(False)
                     raise SchemaMismatchError(schema.subject, schema.schema_id, f"message {i}: {exc}") from exc
+            self.metrics.schema_validated(True)
         return header
 
     def publish(self, producer: Producer, batch: bytes) -> asyncio.Future[tuple[int, int]]:
@@ -250,6 +254,7 @@ class Topic:
         future = self.wal.enqueue(batch, header.record_count)
         self.sequences.record(header, future, first_offset)
         producer.sent_messages += header.record_count
+        self.metrics.produced(header.record_count, len(batch), future)
         return future
 
     async def close(self) -> None:

@@ -48,6 +48,7 @@ from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
 from danube_pipeline.outages import OutageLog
 
+from broker import metrics
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.pending import PendingAppend, plan_write, write_all
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
@@ -247,7 +248,7 @@ class GroupCommit:
             faults.point(faults.WAL_BEFORE_FDATASYNC)
             os.pwrite(fd, pending, WRITE_RECORD_AT)  # synced with the write below
             write_all(fd, buffers, start_length)
-            os.fdatasync(fd)
+            metrics.active().wal.fdatasync(fd)  # os.fdatasync(fd), timed when metrics are on
             with contextlib.suppress(OSError):  # the write is durable either way
                 os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
 
@@ -273,6 +274,7 @@ class GroupCommit:
         self.sync_count += 1
         self.record_count += sum(item.record_count for item in batch)
         self.byte_count += size
+        metrics.active().wal.written(batch, size)
         assert active.index is not None
         for offset, pos in positions:
             active.index.add(offset, pos)

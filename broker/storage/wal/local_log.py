@@ -18,6 +18,7 @@ from pathlib import Path
 from danube_pipeline.errors import CorruptRecordError, SegmentUnreadableError
 from danube_pipeline.format.segments import StoredBatch, scan_segment
 
+from broker import metrics
 from broker.storage.wal.abandoned import AbandonedRange
 from broker.storage.wal.quarantine import find_valid_after, write_marker
 from broker.storage.wal.recovery import LogLoader, Quarantine
@@ -209,6 +210,7 @@ class LocalLog:
             # active segment exists; the writer creates it before its next write.
             self.roll_pending = True
         log.info("WAL %s: sealed %s (%d bytes)", self.directory, new_path.name, active.length)
+        metrics.active().wal.rotated()
         if create_error is not None:
             log.error("WAL %s: cannot create the next active segment: %s", self.directory, create_error)
             raise create_error
@@ -275,6 +277,7 @@ class LocalLog:
         except OSError as exc:  # the unlink happened; a crash may bring the name back
             log.warning("WAL %s: directory sync after deleting %s failed: %s", self.directory, path.name, exc)
         log.info("WAL %s: deleted %s (%d bytes, offsets %d..%d)", self.directory, path.name, seg.length, seg.start, seg.end)
+        metrics.active().wal.deleted(seg.length)
         return seg.length
 
     # ------------------------------------------------------------------ reading
