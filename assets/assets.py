@@ -26,6 +26,7 @@ from dagster import (
     AssetExecutionContext,
     Backoff,
     Failure,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     MultiPartitionKey,
@@ -33,7 +34,7 @@ from dagster import (
     asset,
 )
 
-from assets.metadata import iceberg_table_metadata, known, segment_objects_metadata
+from assets.metadata import iceberg_table_metadata, known, segment_objects_metadata, table_metadata
 from assets.partitions import topic_days_partitions, topics_partitions
 from assets.resources import (
     BrokerResource,
@@ -43,6 +44,7 @@ from assets.resources import (
     SparkResource,
 )
 from danube_pipeline.lake import iceberg
+from danube_pipeline.lake.freshness import freshness_limit_s
 from danube_pipeline.lake.iceberg.layout import data_files_by_day, describe_spec
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import PartitionOf, partition_of
@@ -78,6 +80,17 @@ moment) without a new run. A run that fails anyway (the retries ran out, or its 
 which op retries cannot help) is re-executed from the failed step by the daemon's run retries:
 see ``TIERING_RUN_MAX_RETRIES`` in :mod:`assets.sensors`.
 """
+
+
+MIN_FRESHNESS_WINDOW_S = 60.0
+"""The shortest ``fail_window`` Dagster accepts, in seconds."""
+TABLE_FRESHNESS_POLICY = FreshnessPolicy.time_window(
+    fail_window=dt.timedelta(seconds=max(MIN_FRESHNESS_WINDOW_S, freshness_limit_s()))
+)
+"""The tables' freshness policy: a topic's table is expected to be materialized (a run's or the
+continuous writer's commit) within ``DANUBE_FRESHNESS_LIMIT_S`` seconds (default 120, at least
+60), the limit of the ``fresh`` check, read when the code location loads. The UI shows it on the
+asset; the instance evaluates it when ``freshness: {enabled: true}`` is in ``dagster.yaml``."""
 
 
 def _topic(context: AssetExecutionContext) -> TopicName:
@@ -123,6 +136,7 @@ def segment_objects(
     deps=[segment_objects],
     kinds={"iceberg", "python"},
     retry_policy=TIERING_RETRY_POLICY,
+    freshness_policy=TABLE_FRESHNESS_POLICY,
     description=(
         "The topic's Iceberg table (namespace = Danube namespace): one snapshot per segment "
         "object, exactly once (snapshot summaries carry danube.end-offset)."
@@ -218,7 +232,8 @@ def compacted_table(
     )
     row_count = iceberg.snapshot_row_count(table)
     return MaterializeResult(
-        metadata=known(
+        metadata=table_metadata(base["table"], row_count, partition_row_count=before.rows)
+        | known(
             {
                 **base,
                 "partition_spec": describe_spec(table),

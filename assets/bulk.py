@@ -25,6 +25,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.assets import TIERING_GROUP, segment_objects
+from assets.metadata import table_metadata
 from assets.partitions import topics_partitions
 from assets.resources import (
     EtcdResource,
@@ -83,7 +84,8 @@ def bulk_metadata(report: BulkLoadReport, catalog_name: str) -> dict[str, Any]:
         "schema_changes": MetadataValue.json(report.schema_changes),
         "attempts": report.attempts,
     }
-    return {key: value for key, value in values.items() if value is not None}
+    standard = table_metadata(f"{catalog_name}.{report.table}", report.row_count)
+    return standard | {key: value for key, value in values.items() if value is not None}
 
 
 @asset(

@@ -35,12 +35,19 @@ The continuous writer (:mod:`assets.continuous_writer`) commits without a run, s
 follows its commits by itself: ``commit_checks_sensor`` requests a ``commit_checks_job`` run
 (every check but ``fresh``) for each topic the writer committed to since its last tick.
 
-Checks are not blocking: a failure is reported (severity ERROR) without stopping the assets
-downstream.
+    * ``complete``: the same count per UTC day of the rows' ``_publish_time``
+      (:mod:`danube_pipeline.lake.completeness`): each day's rows and dead letters against the
+      offsets the descriptors cover between its first and last offset, and the total. It is
+      **blocking**: when it fails (severity ERROR), the assets downstream of ``iceberg_table`` in
+      the same run (compaction, retention, schema rewrites of the days) do not run on a table
+      that lost or doubled rows. :mod:`assets.definitions` registers it with
+      ``DANUBE_COMPLETENESS_CHECK=1``.
+
+The other checks are not blocking: a failure is reported (severity ERROR) without stopping the
+assets downstream.
 """
 
 import asyncio
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -62,7 +69,8 @@ from assets.assets import iceberg_table, segment_objects
 from assets.partitions import topics_partitions
 from assets.resources import BrokerResource, EtcdResource, IcebergCatalogResource, ObjectStoreResource
 from danube_pipeline.lake import iceberg
-from danube_pipeline.lake.freshness import DEFAULT_FRESHNESS_LIMIT_S, Freshness, table_freshness
+from danube_pipeline.lake.completeness import Completeness, table_completeness
+from danube_pipeline.lake.freshness import Freshness, freshness_limit_s, table_freshness
 from danube_pipeline.lake.tiering.incarnation import holds_incarnation, topic_incarnation
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.values import ObjectDescriptor
@@ -80,7 +88,7 @@ MAX_LISTED_ITEMS = 20
 
 
 def _partitioned_check(
-    asset: AssetsDefinition, name: str
+    asset: AssetsDefinition, name: str, *, blocking: bool = False
 ) -> Callable[[Callable[..., AssetCheckResult]], AssetChecksDefinition]:
     """``@asset_check`` on ``asset``, partitioned by topic like it.
 
@@ -88,7 +96,7 @@ def _partitioned_check(
     definition time; the project pins ``dagster<1.14`` and opts in, so that one warning is
     silenced here (the test suite turns warnings into errors).
     """
-    decorator = asset_check(asset=asset, partitions_def=topics_partitions, name=name)
+    decorator = asset_check(asset=asset, partitions_def=topics_partitions, name=name, blocking=blocking)
 
     def define(fn: Callable[..., AssetCheckResult]) -> AssetChecksDefinition:
         with warnings.catch_warnings():
@@ -338,23 +346,64 @@ def no_duplicate_offsets(
     )
 
 
+COMPLETENESS_CHECK = "complete"
+
+
+@_partitioned_check(iceberg_table, COMPLETENESS_CHECK, blocking=True)
+def complete(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource
+) -> AssetCheckResult:
+    """Rows plus dead letters equal the offsets the completed descriptors cover, in total and
+    per UTC day (:func:`danube_pipeline.lake.completeness.table_completeness`). Blocking, severity
+    ERROR: the assets downstream in the same run do not run when it fails."""
+    topic = _topic(context)
+    return _settled(lambda: completeness_result(_completeness(topic, etcd, iceberg_catalog)))
+
+
+def _completeness(topic: TopicName, etcd: EtcdResource, iceberg_catalog: IcebergCatalogResource) -> Completeness:
+    done = _completed(etcd, topic)
+    table, partition = _table(etcd, iceberg_catalog, topic)
+    return table_completeness(table, done, partition=partition)
+
+
+def completeness_result(found: Completeness) -> AssetCheckResult:
+    """The ``complete`` check's result for one count: the totals, and each day's counts (the
+    failed days first, at most :data:`MAX_LISTED_ITEMS`)."""
+    failed = [d for d in found.days if not d.passed]
+    listed = (failed + [d for d in found.days if d.passed])[:MAX_LISTED_ITEMS]
+    committed = found.rows + found.dead_letters
+    description = None
+    if not found.passed:
+        description = (
+            f"{found.rows} rows and {found.dead_letters} dead letters, descriptors cover {found.covered} offsets"
+            + (f"; {len(failed)} days do not add up: " + ", ".join(d.day.isoformat() for d in failed[:5]) if failed else "")
+        )
+    return AssetCheckResult(
+        passed=found.passed,
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "table_rows": MetadataValue.int(found.rows),
+            "dead_letter_rows": MetadataValue.int(found.dead_letters),
+            "descriptor_records": MetadataValue.int(found.covered),
+            "missing_rows": MetadataValue.int(found.covered - committed),
+            "days": len(found.days),
+            "days_failed": len(failed),
+            "by_day": MetadataValue.json(
+                [
+                    {
+                        "day": d.day.isoformat(), "rows": d.rows, "dead_letters": d.dead_letters,
+                        "first_offset": d.first_offset, "last_offset": d.last_offset, "covered": d.covered,
+                    }
+                    for d in listed
+                ]
+            ),
+            **({"start_offset": found.start_offset} if found.start_offset is not None else {}),
+        },
+        description=description,
+    )
+
+
 FRESHNESS_CHECK = "fresh"
-
-
-def freshness_limit_s() -> float:
-    """The ``fresh`` check's limit in seconds: ``DANUBE_FRESHNESS_LIMIT_S``, default
-    :data:`~danube_pipeline.lake.freshness.DEFAULT_FRESHNESS_LIMIT_S`.
-
-    Raises:
-        ValueError: the variable is not a positive number.
-    """
-    raw = os.environ.get("DANUBE_FRESHNESS_LIMIT_S")
-    if not raw:
-        return DEFAULT_FRESHNESS_LIMIT_S
-    limit = float(raw)
-    if not limit > 0:
-        raise ValueError(f"DANUBE_FRESHNESS_LIMIT_S must be a positive number of seconds, got {raw!r}")
-    return limit
 
 
 def measure_freshness(
@@ -419,4 +468,8 @@ commit_checks: list[AssetChecksDefinition] = [
 """The exactly-once checks: every check but ``fresh``, run after each commit (``commit_checks_job``)."""
 
 tiering_checks: list[AssetChecksDefinition] = [*commit_checks, fresh]
-"""Every asset check, as :mod:`assets.definitions` registers them."""
+"""The asset checks :mod:`assets.definitions` always registers."""
+
+completeness_checks: list[AssetChecksDefinition] = [complete]
+"""The blocking ``complete`` check, registered with ``DANUBE_COMPLETENESS_CHECK=1``
+(:func:`assets.definitions.asset_checks`)."""

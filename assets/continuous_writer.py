@@ -17,7 +17,10 @@
    ``segment_objects`` or ``iceberg_table`` for the topic's partition, in the Dagster instance
    of ``DAGSTER_HOME`` (``DagsterInstance.report_runless_asset_event``), with the same
    metadata as the assets' runs (rows, bytes, offsets, snapshot id), so the UI shows every
-   commit.
+   commit (:mod:`assets.writer_reporting`);
+4. with ``--metrics-listen host:port``, serves Prometheus metrics at ``/metrics``: export lag
+   per topic in records and seconds, commits, rows and bytes committed, commit latency, data
+   files per commit, dead-letter rows (:mod:`assets.writer_metrics`).
 
 A record therefore waits at most about ``commit_interval_s + poll_interval_s`` plus one tiering
 pass before it is queryable (``benchmarks/freshness.py`` measures it).
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import logging
 import os
@@ -43,19 +45,19 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dagster import AssetKey, AssetMaterialization, DagsterInstance
+from dagster import DagsterInstance
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from sqlalchemy.exc import SQLAlchemyError
 
-from assets.metadata import iceberg_table_metadata, segment_objects_metadata
-from assets.partitions import DAYS_PARTITIONS_NAME, TOPICS_PARTITIONS_NAME, days_from
 from assets.resources import IcebergCatalogResource, ObjectStoreResource
-from danube_pipeline import settings
+from assets.writer_metrics import MetricsServer, TopicProgress, WriterMetrics, parse_listen
+from assets.writer_reporting import DagsterReporter
+from danube_pipeline import logs, settings
 from danube_pipeline.errors import DanubeError, TopicNotFoundError
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.identity import check_store_identity
@@ -71,6 +73,7 @@ from danube_pipeline.lake.tiering import (
 
 if TYPE_CHECKING:
     from danube_pipeline.client.admin import AdminClient
+    from danube_pipeline.client.types import SegmentInfo
     from danube_pipeline.metadata.store import MetadataStore
 
 __all__ = [
@@ -85,13 +88,6 @@ __all__ = [
 
 log = logging.getLogger("assets.continuous_writer")
 
-SEGMENT_OBJECTS_KEY = AssetKey("segment_objects")
-"""The asset key of ``assets.assets.segment_objects``."""
-ICEBERG_TABLE_KEY = AssetKey("iceberg_table")
-"""The asset key of ``assets.assets.iceberg_table``."""
-WRITER_TAG = "danube/writer"
-"""Tag of every materialization the writer reports (value ``continuous``); runs of the
-``tiering_job`` do not carry it."""
 
 DEFAULT_COMMIT_INTERVAL_S = 5.0
 """Seconds a record may wait in the active WAL segment before the writer seals it."""
@@ -188,100 +184,12 @@ class _TopicState:
     committed_end_offset: int | None = None
     """The table's committed end offset for the topic after the writer's last table step."""
     last_full_pass: float | None = None
+    next_offset: int | None = None
+    """``DescribeTopic.next_offset`` at the writer's last look; with the two below, the lag gauges."""
+    sealed: list[SegmentInfo] = field(default_factory=list)
+    last_commit_ms: int | None = None
     failures: int = 0
     retry_at: float = 0.0
-
-
-class DagsterReporter:
-    """Records the writer's commits as runless materializations in a Dagster instance.
-
-    Each report adds the topic's ``topics`` partition first when it is missing (as
-    ``topic_partitions_sensor`` would a little later), so the event lands on a partition the
-    UI lists, and the ``days`` partitions from its oldest record's publish day through today,
-    so the maintenance jobs can be run on the days that hold the commit's rows. A failure to report is logged and dropped: the data is committed either way, and
-    the next materialization carries the table's totals.
-    """
-
-    def __init__(self, instance: DagsterInstance, *, catalog_name: str, objects: ObjectStore) -> None:
-        """Args:
-        instance: the Dagster instance (``DagsterInstance.get()`` reads ``DAGSTER_HOME``).
-        catalog_name: the Iceberg catalog's name, shown in the ``table`` entry.
-        objects: the object store, shown in the ``object_store`` entry.
-        """
-        self.instance = instance
-        self.catalog_name = catalog_name
-        self.objects = objects
-        self._partitions: set[str] = set()
-        self._days: set[str] = set()
-
-    def prepare(self) -> None:
-        """Open the instance's event storage now (creating its tables on a fresh instance), so
-        that a Dagster webserver and daemon started afterwards find it initialised."""
-        self._partitions = set(self.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME))
-        self._days = set(self.instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME))
-
-    def report(self, result: TopicPass) -> list[AssetMaterialization]:
-        """Report the steps of ``result`` that changed something.
-
-        Args:
-            result: one topic's pass.
-
-        Returns:
-            The materializations recorded: ``segment_objects`` when objects were written,
-            ``iceberg_table`` when snapshots were committed, dead letters written or the
-            table's schema or layout changed.
-        """
-        events: list[AssetMaterialization] = []
-        key = result.topic.partition_key
-        tags = {WRITER_TAG: "continuous"}
-        if result.tiering is not None and result.tiering.objects_written:
-            events.append(
-                AssetMaterialization(
-                    asset_key=SEGMENT_OBJECTS_KEY,
-                    partition=key,
-                    description="Sealed segments tiered by the continuous writer.",
-                    metadata=segment_objects_metadata(result.tiering, self.objects, result.topic),
-                    tags=tags,
-                )
-            )
-        table = result.table
-        if table is not None and (
-            table.objects_appended or table.dead_letter_records or table.schema_changes or table.layout_changes
-        ):
-            events.append(
-                AssetMaterialization(
-                    asset_key=ICEBERG_TABLE_KEY,
-                    partition=key,
-                    description="Segment objects committed by the continuous writer.",
-                    metadata=iceberg_table_metadata(table, self.catalog_name),
-                    tags=tags,
-                )
-            )
-        if not events:
-            return []
-        try:
-            if key not in self._partitions:
-                self.instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [key])
-                self._partitions.add(key)
-            days = _days_of(table)
-            if days - self._days:
-                self.instance.add_dynamic_partitions(DAYS_PARTITIONS_NAME, sorted(days - self._days))
-                self._days |= days
-            for event in events:
-                self.instance.report_runless_asset_event(event)
-        except Exception:
-            log.exception("%s: could not record %d materializations in Dagster", result.topic.path, len(events))
-            return []
-        return events
-
-
-def _days_of(table: TableReport | None) -> set[str]:
-    """The ``days`` partition keys of a commit: the UTC days from its oldest record's publish
-    time through today (none when it appended nothing)."""
-    if table is None or table.oldest_publish_time_us is None:
-        return set()
-    first = dt.datetime.fromtimestamp(table.oldest_publish_time_us / 1_000_000, dt.UTC).date()
-    return set(days_from(first, dt.datetime.now(dt.UTC).date()))
 
 
 class ContinuousWriter:
@@ -303,6 +211,7 @@ class ContinuousWriter:
         catalog: Catalog,
         config: WriterConfig | None = None,
         reporter: DagsterReporter | None = None,
+        metrics: WriterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Args:
@@ -312,6 +221,7 @@ class ContinuousWriter:
         catalog: the shared Iceberg catalog.
         config: thresholds and intervals; :class:`WriterConfig` defaults when ``None``.
         reporter: where commits are recorded as materializations; none when ``None``.
+        metrics: the Prometheus metrics to update (:mod:`assets.writer_metrics`); none when ``None``.
         clock: monotonic seconds (tests pass their own).
         """
         self.store = store
@@ -320,6 +230,7 @@ class ContinuousWriter:
         self.catalog = catalog
         self.config = config or WriterConfig()
         self.reporter = reporter
+        self.metrics = metrics
         self.clock = clock
         self.registry = SchemaRegistry(store)
         self.topics: list[TopicName] = []
@@ -358,6 +269,8 @@ class ContinuousWriter:
             try:
                 self.topics = await list_topic_roots(self.store)
                 self._topics_read_at = now
+                if self.metrics is not None:
+                    self.metrics.retain(self.topics)
             except DanubeError:
                 if self._topics_read_at is None:
                     raise
@@ -368,7 +281,8 @@ class ContinuousWriter:
             if self.clock() < state.retry_at:
                 continue
             try:
-                result = await self.step(topic)
+                with logs.bind(topic=topic.path):  # the step's log lines carry the topic
+                    result = await self.step(topic)
             except TopicNotFoundError:
                 log.info("%s: not found on the brokers (deleted, or not loaded yet)", topic.path)
                 self._back_off(state)
@@ -381,6 +295,9 @@ class ContinuousWriter:
             done.append(result)
             if self.reporter is not None:
                 self.reporter.report(result)
+            if self.metrics is not None and state.next_offset is not None:
+                self.metrics.observe_progress(topic, TopicProgress(
+                    state.next_offset, state.sealed, state.committed_end_offset, state.last_commit_ms))
         return done
 
     def _back_off(self, state: _TopicState) -> None:
@@ -422,10 +339,13 @@ class ContinuousWriter:
             state.failures = 0
             return TopicPass(topic, sealed_now)
         tiering = await tier_sealed_segments(topic, store=self.store, admin=self.admin, objects=self.objects)
+        started = time.perf_counter()
         table = await commit_objects_to_table(
             topic, store=self.store, objects=self.objects, catalog=self.catalog, registry=self.registry
         )
-        state.committed_end_offset = table.committed_end_offset
+        if self.metrics is not None:
+            self.metrics.observe_table_step(topic, table, duration_ms=(time.perf_counter() - started) * 1000)
+        state.committed_end_offset, state.last_commit_ms = table.committed_end_offset, table.committed_at_ms
         state.last_full_pass = now
         if table.objects_appended:
             log.info(
@@ -457,6 +377,7 @@ class ContinuousWriter:
         sealed = [s for s in await self.admin.list_sealed_segments(topic.path) if s.end_offset >= s.start_offset]
         description = await self.admin.describe_topic(topic.path)
         sealed_end = max((s.end_offset for s in sealed), default=None)
+        state.next_offset, state.sealed = description.next_offset, sealed
         active_start = sealed_end + 1 if sealed_end is not None else description.first_local_offset
         active_records = description.next_offset - active_start
         now = self.clock()
@@ -477,9 +398,12 @@ class ContinuousWriter:
         return max(segment.end_offset, sealed_end if sealed_end is not None else -1), segment.end_offset
 
 
-def _write_ready_file(path: Path) -> None:
+def _write_ready_file(path: Path, metrics_addr: str | None) -> None:
+    ready: dict[str, object] = {"pid": os.getpid()}
+    if metrics_addr is not None:
+        ready["metrics_addr"] = metrics_addr
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
+    tmp.write_text(json.dumps(ready), encoding="utf-8")
     tmp.replace(path)
 
 
@@ -495,6 +419,10 @@ async def _serve(args: argparse.Namespace, config: WriterConfig) -> None:
         instance = DagsterInstance.get()
         reporter = DagsterReporter(instance, catalog_name=settings.catalog_name(), objects=objects)
         reporter.prepare()
+    metrics = WriterMetrics() if args.metrics_listen else None
+    server: MetricsServer | None = metrics.serve(args.metrics_listen) if metrics is not None else None
+    if server is not None:
+        log.info("continuous writer: metrics at http://%s/metrics", server.address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -504,7 +432,8 @@ async def _serve(args: argparse.Namespace, config: WriterConfig) -> None:
                 DanubeClient(settings.broker_addresses()) as client:
             await check_store_identity(store, objects, who="continuous writer")
             writer = ContinuousWriter(
-                store=store, admin=client.admin, objects=objects, catalog=catalog, config=config, reporter=reporter
+                store=store, admin=client.admin, objects=objects, catalog=catalog, config=config, reporter=reporter,
+                metrics=metrics,
             )
             log.info(
                 "continuous writer: etcd %s, brokers %s, catalog %s; sealing after %.1f s or %d records%s",
@@ -513,9 +442,11 @@ async def _serve(args: argparse.Namespace, config: WriterConfig) -> None:
                 "" if instance is None else f"; materializations in DAGSTER_HOME={os.environ.get('DAGSTER_HOME')}",
             )
             if args.ready_file:
-                _write_ready_file(Path(args.ready_file))
+                _write_ready_file(Path(args.ready_file), server.address if server is not None else None)
             await writer.run(stop)
     finally:
+        if server is not None:
+            server.close()
         if instance is not None:
             instance.dispose()
 
@@ -554,10 +485,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topic-refresh-interval-s", type=_positive_float, default=2.0,
                         help="seconds between reads of the topic list from etcd (default 2)")
     parser.add_argument("--no-dagster", action="store_true", help="do not record materializations in Dagster")
-    parser.add_argument("--ready-file", default=None, help="write {\"pid\": N} here once connected")
+    parser.add_argument("--ready-file", default=None,
+                        help="write {\"pid\": N} here once connected (and \"metrics_addr\" with --metrics-listen)")
+    parser.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port; default off)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default="text", choices=logs.LOG_FORMATS,
+                        help="text lines, or one JSON object per line with a topic field where it applies")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.metrics_listen is not None:
+        try:
+            parse_listen(args.metrics_listen)
+        except ValueError as exc:
+            parser.error(f"--metrics-listen: {exc}")
+    logs.configure(args.log_level, args.log_format)
     # the Dagster instance's SQL storage runs Alembic at open; its INFO lines ("Context impl
     # SQLiteImpl.", "Will assume non-transactional DDL.") say nothing to a writer's reader
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))

@@ -13,13 +13,53 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.lake.tiering import TableReport, TieringReport
 
-__all__ = ["iceberg_table_metadata", "known", "segment_objects_metadata"]
+__all__ = [
+    "PARTITION_ROW_COUNT",
+    "ROW_COUNT",
+    "TABLE_NAME",
+    "iceberg_table_metadata",
+    "known",
+    "segment_objects_metadata",
+    "table_metadata",
+]
+
+ROW_COUNT = "dagster/row_count"
+"""Dagster's standard key for the rows of a table asset (``TableMetadataSet.row_count``): the UI
+shows it on the asset and plots it over materializations."""
+PARTITION_ROW_COUNT = "dagster/partition_row_count"
+"""Dagster's standard key for the rows of the materialized partition (``TableMetadataSet``)."""
+TABLE_NAME = "dagster/table_name"
+"""Dagster's standard key for the table's fully qualified name (``catalog.ns.table``)."""
 
 
 def known(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` without the entries whose value is ``None`` (unknown, so not shown rather
     than written as a sentinel)."""
     return {key: value for key, value in values.items() if value is not None}
+
+
+def table_metadata(
+    table_name: str, row_count: int | None, *, partition_row_count: int | None = None
+) -> dict[str, Any]:
+    """Dagster's standard table entries (:data:`ROW_COUNT`, :data:`PARTITION_ROW_COUNT`,
+    :data:`TABLE_NAME`), unknown ones left out.
+
+    Args:
+        table_name: ``catalog.ns.table``.
+        row_count: rows in the whole table, ``None`` when unknown.
+        partition_row_count: rows of the asset partition materialized (a topic's, a day's),
+            ``None`` when unknown.
+
+    Returns:
+        Metadata entries to merge into a materialization's.
+    """
+    return known(
+        {
+            TABLE_NAME: MetadataValue.text(table_name),
+            ROW_COUNT: MetadataValue.int(row_count) if row_count is not None else None,
+            PARTITION_ROW_COUNT: MetadataValue.int(partition_row_count) if partition_row_count is not None else None,
+        }
+    )
 
 
 def segment_objects_metadata(report: TieringReport, objects: ObjectStore, topic: TopicName) -> dict[str, Any]:
@@ -61,11 +101,18 @@ def iceberg_table_metadata(report: TableReport, catalog_name: str) -> dict[str, 
     Returns:
         Metadata entries (rows, bytes, offsets, snapshot ids, data files, and
         ``publish_to_queryable_s``: seconds from the publish of the oldest record appended to
-        the commit, a float the UI plots per topic partition); unknown values are left out.
+        the commit, a float the UI plots per topic partition), with Dagster's standard
+        ``dagster/row_count`` and ``dagster/table_name`` (and ``dagster/partition_row_count``
+        for a topic with a table of its own: its rows are the partition's); unknown values are
+        left out.
     """
-    return known(
+    name = f"{catalog_name}.{report.table}"
+    standard = table_metadata(
+        name, report.row_count, partition_row_count=report.row_count if report.partition is None else None
+    )
+    return standard | known(
         {
-            "table": f"{catalog_name}.{report.table}",
+            "table": name,
             "publish_to_queryable_s": (
                 MetadataValue.float(round(lag_s, 3)) if (lag_s := report.publish_to_queryable_s) is not None else None
             ),

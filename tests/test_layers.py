@@ -41,6 +41,7 @@ BASE = (
     "danube_pipeline.names",
     "danube_pipeline.modes",
     "danube_pipeline.settings",
+    "danube_pipeline.logs",
     "danube_pipeline.outages",
     "danube_pipeline.partitions",
     "danube_pipeline.format",
@@ -51,7 +52,7 @@ BASE = (
     "danube_pipeline.auth",
 )
 #: What the base install's dependencies bring, by top-level import name.
-BASE_THIRD_PARTY = {"aetcd", "grpc", "google", "crc32c", "click", "jwt", "cryptography"}
+BASE_THIRD_PARTY = {"aetcd", "grpc", "google", "crc32c", "click", "jwt", "cryptography", "prometheus_client"}
 EXTRA_SHARED = ("danube_pipeline.schemas", "danube_pipeline.storage")
 LAKE = ("danube_pipeline.lake",)
 DEV = ("danube_pipeline.dev",)

@@ -17,6 +17,7 @@ throughput shows the age of its backlog, not the time since its last commit.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,11 +36,27 @@ if TYPE_CHECKING:
     from danube_pipeline.client.types import SegmentInfo, TopicDescription
     from danube_pipeline.metadata.store import MetadataStore
 
-__all__ = ["DEFAULT_FRESHNESS_LIMIT_S", "Freshness", "FreshnessAdmin", "table_freshness"]
+__all__ = ["DEFAULT_FRESHNESS_LIMIT_S", "Freshness", "FreshnessAdmin", "freshness_limit_s", "oldest_pending_ms", "table_freshness"]
 
 DEFAULT_FRESHNESS_LIMIT_S = 120.0
 """The ``fresh`` check's default limit, in seconds: four times the 30 s produce-to-queryable
 target of ``make dev`` (``benchmarks/freshness.py``), so a short hiccup does not fail it."""
+
+
+def freshness_limit_s() -> float:
+    """The ``fresh`` check's limit in seconds, and the table assets' freshness policy's: ``DANUBE_FRESHNESS_LIMIT_S``, default
+    :data:`DEFAULT_FRESHNESS_LIMIT_S`.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    raw = os.environ.get("DANUBE_FRESHNESS_LIMIT_S")
+    if not raw:
+        return DEFAULT_FRESHNESS_LIMIT_S
+    limit = float(raw)
+    if not limit > 0:
+        raise ValueError(f"DANUBE_FRESHNESS_LIMIT_S must be a positive number of seconds, got {raw!r}")
+    return limit
 
 
 class FreshnessAdmin(Protocol):
@@ -83,7 +100,18 @@ class Freshness:
         return self.lag_s <= self.limit_s
 
 
-def _oldest_pending_ms(first_pending: int, segments: Sequence[SegmentInfo], last_commit_ms: int | None) -> int | None:
+def oldest_pending_ms(first_pending: int, segments: Sequence[SegmentInfo], last_commit_ms: int | None) -> int | None:
+    """When the record ``first_pending`` was appended, at the latest (module docstring): the
+    creation of the sealed segment holding it, else the newest sealing or ``last_commit_ms``.
+
+    Args:
+        first_pending: the first offset not queryable in the table.
+        segments: the topic's sealed WAL segments (``ListSealedSegments``).
+        last_commit_ms: the table's newest snapshot time, ms since the Unix epoch, or ``None``.
+
+    Returns:
+        Milliseconds since the Unix epoch, ``None`` when nothing bounds it.
+    """
     for s in sorted(segments, key=lambda s: s.start_offset):
         if s.end_offset >= first_pending:
             return s.created_at_ms
@@ -142,7 +170,7 @@ async def table_freshness(
     lag_s = 0.0
     if pending:
         segments = await admin.list_sealed_segments(topic.path)
-        since = _oldest_pending_ms(first_pending, segments, last_commit_ms)
+        since = oldest_pending_ms(first_pending, segments, last_commit_ms)
         lag_s = max(0.0, (now - since) / 1000) if since is not None else 0.0
     return Freshness(
         topic=topic.path,
