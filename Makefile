@@ -11,6 +11,9 @@ DEV_HOME ?=
 BROKERS ?= 1
 # `make dev SECURE=1`: TLS (client certificates required), tokens and authorization, files in .danube/dev/security.
 SECURE ?=
+# `make dev METRICS=1`: brokers serve /metrics (127.0.0.1:9400, 9401, ...), the writer too (127.0.0.1:9641),
+# and Prometheus (Debian's package) scrapes them with the alert rules, at http://127.0.0.1:9090.
+METRICS ?=
 
 .PHONY: setup demo test test-fast dev bench bench-peers proto typecheck clean
 
@@ -40,7 +43,7 @@ test-fast: $(VENV)/.installed-dev
 # etcd, BROKERS brokers (ports 6650, 6651, ...) and the Dagster UI and daemon, until Ctrl-C, in
 # $(DEV_HOME) or .danube/dev. (Brokers without Dagster: python -m danube_pipeline.dev.localcluster --brokers N.)
 dev: $(VENV)/.installed-demo
-	$(BIN)/danube-pipeline dev --brokers $(BROKERS) $(if $(DEV_HOME),--home $(DEV_HOME)) $(if $(SECURE),--secure)
+	$(BIN)/danube-pipeline dev --brokers $(BROKERS) $(if $(DEV_HOME),--home $(DEV_HOME)) $(if $(SECURE),--secure) $(if $(METRICS),--metrics)
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py

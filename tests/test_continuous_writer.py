@@ -21,7 +21,7 @@ from assets.continuous_writer import ContinuousWriter, WriterConfig, WriterConfi
 from danube_pipeline import settings
 from danube_pipeline.lake import iceberg
 from danube_pipeline.client import DanubeClient
-from danube_pipeline.dev.cli import DevStack
+from danube_pipeline.dev.stack import DevStack
 from danube_pipeline.dev.localcluster import BrokerProcess, ContinuousWriterProcess
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from danube_pipeline.dev.cli import missing_brokers_note, add_backfill_days, brokers_not_running, read_env_file, write_env_file
+from danube_pipeline.dev.cli import add_backfill_days, brokers_not_running, missing_brokers_note
+from danube_pipeline.dev.stack import read_env_file, write_env_file
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName

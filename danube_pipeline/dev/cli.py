@@ -22,9 +22,9 @@ instance's storage in ``<state>/dagster`` (``DANUBE_DAGSTER_STORAGE``). ``dev --
 
 ``dev --secure`` starts the same stack with TLS, token authentication and authorization on
 (:mod:`danube_pipeline.dev.secure`: a local CA, certificates, tokens and roles under
-``<state>/security``); ``env`` then exports the ``app`` principal's credentials.
+``<state>/security``); ``env`` then exports the ``app`` principal's credentials. etcd then
+serves TLS only, with authentication on (:mod:`danube_pipeline.dev.etcd_auth`).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -32,65 +32,38 @@ import asyncio
 import datetime as dt
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from danube_pipeline import settings
+from danube_pipeline import logs, settings
 from danube_pipeline.dev.localcluster import (
     DEV_COMMIT_INTERVAL_S,
     DEV_SEGMENT_MAX_AGE_S,
-    BrokerProcess,
-    ContinuousWriterProcess,
-    EtcdServer,
-    broker_data_dir,
-    die_with_parent,
 )
-from danube_pipeline.dev.drain import drain_and_wait
-from danube_pipeline.dev.secure import ADMIN, APP, PIPELINE, DevSecurity
+from danube_pipeline.dev.etcd_auth import etcd_banner_lines
+from danube_pipeline.dev.secure import (
+    ADMIN,
+    APP,
+    PIPELINE,
+    DevSecurity,
+)
 from danube_pipeline.metadata import keys
+from danube_pipeline.metadata.connection import EtcdSecurity
+from danube_pipeline.metadata.etcd import split_endpoint
 from danube_pipeline.metadata.store import MetadataStore
-
-DRAIN_TIMEOUT_S = 120.0
-"""How long a stop waits for tiering to copy what a drained broker released (seconds)."""
+from danube_pipeline.dev.stack import (
+    DEV_WRITER_METRICS_LISTEN,
+    ENV_FILE,
+    DevStack,
+    dagster_home,
+    read_env_file,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that stop ``danube-pipeline dev`` as Ctrl-C does (with the full clean-up)."""
-
-DAGSTER_STORAGE_ENV = "DANUBE_DAGSTER_STORAGE"
-"""Where ``dagster_home/dagster.yaml`` puts the instance's run, event and schedule storage."""
-
-
-def dagster_home(explicit: str | None = None) -> Path:
-    """The Dagster instance configuration directory: ``explicit``, else ``$DAGSTER_HOME``, else
-    ``./dagster_home`` (the repository's, when run from its root as the Makefile does).
-
-    Raises:
-        FileNotFoundError: the directory has no ``dagster.yaml``.
-    """
-    path = Path(explicit or os.environ.get("DAGSTER_HOME") or "dagster_home").resolve()
-    if not (path / "dagster.yaml").is_file():
-        raise FileNotFoundError(
-            f"no dagster.yaml in {path}: run from the repository root or set DAGSTER_HOME"
-        )
-    return path
-
-
-def dg_binary() -> str:
-    """The ``dg`` command of ``dagster-dg-cli`` beside this interpreter, else on ``PATH``.
-
-    Raises:
-        FileNotFoundError: ``dagster-dg-cli`` is not installed (``pip install 'danube-pipeline[pipeline]'``).
-    """
-    found = shutil.which("dg", path=str(Path(sys.executable).parent)) or shutil.which("dg")
-    if found is None:
-        raise FileNotFoundError("the `dg` command is missing: pip install 'danube-pipeline[pipeline]'")
-    return found
-
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from danube_pipeline.dev.demo import DemoError, run_demo
@@ -114,251 +87,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-ENV_FILE = "env.sh"
-"""The file in a ``dev`` state directory holding the ``export`` lines of its running stack."""
-
-
-def write_env_file(home: Path, exports: dict[str, str]) -> Path:
-    """Write ``home/env.sh``: one ``export NAME=value`` line per variable, shell-quoted, so
-    ``eval "$(danube-pipeline env)"`` or ``. .danube/dev/env.sh`` points a shell at the stack.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
-    path = home / ENV_FILE
-    home.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(exports.items())))
-    return path
-
-
-def read_env_file(home: Path) -> dict[str, str]:
-    """The variables :func:`write_env_file` wrote in ``home``.
-
-    Raises:
-        FileNotFoundError: ``home`` holds no ``env.sh`` (no ``dev`` ever started there); the
-            message says so.
-    """
-    path = home / ENV_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {ENV_FILE} in {home}: start `make dev` (or danube-pipeline dev --home {home}) first")
-    exports = {}
-    for line in path.read_text().splitlines():
-        name, _, quoted = line.removeprefix("export ").partition("=")
-        (value,) = shlex.split(quoted) or [""]
-        exports[name] = value
-    return exports
-
-
-class DevStack:
-    """What ``make dev`` runs: etcd, N brokers, the continuous writer and the Dagster UI and
-    daemon (``dg dev``), with every ``DANUBE_*`` variable pointing at ``home``.
-
-    ``danube-pipeline dev`` and ``benchmarks/freshness.py`` both start it, so the benchmark
-    measures the ``make dev`` defaults. :meth:`stop` stops every process it started, by pid:
-    Dagster (SIGINT, as Ctrl-C), the writer, the brokers (last first), then etcd.
-    """
-
-    def __init__(
-        self,
-        home: Path,
-        *,
-        dagster_home: Path | None,
-        brokers: int = 1,
-        host: str = "127.0.0.1",
-        etcd_host: str | None = None,
-        etcd_port: int | None = None,
-        broker_port: int = 0,
-        dagster_port: int = 3000,
-        segment_max_age_s: float = DEV_SEGMENT_MAX_AGE_S,
-        writer: bool = True,
-        commit_interval_s: float = DEV_COMMIT_INTERVAL_S,
-        ui: bool = True,
-        secure: bool = False,
-    ) -> None:
-        """Args:
-        home: the state directory (etcd, WALs, objects, catalog, Dagster storage); kept.
-        dagster_home: the Dagster instance configuration (:func:`dagster_home`); ``None``
-            starts no Dagster, and the writer then records no materializations.
-        brokers: how many brokers, on consecutive ports from ``broker_port`` (``0``: free ones).
-        host: interface the brokers (and etcd, unless ``etcd_host`` is given) listen on.
-        etcd_host: interface etcd listens on; ``host`` when ``None``.
-        etcd_port: etcd's client port; a free one when ``None``.
-        broker_port: port of the first broker.
-        dagster_port: the Dagster UI's port.
-        segment_max_age_s: the brokers' ``--segment-max-age-s``.
-        writer: start the continuous writer (:mod:`assets.continuous_writer`).
-        commit_interval_s: the writer's ``--commit-interval-s``.
-        ui: start ``dg dev`` (when ``dagster_home`` is given); ``False`` keeps only the
-            writer's materializations in the instance (tests).
-        secure: TLS with client certificates, token authentication and authorization
-            (:mod:`danube_pipeline.dev.secure`); the writer and Dagster connect as
-            ``pipeline``, ``env.sh`` exports the ``app`` credentials.
-        """
-        self.home = home
-        self.dagster_home = dagster_home
-        self.dagster_port = dagster_port
-        self.ui = ui
-        self.etcd = EtcdServer(home / "etcd", host=etcd_host or host, client_port=etcd_port)
-        self.host = host
-        self.security = DevSecurity.at(home) if secure else None
-        security_args = self.security.broker_args() if self.security is not None else []
-        # a broker's own client (the rebalancer's unloader) must not pick up a shell's token
-        # or TLS files: it calls as a broker, with the broker's certificate
-        broker_env = dict.fromkeys(("DANUBE_TOKEN_FILE", "DANUBE_TLS_CA_FILE", "DANUBE_TLS_CERT_FILE",
-                                    "DANUBE_TLS_KEY_FILE"), "") if secure else None
-        self.brokers = [
-            BrokerProcess(
-                etcd_endpoints=self.etcd.endpoints,
-                data_dir=broker_data_dir(home, i),
-                host=host,
-                port=broker_port + i if broker_port else 0,
-                segment_max_age_s=segment_max_age_s,
-                extra_args=["--object-store-url", (home / "objects").as_uri(), *security_args],
-                env=broker_env,
-            )
-            for i in range(brokers)
-        ]
-        self.start_writer = writer
-        self.commit_interval_s = commit_interval_s
-        self.writer: ContinuousWriterProcess | None = None
-        self.dagster: subprocess.Popen[bytes] | None = None
-        self.env: dict[str, str] = {}
-
-    def start(self) -> None:
-        """Start etcd, the brokers, the writer (waiting until each is ready), then Dagster.
-
-        Call it from the main thread (the children follow the thread that started them).
-        When one fails, everything started so far is stopped.
-
-        Raises:
-            RuntimeError: a process exited or was not ready in time (the message carries its
-                log tail).
-            FileNotFoundError: ``dg`` is missing.
-        """
-        try:
-            if self.security is not None:
-                DevSecurity.prepare(self.home, hosts=[self.host])
-            self.etcd.start()
-            if self.security is not None:  # before the brokers: their first calls are decided by them
-                asyncio.run(self.security.write_grants(self.etcd.endpoints))
-            for broker in self.brokers:
-                broker.start()
-            exports = settings.environment(self.home, etcd_endpoints=self.etcd.endpoints, broker_addresses=self.addresses)
-            if self.dagster_home is not None:
-                exports |= {"DAGSTER_HOME": str(self.dagster_home), DAGSTER_STORAGE_ENV: str(self.home / "dagster")}
-            own: dict[str, str] = {}
-            if self.security is not None:  # env.sh: the app; the writer and Dagster: the pipeline
-                own = self.security.client(PIPELINE).env()
-                exports |= self.security.client(APP).env()
-            write_env_file(self.home, exports)
-            self.env = {**os.environ, **exports, **own}
-            if self.start_writer:
-                # before Dagster: the writer opens (creates) the instance's storage first
-                self.writer = ContinuousWriterProcess(
-                    state_dir=self.home / "writer",
-                    env=self.env,
-                    commit_interval_s=self.commit_interval_s,
-                    dagster=self.dagster_home is not None,
-                )
-                self.writer.start()
-            if self.dagster_home is not None and self.ui:
-                # dies with this launcher even when it is SIGKILLed (no clean-up then). At the
-                # default INFO level the daemon logs two lines per sensor tick ("Checking for new
-                # runs", "No run requests returned ... skipping"); runs show in the UI.
-                self.dagster = subprocess.Popen(
-                    die_with_parent([dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port),
-                                     "--log-level", "warning"]),
-                    env=self.env,
-                )
-        except BaseException:
-            self.stop()
-            raise
-
-    def client_options(self, principal: str) -> dict[str, Any]:
-        """:class:`~danube_pipeline.client.DanubeClient` arguments connecting as ``principal``
-        (``admin``, ``pipeline``, ``app``) when ``secure``; empty otherwise (plaintext).
-
-        Raises:
-            OSError: the token file cannot be read.
-        """
-        if self.security is None:
-            return {}
-        creds = self.security.client(principal)
-        return {"tls_ca_file": creds.ca_file, "tls_cert_file": creds.cert_file, "tls_key_file": creds.key_file,
-                "token": creds.token()}
-
-    @property
-    def addresses(self) -> list[str]:
-        """Every broker's ``host:port``, in start order."""
-        return [broker.address for broker in self.brokers]
-
-    def exited(self) -> list[str]:
-        """The processes that were started and are no longer running (``"etcd"``,
-        ``"broker N"``, ``"continuous writer"``, ``"dagster"``)."""
-        gone = ["etcd"] if self.etcd.exited else []
-        gone += [f"broker {i + 1}" for i, broker in enumerate(self.brokers) if broker.exited]
-        if self.writer is not None and self.writer.exited:
-            gone.append("continuous writer")
-        if self.dagster is not None and self.dagster.poll() is not None:
-            gone.append("dagster")
-        return gone
-
-    def stop(self) -> None:
-        """Stop every process started, by pid: Dagster (SIGINT, SIGKILL after 30 s); the
-        brokers after the first, last first, each drained and stopped once the writer tiered
-        what it released (:func:`~danube_pipeline.dev.drain.drain_and_wait`, at most
-        :data:`DRAIN_TIMEOUT_S`); the writer; the first broker (it releases its topics and
-        keeps their segments, served again at the next start); etcd (SIGTERM, SIGKILL after a
-        grace period). Idempotent."""
-        if self.dagster is not None:
-            if self.dagster.poll() is None:
-                self.dagster.send_signal(signal.SIGINT)
-                try:
-                    self.dagster.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.dagster.kill()
-                    self.dagster.wait(timeout=10)
-            self.dagster = None
-        for broker in reversed(self.brokers[1:]):
-            self._drain(broker)
-            broker.stop()
-        if self.writer is not None:
-            self.writer.stop()
-        for broker in self.brokers[:1]:
-            broker.stop()
-        self.etcd.stop()
-
-    def _drain(self, broker: BrokerProcess) -> None:
-        """Drain ``broker`` and wait for tiering (while etcd, the broker and the writer run);
-        say on stderr what it leaves behind when that fails or times out."""
-        if broker.exited or self.etcd.exited:
-            return
-        if self.writer is None or self.writer.exited:
-            print(f"stopping broker {broker.address} without waiting for tiering: no continuous writer runs; "
-                  "what it released stays on its disk until it runs again", file=sys.stderr)
-            return
-        print(f"draining broker {broker.address} (id {broker.broker_id}) ...", file=sys.stderr, flush=True)
-        try:
-            waiting = asyncio.run(
-                drain_and_wait(self.etcd.endpoints, broker.address, broker.broker_id, timeout_s=DRAIN_TIMEOUT_S,
-                               client_options=self.client_options(ADMIN))
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed drain must not stop the clean-up
-            print(f"draining broker {broker.address} failed ({exc}); stopping it anyway", file=sys.stderr)
-            return
-        if waiting:
-            print(f"broker {broker.address}: not tiered after {DRAIN_TIMEOUT_S:g} s, readable again when it "
-                  f"runs: {'; '.join(waiting)}", file=sys.stderr)
-
-
-async def brokers_not_running(etcd_endpoints: list[str], running: set[int]) -> dict[int, int]:
+async def brokers_not_running(
+    etcd_endpoints: list[str], running: set[int], *, etcd_security: EtcdSecurity | None = None
+) -> dict[int, int]:
     """Broker ids that hold topic assignments (``docs/etcd-layout.md`` §1.4) but are not in
-    ``running``, each with its number of assigned topics.
+    ``running``, each with its number of assigned topics (etcd reached with ``etcd_security``;
+    default the ``DANUBE_ETCD_*`` variables).
 
     Raises:
         MetadataStoreError: etcd cannot be reached.
     """
-    async with await MetadataStore.connect(etcd_endpoints) as store:
+    async with await MetadataStore.connect(etcd_endpoints, security=etcd_security) as store:
         kvs, _ = await store.get_prefix(keys.BROKERS_PREFIX)
     absent: dict[int, int] = {}
     for kv in kvs:
@@ -383,10 +122,11 @@ def missing_brokers_note(absent: dict[int, int], started: int) -> str:
     )
 
 
-def security_banner(security: DevSecurity) -> str:
-    """What ``dev --secure`` prints about security: what is on and where the files are."""
+def security_banner(security: DevSecurity, etcd_url: str | None = None) -> str:
+    """What ``dev --secure`` prints about security: what is on and where the files are, and,
+    given etcd's ``https://host:port``, the ``etcdctl`` command line that reads its metadata."""
     admin = security.client(ADMIN)
-    return (
+    banner = (
         f"security  on: TLS with client certificates, tokens, authorization; CA, certificates, tokens in "
         f"{security.directory}\n"
         f"          env.sh connects as `{APP}` (its topics in namespace default); the writer "
@@ -394,6 +134,9 @@ def security_banner(security: DevSecurity) -> str:
         f"          as the super-admin: DANUBE_TOKEN_FILE={admin.token_file} DANUBE_TLS_CERT_FILE={admin.cert_file} "
         f"DANUBE_TLS_KEY_FILE={admin.key_file} danube-admin ..."
     )
+    if etcd_url is not None:
+        banner += "\n          " + "\n          ".join(etcd_banner_lines(etcd_url, security))
+    return banner
 
 
 def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
@@ -402,7 +145,7 @@ def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
 
 def _cmd_dev(args: argparse.Namespace) -> int:
     home = _dev_home(args.home)
-    etcd_host, _, etcd_port = settings.etcd_endpoints()[0].partition(":")
+    etcd_host, etcd_port = split_endpoint(settings.etcd_endpoints()[0])  # env.sh's may read https://host:port
     broker_host, _, broker_port = settings.broker_addresses()[0].partition(":")
     stack = DevStack(
         home,
@@ -417,24 +160,33 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         writer=not args.no_writer,
         commit_interval_s=args.commit_interval_s,
         secure=args.secure,
+        writer_metrics_listen=args.writer_metrics_listen or (DEV_WRITER_METRICS_LISTEN if args.metrics else None),
+        log_format=args.log_format,
+        metrics=args.metrics,
     )
+    if args.log_format == "json":  # the launcher's own log lines too (its banner stays text)
+        logs.configure("INFO", "json")
     home_arg = f" --home {shlex.quote(args.home)}" if args.home else ""
     previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in STOP_SIGNALS}
     try:
         stack.start()
-        absent = asyncio.run(brokers_not_running(stack.etcd.endpoints, {b.broker_id for b in stack.brokers}))
+        absent = asyncio.run(brokers_not_running(stack.etcd_endpoints, {b.broker_id for b in stack.brokers},
+                                                 etcd_security=stack.etcd_security))
         if absent:
             print(missing_brokers_note(absent, len(stack.brokers)), file=sys.stderr)
         etcd = stack.etcd
-        print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)")
+        print(f"etcd      {etcd.endpoint}   (.venv/bin/etcdctl --endpoints={etcd.endpoint} get / --prefix --keys-only)"
+              if stack.security is None else f"etcd      {etcd.client_url}   (TLS, users: etcdctl under security)")
         for broker in stack.brokers:
             print(f"broker    {broker.address}   id {broker.broker_id}   WAL in {broker.data_dir}")
         if stack.writer is not None:
             print(f"writer    pid {stack.writer.pid}   commits sealed segments within ~{args.commit_interval_s:g} s; "
                   f"log {stack.writer.log_path}")
         print(f"dagster   http://localhost:{args.port}   runs in {home / 'dagster'}")
+        if stack.prometheus is not None:
+            print(stack.prometheus.banner())
         if stack.security is not None:
-            print(security_banner(stack.security))
+            print(security_banner(stack.security, etcd.client_url))
         print(f"env       {home / ENV_FILE}: in another shell, eval \"$(.venv/bin/danube-pipeline env{home_arg})\" "
               "points danube-admin, clients, pyiceberg and dagster at this stack")
         print("Ctrl-C (or SIGTERM, SIGHUP) stops them all.", flush=True)
@@ -562,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--secure", action="store_true",
                      help="TLS (client certificates required), token authentication and authorization on: "
                           "a local CA, certificates, tokens and roles in HOME/security")
+    dev.add_argument("--writer-metrics-listen", metavar="HOST:PORT", help="the writer's /metrics (default off)")
+    dev.add_argument("--metrics", action="store_true",
+                     help="brokers serve /metrics on 127.0.0.1:9400+i, the writer on "
+                          f"{DEV_WRITER_METRICS_LISTEN}; a Prometheus scrapes them (http://127.0.0.1:9090)")
+    dev.add_argument("--log-format", choices=logs.LOG_FORMATS, default="text", help="the children's log lines")
     dev.set_defaults(func=_cmd_dev)
     env = sub.add_parser("env", help="print the exports that point a shell at the running dev stack")
     env.add_argument("--home", default=None, help="the dev state directory (default $DANUBE_HOME/dev)")

@@ -339,7 +339,7 @@ def _dagster_launch(select: str, *, partition: str | None = None) -> None:
     environment)."""
     from dagster import DagsterInstance
 
-    from danube_pipeline.dev.cli import dg_binary
+    from danube_pipeline.dev.stack import dg_binary
 
     with DagsterInstance.get() as instance:
         if not instance.has_dynamic_partition("topics", TOPIC.partition_key):
@@ -564,7 +564,7 @@ def run_demo(
         DemoError: a check failed; the message names the stage.
         RuntimeError: etcd or the broker did not start (with its log tail).
     """
-    from danube_pipeline.dev.cli import DAGSTER_STORAGE_ENV
+    from danube_pipeline.dev.stack import DAGSTER_STORAGE_ENV
 
     summary = DemoSummary()
     if home.exists():
