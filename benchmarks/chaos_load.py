@@ -22,7 +22,7 @@ from typing import Any
 import faults_scenarios as fs
 import grpc
 
-from danube_pipeline.client import Consumer, DanubeClient, InitialPosition, Producer, SubscriptionType
+from danube_pipeline.client import Consumer, DanubeClient, InitialPosition, Message, Producer, SubscriptionType
 from danube_pipeline.error_codec import RemoteError
 from danube_pipeline.errors import DanubeError, ProducerClosedError
 from danube_pipeline.lake.tiering import tier_sealed_segments
@@ -118,6 +118,10 @@ class Ledger:
 
 RETRY_PAUSE_S = 0.3
 """How long a producer or consumer loop waits after a failed connect or open."""
+
+
+_CONSUMER_STEPS = {"connect": "consumer connect", "open": "consumer open", "receive": "consumer"}
+"""How the ledger names a consumer's failure at each step of :func:`faults_scenarios.consume_until_stopped`."""
 
 
 async def try_connect(addresses: Sequence[str], ledger: Ledger, what: str) -> DanubeClient | None:
@@ -271,40 +275,25 @@ class LiveConsumer:
             await fs.bounded(self._task, 20)
 
     async def _run(self) -> None:
-        client: DanubeClient | None = None
-        try:
-            while not self._stop.is_set():
-                if client is None:
-                    client = await try_connect(self.addresses, self.ledger, "consumer connect")
-                    if client is None:
-                        continue
-                consumer = client.consumer(
-                    self.topic, subscription="live", subscription_type=SubscriptionType.EXCLUSIVE,
-                    initial_position=InitialPosition.EARLIEST, receiver_queue_size=1000, ack_batch_size=100,
-                    ack_flush_ms=50,
-                )  # fmt: skip
-                if not await try_open(consumer, self.ledger, "consumer open"):
-                    continue
-                self.opens += 1
-                try:
-                    while not self._stop.is_set():
-                        try:
-                            message = await consumer.receive(timeout_ms=250)
-                        except TimeoutError:
-                            continue
-                        self.deliveries += 1
-                        ident = ident_of(message.payload)
-                        if ident is not None:
-                            self.received.add(ident)
-                        await consumer.ack(message)
-                except DanubeError as exc:
-                    self.ledger.note(exc, "consumer")
-                    await asyncio.sleep(0.3)
-                finally:
-                    await fs.bounded(consumer.close(), 10)
-        finally:
-            if client is not None:
-                await fs.bounded(client.close(), 10)
+        def on_message(message: Message) -> None:
+            self.deliveries += 1
+            ident = ident_of(message.payload)
+            if ident is not None:
+                self.received.add(ident)
+
+        def on_open() -> None:
+            self.opens += 1
+
+        await fs.consume_until_stopped(
+            self._stop, lambda: fs.connected(new_client(self.addresses)),
+            lambda client: client.consumer(
+                self.topic, subscription="live", subscription_type=SubscriptionType.EXCLUSIVE,
+                initial_position=InitialPosition.EARLIEST, receiver_queue_size=1000, ack_batch_size=100,
+                ack_flush_ms=50,
+            ),
+            on_message, lambda exc, step: self.ledger.note(exc, _CONSUMER_STEPS[step]),
+            on_open=on_open, open_timeout_s=15, pause_s=RETRY_PAUSE_S,
+        )  # fmt: skip
 
 
 class TieringLoop:

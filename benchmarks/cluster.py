@@ -72,9 +72,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import faults_scenarios as fs
 import load_manager_sim
 from faults import broker_flags, say
+from results import counts_per_bin, write_result
 
 from broker.cluster.load_manager import coefficient_of_variation
-from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType
+from danube_pipeline.client import DanubeClient, InitialPosition, Message, Producer, SubscriptionType
 from danube_pipeline.dev.localcluster import BrokerProcess, LocalCluster, free_port
 from danube_pipeline.errors import DanubeError, ProducerClosedError
 from danube_pipeline.metadata import keys
@@ -120,6 +121,10 @@ class Summary:
     cv: float = math.nan
     sim_cv: float = math.nan
     failed: list[str] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    """``(time.monotonic(), "move" | "kill")`` of each unload call and the SIGKILL (for the timeline)."""
+    ack_times: list[float] = field(default_factory=list)
+    """``time.monotonic()`` of every ack of the load, from its start (for the timeline)."""
 
     @property
     def move_p99_ms(self) -> float:
@@ -139,6 +144,18 @@ SUMMARY = Summary()
 _FINISHED = threading.Event()
 _CHILD_PIDS: set[int] = set()
 """Pids of the processes this run started and has not stopped (the watchdog's last resort)."""
+
+
+def timeline(summary: Summary, bin_s: float = 0.1) -> dict[str, Any]:
+    """``cluster.json`` (``benchmarks/results.py``): acks per ``bin_s`` from the first ack, the
+    moves (with their durations) and the SIGKILL on the same clock, and the closing figures."""
+    start = summary.ack_times[0] if summary.ack_times else 0.0
+    moves = iter(summary.move_ms)
+    events = [{"t_s": t - start, "kind": kind, "duration_ms": next(moves, None) if kind == "move" else None}
+              for t, kind in summary.events]
+    return {"bin_s": bin_s, "acks_per_bin": counts_per_bin(summary.ack_times, start, bin_s), "events": events,
+            "move_ms": summary.move_ms, "failover_s": summary.failover_s, "cv": summary.cv, "sim_cv": summary.sim_cv,
+            "lost": summary.lost, "duplicated": summary.duplicated, "failed": summary.failed}
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -394,49 +411,29 @@ class Load:
                 fut.add_done_callback(functools.partial(self._on_done, p, ident))
 
     async def _consume(self) -> None:
-        client: DanubeClient | None = None
-        try:
-            while not self._stop_consuming.is_set():
-                if client is None:
-                    client = await self._connect()
-                    if client is None:
-                        continue
-                consumer = client.consumer(
-                    self.topic, subscription="check", subscription_type=SubscriptionType.EXCLUSIVE,
-                    initial_position=InitialPosition.EARLIEST, receiver_queue_size=2000, ack_batch_size=200,
-                    ack_flush_ms=50,
-                )  # fmt: skip
-                opened = await fs.bounded(consumer.open(), 10)
-                if not opened.ok:
-                    self._note(opened.error or RuntimeError("open failed"))
-                    await fs.bounded(consumer.close(), 5)
-                    await asyncio.sleep(0.2)
-                    continue
-                self.opens["consumer"] += 1
-                try:
-                    while not self._stop_consuming.is_set():
-                        try:
-                            message = await consumer.receive(timeout_ms=250)
-                        except TimeoutError:
-                            continue
-                        self.deliveries += 1
-                        now = time.monotonic()
-                        if self.deliveries > 1 and now - self.last_receive_s > self.longest_gap[1] - self.longest_gap[0]:
-                            self.longest_gap = (self.last_receive_s, now, message.offset)
-                        self.last_receive_s = now
-                        self.last_offset = message.offset
-                        payload = message.payload
-                        if len(payload) == self.payload_bytes and payload[8:] == self._padding:
-                            self.received[int.from_bytes(payload[:8], "big")].add(message.offset)
-                        await consumer.ack(message)
-                except DanubeError as exc:
-                    self._note(exc)
-                    await asyncio.sleep(0.2)
-                finally:
-                    await fs.bounded(consumer.close(), 10)
-        finally:
-            if client is not None:
-                await fs.bounded(client.close(), 10)
+        def on_message(message: Message) -> None:
+            self.deliveries += 1
+            now = time.monotonic()
+            if self.deliveries > 1 and now - self.last_receive_s > self.longest_gap[1] - self.longest_gap[0]:
+                self.longest_gap = (self.last_receive_s, now, message.offset)
+            self.last_receive_s = now
+            self.last_offset = message.offset
+            payload = message.payload
+            if len(payload) == self.payload_bytes and payload[8:] == self._padding:
+                self.received[int.from_bytes(payload[:8], "big")].add(message.offset)
+
+        def on_open() -> None:
+            self.opens["consumer"] += 1
+
+        await fs.consume_until_stopped(
+            self._stop_consuming, lambda: fs.connected(new_client(self.addresses, backoff_ms=self.backoff_ms)),
+            lambda client: client.consumer(
+                self.topic, subscription="check", subscription_type=SubscriptionType.EXCLUSIVE,
+                initial_position=InitialPosition.EARLIEST, receiver_queue_size=2000, ack_batch_size=200,
+                ack_flush_ms=50,
+            ),
+            on_message, lambda exc, _step: self._note(exc), on_open=on_open,
+        )  # fmt: skip
 
 
 class Tiering:
@@ -540,6 +537,7 @@ async def moves_phase(run: Run, load: Load) -> None:
         before = await owner_of(run.meta, LOAD_TOPIC)
         position = load.ack_index()
         started = time.monotonic()
+        SUMMARY.events.append((started, "move"))
         unloaded = await fs.bounded(run.admin.admin.unload_topic(LOAD_TOPIC), MOVE_TIMEOUT_S)
         if not unloaded.ok or unloaded.value is None:
             say(f"  move {i + 1}: unload failed: {fs.describe(unloaded.error) if unloaded.error else '?'}")
@@ -585,6 +583,7 @@ async def failover_phase(run: Run, load: Load) -> None:
         f"{', the leader' if was_leader else ''})")
     position = load.ack_index()
     killed_at = run.killed_at = time.monotonic()
+    SUMMARY.events.append((killed_at, "kill"))
     _CHILD_PIDS.discard(victim.pid)
     victim.kill()
     bound_s = ttl + 15.0
@@ -729,6 +728,7 @@ async def run_cluster(args: argparse.Namespace, cluster: LocalCluster, rebalanci
     finally:
         if load is not None:
             await load.stop()
+            SUMMARY.ack_times = [t for t, _, _ in load.acks]
         if tiering is not None:
             await tiering.stop()
         await fs.bounded(admin.close(), 10)
@@ -834,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cluster: did not finish: {', '.join(SUMMARY.failed)}")
     say(f"cluster: {time.monotonic() - started:.0f} s in all")
     say(SUMMARY.line())
+    write_result("cluster", timeline(SUMMARY))
     return 1 if SUMMARY.failed else 0
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
-from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType
+from danube_pipeline.client import Consumer, DanubeClient, InitialPosition, Message, Producer, SubscriptionType
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 from danube_pipeline.error_codec import RemoteError
 from danube_pipeline.errors import DanubeError, ProducerClosedError
@@ -192,14 +192,86 @@ async def new_client(address: str, *, request_timeout_ms: int = 5000, retries: i
     Raises:
         BrokerUnavailableError: the broker did not answer.
     """
-    client = DanubeClient([address], request_timeout_ms=request_timeout_ms, metadata_retries=retries,
-                          retry_backoff_ms=100)
+    return await connected(DanubeClient([address], request_timeout_ms=request_timeout_ms, metadata_retries=retries,
+                                        retry_backoff_ms=100))
+
+
+async def connected(client: DanubeClient) -> DanubeClient:
+    """``client`` once connected; closed again if the connect fails.
+
+    Raises:
+        DanubeError: the connect's error (e.g. ``BrokerUnavailableError``).
+    """
     try:
         await client.connect()
     except BaseException:
         await bounded(client.close(), 5)
         raise
     return client
+
+
+ConsumeStep = str
+"""Where :func:`consume_until_stopped` failed: ``"connect"``, ``"open"`` or ``"receive"``."""
+
+
+async def consume_until_stopped(
+    stop: asyncio.Event,
+    connect: Callable[[], Awaitable[DanubeClient]],
+    subscribe: Callable[[DanubeClient], Consumer],
+    on_message: Callable[[Message], None],
+    on_error: Callable[[BaseException, ConsumeStep], None],
+    *,
+    on_open: Callable[[], None] = lambda: None,
+    open_timeout_s: float = 10.0,
+    pause_s: float = 0.2,
+) -> None:
+    """The consumer loop every load shares: receive (250 ms polls) and ack until ``stop`` is
+    set, connecting, subscribing and opening again after every failure.
+
+    Args:
+        stop: ends the loop; checked between receives.
+        connect: a connected client (:func:`connected`); its error is reported as ``"connect"``.
+        subscribe: the consumer to open on that client (it is closed after a failure).
+        on_message: called with each message before it is acked.
+        on_error: called with each failure and its step; the loop then pauses ``pause_s``.
+        on_open: called after each successful open.
+        open_timeout_s: the limit of one connect or open, in seconds.
+        pause_s: the pause after a failure, in seconds.
+    """
+    client: DanubeClient | None = None
+    try:
+        while not stop.is_set():
+            if client is None:
+                got = await bounded(connect(), open_timeout_s)
+                if not got.ok or got.value is None:
+                    on_error(got.error or RuntimeError("no client"), "connect")
+                    await asyncio.sleep(pause_s)
+                    continue
+                client = got.value
+            consumer = subscribe(client)
+            opened = await bounded(consumer.open(), open_timeout_s)
+            if not opened.ok:
+                on_error(opened.error or RuntimeError("open failed"), "open")
+                await bounded(consumer.close(), 5)
+                await asyncio.sleep(pause_s)
+                continue
+            on_open()
+            try:
+                while not stop.is_set():
+                    try:
+                        message = await consumer.receive(timeout_ms=250)
+                    except TimeoutError:
+                        continue
+                    on_message(message)
+                    await consumer.ack(message)
+            except DanubeError as exc:
+                on_error(exc, "receive")
+                await asyncio.sleep(pause_s)
+            finally:
+                await bounded(consumer.close(), 10)
+    finally:
+        if client is not None:
+            await bounded(client.close(), 10)
 
 
 # ---------------------------------------------------------------------------- processes
@@ -554,48 +626,25 @@ class SteadyLoad:
     # -- consumer
 
     async def _consume(self) -> None:
-        client: DanubeClient | None = None
-        try:
-            while not self._stop_consuming.is_set():
-                if client is None:
-                    got = await bounded(new_client(self.address), 10)
-                    if not got.ok or got.value is None:
-                        self._count_consumer_error(got.error or RuntimeError("no client"))
-                        await asyncio.sleep(0.2)
-                        continue
-                    client = got.value
-                consumer = client.consumer(
-                    self.topic, subscription=self.subscription, subscription_type=SubscriptionType.EXCLUSIVE,
-                    initial_position=InitialPosition.EARLIEST, receiver_queue_size=2000, ack_batch_size=200,
-                    ack_flush_ms=50,
-                )  # fmt: skip
-                opened = await bounded(consumer.open(), 10)
-                if not opened.ok:
-                    self._count_consumer_error(opened.error or RuntimeError("open failed"))
-                    await bounded(consumer.close(), 5)
-                    await asyncio.sleep(0.2)
-                    continue
-                self.consumer_opens += 1
-                try:
-                    while not self._stop_consuming.is_set():
-                        try:
-                            message = await consumer.receive(timeout_ms=250)
-                        except TimeoutError:
-                            continue
-                        self.deliveries += 1
-                        self.last_receive_s = time.monotonic()
-                        counter = self.counter_of(message.payload)
-                        if counter is not None:
-                            self.received.add(counter)
-                        await consumer.ack(message)
-                except DanubeError as exc:
-                    self._count_consumer_error(exc)
-                    await asyncio.sleep(0.2)
-                finally:
-                    await bounded(consumer.close(), 10)
-        finally:
-            if client is not None:
-                await bounded(client.close(), 10)
+        def on_message(message: Message) -> None:
+            self.deliveries += 1
+            self.last_receive_s = time.monotonic()
+            counter = self.counter_of(message.payload)
+            if counter is not None:
+                self.received.add(counter)
+
+        def on_open() -> None:
+            self.consumer_opens += 1
+
+        await consume_until_stopped(
+            self._stop_consuming, lambda: new_client(self.address),
+            lambda client: client.consumer(
+                self.topic, subscription=self.subscription, subscription_type=SubscriptionType.EXCLUSIVE,
+                initial_position=InitialPosition.EARLIEST, receiver_queue_size=2000, ack_batch_size=200,
+                ack_flush_ms=50,
+            ),
+            on_message, lambda exc, _step: self._count_consumer_error(exc), on_open=on_open,
+        )  # fmt: skip
 
     def _count_consumer_error(self, exc: BaseException) -> None:
         text = describe(exc)

@@ -67,6 +67,7 @@ from danube_pipeline.client import DanubeClient
 # Siblings: running ``python benchmarks/peers.py`` puts benchmarks/ first on sys.path.
 from loadgen import WARMUP_MESSAGES, Case, CaseResult, Session, measure
 from peer_servers import HOST, DanubeCluster, NatsServer, RedisServer, Server
+from results import peers_document, write_result
 
 TARGETS = ("danube", "redis", "nats", "nats-default")
 """Target names, in the order they run."""
@@ -189,11 +190,8 @@ class DanubeTarget(Target[DanubeCluster]):
             return {"fsyncs": (await topic_info())[1]}
 
         async with client.producer(
-            topic,
-            producer_name=f"peers-{case.key}",
-            linger_ms=options.linger_ms,
-            max_batch_messages=options.max_batch_messages,
-            max_in_flight_batches=options.max_in_flight_batches,
+            topic, producer_name=f"peers-{case.key}", linger_ms=options.linger_ms,
+            max_batch_messages=options.max_batch_messages, max_in_flight_batches=options.max_in_flight_batches,
         ) as producer:
             send_nowait = producer.send_nowait
 
@@ -584,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 target.stop()
     final = _summary(results)
+    write_result("peers", peers_document(results))
     if problems:
         print("\n!!! problems in this run:")
         for p in problems:

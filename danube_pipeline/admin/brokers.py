@@ -14,12 +14,19 @@ Verbs and the JSON each prints:
     releases every topic it owns (§1.4, §1.5, §5.3) and ends ``drained``; ``mode`` is read back
     from its state key in etcd (§1.3). An id is resolved to its address through the cluster
     metadata; an address must be a registered broker's.
+``brokers stats [--interval-s S] [--json]``
+    per broker: state, topics owned, msg/s in and out, WAL bytes, disk free, RPC errors, from
+    two scrapes of each broker's ``/metrics``; the document is described in
+    :mod:`danube_pipeline.admin.stats`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
+from danube_pipeline.admin import stats
 from danube_pipeline.admin.arguments import is_address
 from danube_pipeline.admin.config import Config, danube_client, metadata_store, run
 from danube_pipeline.admin.output import Json, cell, emit, table
@@ -120,3 +127,15 @@ def brokers_drain(cfg: Config, address_or_id: str) -> None:
         f"released {len(d['released_topics'])} topic(s)"
         + "".join(f"\n  {t}" for t in d["released_topics"]),
     )
+
+
+@brokers.command("stats")
+@click.option("--interval-s", type=click.FloatRange(0.1, 60.0), default=1.0, show_default=True,
+              help="Seconds between the two scrapes of each broker's metrics the rates come from.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (as the root --output json).")
+@click.pass_obj
+def brokers_stats(cfg: Config, interval_s: float, as_json: bool) -> None:
+    """Per broker: state (§1.3), leader, topics owned, msg/s in and out, WAL bytes, disk free
+    and RPC errors, from its /metrics (brokers started with --metrics-listen)."""
+    cfg = dataclasses.replace(cfg, output="json") if as_json else cfg
+    emit(cfg, run(stats.brokers_stats(cfg, interval_s)), stats.brokers_stats_text)

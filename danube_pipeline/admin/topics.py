@@ -42,6 +42,9 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     is deleted partition by partition (``deleted`` lists the partitions). No confirmation is
     asked. Refused (exit 1) while producers or consumers are connected, unless ``--force``
     (they are closed). The Iceberg table is kept.
+``topics stats /NS/TOPIC [--interval-s S] [--json]``
+    rates, backlog per subscription and storage per tier; the document is described in
+    :mod:`danube_pipeline.admin.stats`.
 ``topics set-schema-policy /NS/TOPIC (--allow-raw | --no-allow-raw)``
     ``{"topic": str, "policies": [{"topic": str, "subject": str, "allow_raw": bool}]}``: whether
     producers without a schema may publish to the topic once it has a schema subject
@@ -53,10 +56,12 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 
 import click
 
+from danube_pipeline.admin import stats
 from danube_pipeline.admin.arguments import parse_namespace, parse_topic
 from danube_pipeline.admin.config import AdminError, Config, danube_client, metadata_store, run
 from danube_pipeline.admin.output import Json, emit, field_lines, owner_json, owner_text, table
@@ -381,6 +386,20 @@ def _describe_text(d: Json) -> str:
 def topics_describe(cfg: Config, topic: TopicName) -> None:
     """Where TOPIC's offsets live: owner, WAL, object storage (§5.1), loaded subscriptions."""
     emit(cfg, run(_topics_describe(cfg, topic)), _describe_text)
+
+
+@topics.command("stats")
+@click.argument("topic", callback=parse_topic)
+@click.option("--interval-s", type=click.FloatRange(0.1, 60.0), default=1.0, show_default=True,
+              help="Seconds between the two scrapes of the owner's metrics the rates come from.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (as the root --output json).")
+@click.pass_obj
+def topics_stats(cfg: Config, topic: TopicName, interval_s: float, as_json: bool) -> None:
+    """TOPIC's rates (msg/s and bytes/s in and out, from two scrapes of its owner's /metrics),
+    backlog per subscription and storage per tier: WAL, segment objects (§5.1), Iceberg (§5.8).
+    A partitioned topic is measured partition by partition."""
+    cfg = dataclasses.replace(cfg, output="json") if as_json else cfg
+    emit(cfg, run(stats.topic_stats(cfg, topic, interval_s, table_name)), stats.topic_stats_text)
 
 
 async def _topics_unload(cfg: Config, topic: TopicName) -> Json:
