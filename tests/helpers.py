@@ -14,8 +14,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from danube_pipeline.metadata import keys
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from danube_pipeline.metadata.store import MetadataStore
 
 Check = Callable[[], bool | Awaitable[bool]]
 
@@ -80,3 +84,14 @@ class RegisterCatalog(Protocol):
     Iceberg catalog ``name`` registered on pyiceberg's ``uri`` and ``warehouse``."""
 
     def __call__(self, *, name: str, uri: str, warehouse: str) -> SparkSession: ...
+
+
+async def topic_owners(meta: MetadataStore) -> dict[str, int]:
+    """``{"/ns/topic": broker_id}`` of every assignment under ``/cluster/brokers/`` (§1.4)."""
+    kvs, _ = await meta.get_prefix(keys.BROKERS_PREFIX)
+    found: dict[str, int] = {}
+    for kv in kvs:
+        parts = kv.key[len(keys.BROKERS_PREFIX) :].split("/")
+        if len(parts) == 3 and parts[0].isdigit():
+            found[f"/{parts[1]}/{parts[2]}"] = int(parts[0])
+    return found

@@ -39,7 +39,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.rebalance import ClientUnloader
 from broker.config import BrokerConfig
-from helpers import eventually
+from helpers import eventually, topic_owners
 from tls_certs import CertAuthority, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -99,16 +99,6 @@ async def _internal_addrs(meta: MetadataStore, brokers: list[BrokerProcess]) -> 
     return out
 
 
-async def _owners(meta: MetadataStore) -> dict[str, int]:
-    kvs, _ = await meta.get_prefix(keys.BROKERS_PREFIX)
-    found: dict[str, int] = {}
-    for kv in kvs:
-        parts = kv.key[len(keys.BROKERS_PREFIX) :].split("/")
-        if len(parts) == 3 and parts[0].isdigit():
-            found[f"/{parts[1]}/{parts[2]}"] = int(parts[0])
-    return found
-
-
 def _audit_lines(broker: BrokerProcess, rpc: str) -> list[dict[str, Any]]:
     lines = []
     for line in broker.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -131,15 +121,15 @@ async def test_a_deletion_is_forwarded_to_the_owners_internal_port(
         assert await client.admin.create_topic(parent.path, partitions=len(parts))
 
         async def assigned() -> bool:
-            owners = await _owners(meta)
+            owners = await topic_owners(meta)
             return all(p in owners for p in parts)
 
         await eventually(assigned, timeout_s=20, what="every partition has an owner")
-        owners = await _owners(meta)
+        owners = await topic_owners(meta)
         assert {owners[p] for p in parts} == {b.broker_id for b in brokers}, owners
         # The first broker deletes the second broker's partitions through its internal port.
         assert sorted(await client.admin.delete_topic(parent.path)) == sorted(parts)
-        remaining = await _owners(meta)
+        remaining = await topic_owners(meta)
         assert not any(p in remaining for p in parts), remaining
     forwarded = _audit_lines(brokers[1], "/danube.v1.Admin/DeleteTopic")
     assert forwarded and all(e["via"] == "broker" and e["principal"] == BROKER_SUBJECT for e in forwarded), forwarded
@@ -160,7 +150,7 @@ async def test_the_leaders_unloads_go_to_the_internal_port(
         second = start_broker(extra_args=[*_secured(pki, "broker2", tmp_path), *rebalancing])
 
         async def even() -> bool:
-            owners = await _owners(meta)
+            owners = await topic_owners(meta)
             counts = [sum(owners.get(t) == b.broker_id for t in topics) for b in (first, second)]
             return counts == [2, 2]
 
@@ -226,12 +216,12 @@ async def test_the_unloader_presents_a_rotated_certificate_at_its_next_call(
         internal = await _internal_addrs(meta, brokers)
 
         async def owner_address(topic: str) -> str:
-            owner = (await _owners(meta)).get(topic)
+            owner = (await topic_owners(meta)).get(topic)
             assert owner is not None, topic
             return internal[owner]
 
         await eventually(lambda: _all_owned(meta, created), timeout_s=20, what="every topic has an owner")
-        owners = await _owners(meta)
+        owners = await topic_owners(meta)
         # two topics of one owner: the second call goes to the same address, over a new channel
         topics = next([t, u] for t in created for u in created if t < u and owners[t] == owners[u])
         unloader = ClientUnloader(brokers[0].address, tls_files=(ca.cert_file, first.cert_file, first.key_file),
@@ -254,7 +244,7 @@ async def test_the_unloader_presents_a_rotated_certificate_at_its_next_call(
 
 
 async def _all_owned(meta: MetadataStore, topics: list[str]) -> bool:
-    owners = await _owners(meta)
+    owners = await topic_owners(meta)
     return all(t in owners for t in topics)
 
 

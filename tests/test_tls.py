@@ -39,14 +39,13 @@ from danube_pipeline.client._connection import ChannelSecurity, ConnectionPool
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, EtcdTls, etcdctl_binary
 from danube_pipeline.errors import BrokerUnavailableError, MetadataStoreError
 from danube_pipeline.metadata.connection import EtcdSecurity
-from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 from broker.cluster.rebalance import ClientUnloader
-from helpers import eventually
+from helpers import eventually, topic_owners
 from tls_certs import CertAuthority, Pair
 
 pytestmark = pytest.mark.integration
@@ -230,16 +229,6 @@ async def test_a_certificate_replaced_on_disk_is_served_to_new_connections_witho
     await old_client.close()
 
 
-async def _owners(meta: MetadataStore) -> dict[str, int]:
-    kvs, _ = await meta.get_prefix(keys.BROKERS_PREFIX)
-    found: dict[str, int] = {}
-    for kv in kvs:
-        parts = kv.key[len(keys.BROKERS_PREFIX) :].split("/")
-        if len(parts) == 3 and parts[0].isdigit():
-            found[f"/{parts[1]}/{parts[2]}"] = int(parts[0])
-    return found
-
-
 @pytest.mark.asyncio
 async def test_a_deletion_is_forwarded_between_two_brokers_over_mutual_tls(
     pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker], etcd_endpoints: list[str]
@@ -256,15 +245,15 @@ async def test_a_deletion_is_forwarded_between_two_brokers_over_mutual_tls(
         assert await client.admin.create_topic(parent.path, partitions=len(parts))
 
         async def assigned() -> bool:
-            owners = await _owners(meta)
+            owners = await topic_owners(meta)
             return all(p in owners for p in parts)
 
         await eventually(assigned, timeout_s=20, what="every partition has an owner")
-        owners = await _owners(meta)
+        owners = await topic_owners(meta)
         assert {owners[p] for p in parts} == {b.broker_id for b in brokers}, owners  # on both brokers
         # One broker receives the call and deletes the other broker's partitions on it.
         assert sorted(await client.admin.delete_topic(parent.path)) == sorted(parts)
-        remaining = await _owners(meta)
+        remaining = await topic_owners(meta)
         assert not any(p in remaining for p in parts), remaining
 
 

@@ -77,12 +77,8 @@ class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary_stream(request: Any, context: Any) -> Any:
                 watch(context)
-                items = inner_us(request, context)
-                try:
-                    async for item in items:
-                        yield item
-                finally:
-                    await items.aclose()
+                async for item in _relay(inner_us(request, context)):
+                    yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **options)
         if handler.stream_stream is not None:
@@ -90,12 +86,8 @@ class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def stream_stream(requests: Any, context: Any) -> Any:
                 watch(context)
-                items = inner_ss(requests, context)
-                try:
-                    async for item in items:
-                        yield item
-                finally:
-                    await items.aclose()
+                async for item in _relay(inner_ss(requests, context)):
+                    yield item
 
             return grpc.stream_stream_rpc_method_handler(stream_stream, **options)
         if handler.stream_unary is not None:
@@ -107,6 +99,15 @@ class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, **options)
         return handler
+
+
+async def _relay(items: Any) -> Any:
+    """Yield what the handler's response stream yields, and close it however the call ends."""
+    try:
+        async for item in items:
+            yield item
+    finally:
+        await items.aclose()
 
 
 def metrics_interceptors() -> list[aio.ServerInterceptor]:
