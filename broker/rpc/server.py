@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -288,15 +289,15 @@ class BrokerServer:
         # before serving or joining: a broker on another object store than the assets' must not start
         await check_store_identity(store, broker.objects, who=f"broker {self.broker_id}")
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server, self.port = create_server(
+        serve = functools.partial(
+            create_server,
             broker,
-            cfg.listen,
             health_servicer=self._health,
             cluster_name=cfg.cluster_name,
             max_message_bytes=cfg.grpc_max_message_bytes,
             max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
-            credentials=credentials,
         )
+        self._server, self.port = serve(cfg.listen, credentials=credentials)
         host, _ = _split_host_port(cfg.listen)
         if cfg.advertised_addr:
             self.advertised_addr = cfg.advertised_addr
@@ -304,15 +305,8 @@ class BrokerServer:
             adv_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
             self.advertised_addr = f"{adv_host}:{self.port}"
         if cfg.internal_listen is not None:
-            self._internal_server, internal_port = create_server(
-                broker,
-                cfg.internal_listen,
-                health_servicer=self._health,
-                cluster_name=cfg.cluster_name,
-                max_message_bytes=cfg.grpc_max_message_bytes,
-                max_unanswered_bytes=cfg.max_stream_unanswered_bytes,
-                credentials=internal_credentials,
-                brokers_only=True,
+            self._internal_server, internal_port = serve(
+                cfg.internal_listen, credentials=internal_credentials, brokers_only=True
             )
             internal_host, _ = _split_host_port(cfg.internal_listen)
             if internal_host in ("0.0.0.0", "::", ""):  # the advertised host, which the certificate names
