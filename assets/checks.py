@@ -40,8 +40,7 @@ follows its commits by itself: ``commit_checks_sensor`` requests a ``commit_chec
       offsets the descriptors cover between its first and last offset, and the total. It is
       **blocking**: when it fails (severity ERROR), the assets downstream of ``iceberg_table`` in
       the same run (compaction, retention, schema rewrites of the days) do not run on a table
-      that lost or doubled rows. :mod:`assets.definitions` registers it with
-      ``DANUBE_COMPLETENESS_CHECK=1``.
+      that lost or doubled rows.
 
 The other checks are not blocking: a failure is reported (severity ERROR) without stopping the
 assets downstream.
@@ -464,12 +463,10 @@ commit_checks: list[AssetChecksDefinition] = [
     offsets_match_descriptors,
     row_count_matches_descriptors,
     no_duplicate_offsets,
+    complete,
 ]
-"""The exactly-once checks: every check but ``fresh``, run after each commit (``commit_checks_job``)."""
+"""The exactly-once checks and ``complete``: every check but ``fresh``, run after each commit
+(``commit_checks_job``)."""
 
 tiering_checks: list[AssetChecksDefinition] = [*commit_checks, fresh]
-"""The asset checks :mod:`assets.definitions` always registers."""
-
-completeness_checks: list[AssetChecksDefinition] = [complete]
-"""The blocking ``complete`` check, registered with ``DANUBE_COMPLETENESS_CHECK=1``
-(:func:`assets.definitions.asset_checks`)."""
+"""The asset checks :mod:`assets.definitions` registers."""

@@ -26,15 +26,13 @@ for a local deployment, and ``danube-pipeline demo`` / ``dev`` export them).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any
 
-from dagster import AssetChecksDefinition, ConfigurableResource, Definitions, EnvVar
+from dagster import ConfigurableResource, Definitions, EnvVar
 
 from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
 from assets.bulk import bulk_table
-from assets.checks import completeness_checks, tiering_checks
+from assets.checks import tiering_checks
 from assets.jobs import (
     bulk_load_job,
     commit_checks_job,
@@ -76,27 +74,9 @@ def default_resources() -> dict[str, ConfigurableResource[Any]]:
     }
 
 
-COMPLETENESS_CHECK_ENV = "DANUBE_COMPLETENESS_CHECK"
-"""Set to ``1`` to register the blocking ``complete`` check (:mod:`assets.checks`); off by default."""
-
-
-def asset_checks(environ: Mapping[str, str] = os.environ) -> list[AssetChecksDefinition]:
-    """The asset checks of the ``Definitions``: :data:`~assets.checks.tiering_checks`, and
-    :data:`~assets.checks.completeness_checks` when ``DANUBE_COMPLETENESS_CHECK=1``.
-
-    Args:
-        environ: the environment to read (the process's by default).
-
-    Returns:
-        The checks, in registration order.
-    """
-    extra = completeness_checks if environ.get(COMPLETENESS_CHECK_ENV, "") == "1" else []
-    return [*tiering_checks, *extra]
-
-
 defs = Definitions(
     assets=[segment_objects, iceberg_table, compacted_table, retention, schema_rewrite, bulk_table],
-    asset_checks=asset_checks(),
+    asset_checks=tiering_checks,
     jobs=[
         tiering_job,
         compaction_job,

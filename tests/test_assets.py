@@ -61,6 +61,7 @@ CHECK_NAMES = {
     "offsets_match_descriptors",
     "row_count_matches_descriptors",
     "no_duplicate_offsets",
+    "complete",
     "fresh",
 }
 TIERING_ASSETS: list[AssetsDefinition] = [segment_objects, iceberg_table, *tiering_checks]
@@ -254,14 +255,16 @@ def _materialize(instance: DagsterInstance, resources: dict[str, Any] | None = N
 
 
 def _run_checks(instance: DagsterInstance) -> ExecuteInProcessResult:
-    """A run of the five checks alone. ``materialize(partition_key=…)`` wants a selected asset
-    to validate the key against, so the partition goes in as the run's partition tag."""
+    """A run of the checks alone (the run fails when the blocking ``complete`` does).
+    ``materialize(partition_key=…)`` wants a selected asset to validate the key against, so the
+    partition goes in as the run's partition tag."""
     result = materialize(
         TIERING_ASSETS,
         selection=AssetSelection.checks(*tiering_checks),
         tags={"dagster/partition": TOPIC.partition_key},
         resources=default_resources(),
         instance=instance,
+        raise_on_error=False,  # a failed blocking check (``complete``) fails the run
     )
     assert not result.asset_materializations_for_node("segment_objects")
     return result
@@ -488,7 +491,7 @@ def test_checks_fail_when_what_they_check_breaks(cluster: Cluster, instance: Dag
     # a descriptor in the middle is gone: a gap, and rows no descriptor covers
     asyncio.run(_delete_descriptor(cluster.etcd_endpoints, middle))
     result = _run_checks(instance)
-    assert _failed_checks(result) == {"descriptors_contiguous", "row_count_matches_descriptors"}
+    assert _failed_checks(result) == {"descriptors_contiguous", "row_count_matches_descriptors", "complete"}
     assert _values(_checks(result)["descriptors_contiguous"])["first_gaps"] == [
         {
             "object_id": descriptors[2].object_id,
@@ -503,7 +506,7 @@ def test_checks_fail_when_what_they_check_breaks(cluster: Cluster, instance: Dag
     # the last descriptor is gone: the table is committed past the descriptors
     asyncio.run(_delete_descriptor(cluster.etcd_endpoints, last))
     result = _run_checks(instance)
-    assert _failed_checks(result) == {"offsets_match_descriptors", "row_count_matches_descriptors"}
+    assert _failed_checks(result) == {"offsets_match_descriptors", "row_count_matches_descriptors", "complete"}
     offsets = _values(_checks(result)["offsets_match_descriptors"])
     assert (offsets["committed_end_offset"], offsets["descriptors_end_offset"]) == (2999, last.start_offset - 1)
     asyncio.run(_put_descriptor(cluster.etcd_endpoints, last))
@@ -513,7 +516,7 @@ def test_checks_fail_when_what_they_check_breaks(cluster: Cluster, instance: Dag
     table = iceberg.load_catalog().load_table(("default", "flights"))
     table.append(table.scan(row_filter="_offset < 10").to_arrow())
     result = _run_checks(instance)
-    assert _failed_checks(result) == {"no_duplicate_offsets", "row_count_matches_descriptors"}
+    assert _failed_checks(result) == {"no_duplicate_offsets", "row_count_matches_descriptors", "complete"}
     duplicates = _values(_checks(result)["no_duplicate_offsets"])
     assert duplicates["duplicated_offsets"] == 10 and duplicates["duplicate_rows"] == 10
     assert duplicates["first_duplicated_offsets"] == list(range(10))

@@ -45,7 +45,7 @@ def _tick(instance: DagsterInstance, cursor: str | None) -> SensorResult:
 
 def test_writer_commits_get_their_exactly_once_checks(etcd_endpoints: list[str], tmp_path: Path) -> None:
     """Two runless commits of one topic since the last tick ask for one check run of that topic
-    (none for a topic without commits); the run evaluates the five exactly-once checks, which
+    (none for a topic without commits); the run evaluates the six exactly-once checks, which
     pass; a tick with nothing new requests nothing and gives no skip reason; the next commit
     asks again, once the topic's previous check run has left the queue."""
     env = make_env(etcd_endpoints, tmp_path)
@@ -102,6 +102,7 @@ def test_writer_commits_get_their_exactly_once_checks(etcd_endpoints: list[str],
         (AssetKey("iceberg_table"), "offsets_match_descriptors"),
         (AssetKey("iceberg_table"), "row_count_matches_descriptors"),
         (AssetKey("iceberg_table"), "no_duplicate_offsets"),
+        (AssetKey("iceberg_table"), "complete"),
     }
     assert all(e.passed and e.partition == TOPIC.partition_key for e in evaluations), evaluations
     assert by_check[(AssetKey("iceberg_table"), "row_count_matches_descriptors")].metadata["table_rows"].value == 5
@@ -124,7 +125,7 @@ def test_writer_commits_get_their_exactly_once_checks(etcd_endpoints: list[str],
 
 
 def test_commit_checks_job_and_sensor_are_defined() -> None:
-    """The one ``Definitions`` holds the job with the five checks and the sensor on it."""
+    """The one ``Definitions`` holds the job with the six checks and the sensor on it."""
     job = defs.resolve_job_def("commit_checks_job")
     assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {c.check_key.name for c in commit_checks}
     assert defs.resolve_sensor_def("commit_checks_sensor").job_name == "commit_checks_job"

@@ -48,6 +48,7 @@ def test_demo_on_a_slice_of_flights(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # The schema rewrite already merged the v1 files it rewrote; compaction merges the rest.
     assert 1 <= summary.data_files_after_compaction <= summary.data_files_before_compaction
     assert summary.asset_checks == [
+        ("iceberg_table", "complete", True),
         ("iceberg_table", "fresh", True),
         ("iceberg_table", "no_duplicate_offsets", True),
         ("iceberg_table", "offsets_match_descriptors", True),

@@ -26,8 +26,8 @@ from tiering_helpers import PUBLISH_TIME_US, avro, avro_records, make_env, recor
 
 from assets import checks
 from assets.assets import TABLE_FRESHNESS_POLICY, iceberg_table
-from assets.checks import COMPLETENESS_CHECK, complete, completeness_checks, tiering_checks
-from assets.definitions import COMPLETENESS_CHECK_ENV, asset_checks
+from assets.checks import COMPLETENESS_CHECK, commit_checks, complete, tiering_checks
+from assets.definitions import defs
 from assets.metadata import PARTITION_ROW_COUNT, ROW_COUNT, TABLE_NAME
 from assets.partitions import topics_partitions
 from assets.resources import EtcdResource, IcebergCatalogResource, ObjectStoreResource
@@ -66,11 +66,11 @@ def _add_partition(instance: DagsterInstance, topic: TopicName) -> None:
 
 
 @pytest.mark.unit
-def test_the_complete_check_is_blocking_and_registered_on_request() -> None:
+def test_the_complete_check_is_blocking_and_always_registered() -> None:
     [spec] = complete.check_specs
     assert spec.blocking and spec.name == COMPLETENESS_CHECK and spec.asset_key == AssetKey("iceberg_table")
-    assert asset_checks({}) == tiering_checks
-    assert asset_checks({COMPLETENESS_CHECK_ENV: "1"}) == [*tiering_checks, *completeness_checks]
+    assert complete in commit_checks and complete in tiering_checks
+    assert spec.key in defs.resolve_asset_graph().asset_check_keys
     policy = iceberg_table.specs_by_key[AssetKey("iceberg_table")].freshness_policy
     assert policy is TABLE_FRESHNESS_POLICY and isinstance(policy, TimeWindowFreshnessPolicy)
     assert policy.fail_window.to_timedelta() == dt.timedelta(seconds=max(60.0, freshness_limit_s()))

@@ -404,7 +404,7 @@ def test_time_retention_deletes_expired_rows_descriptors_and_objects(
         },
     )
     evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
-    assert len(evaluations) == 6 and all(e.passed for e in evaluations.values()), evaluations
+    assert len(evaluations) == 7 and all(e.passed for e in evaluations.values()), evaluations
     row_check = {k: v.value for k, v in evaluations["row_count_matches_descriptors"].metadata.items()}
     assert (row_check["table_rows"], row_check["descriptor_records"], row_check["table_first_offset"]) == (50, 50, 60)
 

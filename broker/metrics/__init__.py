@@ -106,8 +106,11 @@ metric                                                   type      labels (besid
                                                                    schema
 ``danube_tiered_cache_hits_total``                       counter   cold reads answered from the
                                                                    cache
-``danube_tiered_cache_misses_total``                     counter   object fetches started
-``danube_tiered_fetched_bytes_total``                    counter   bytes fetched from object storage
+``danube_tiered_cache_misses_total``                     counter   cold reads that found their
+                                                                   object not fetched yet (and
+                                                                   waited for the fetch)
+``danube_tiered_fetched_bytes_total``                    counter   bytes read from object storage
+                                                                   (segment headers included)
 ``danube_auth_authentication_total``                     counter   result (allow/deny)
 ``danube_auth_authorization_total``                      counter   result (allow/deny)
 ======================================================== ========= =================================

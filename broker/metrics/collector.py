@@ -142,7 +142,7 @@ class BrokerCollector(Collector):
         yield _gauge("danube_wal_disk_used_bytes", "Used bytes of the WAL file system (all files)", b, used)
         cache = broker.object_cache
         yield _counter("danube_tiered_cache_hits", "Cold reads answered from the cache", b, cache.hits)
-        yield _counter("danube_tiered_cache_misses", "Object fetches started", b, cache.misses)
+        yield _counter("danube_tiered_cache_misses", "Cold reads that had to wait for a fetch", b, cache.misses)
         yield _counter("danube_tiered_fetched_bytes", "Bytes fetched from object storage", b, cache.fetched_bytes)
         rebalancer = self._rebalancer()
         if rebalancer is not None:
