@@ -7,7 +7,7 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
         --data-dir DIR --cluster-name NAME [--segment-max-bytes N] [--segment-max-age-s S]
         [--max-batch-bytes N] [--lease-ttl-s S] [--object-store-url URL] [--s3-endpoint-url URL]
         [--local-retention-bytes N] [--local-retention-ms MS] [--position-below-retention MODE]
-        [--offset-block N] [--unavailable-range wait|skip]
+        [--offset-block N] [--unavailable-range wait|skip] [--cold-read-path objects|iceberg|auto]
         [--load-manager-strategy fair|balanced|weighted_load] [--rebalance-threshold LEVEL|CV]
         [--rebalance-interval-s S] [--rebalance-cooldown-s S] [--rebalance-max-moves N]
         [--rebalance | --no-rebalance] [--load-report-interval-s S]
@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unavailable-range", choices=("wait", "skip"),
                    help="at offsets a failed owner holds and nobody tiered yet, subscriptions wait (the "
                         "default), or skip them (logged and counted)")
+    p.add_argument("--cold-read-path", choices=("objects", "iceberg", "auto"),
+                   help="where subscriptions read offsets below the local WAL: the segment objects (the "
+                        "default), the topic's Iceberg table where it holds them (iceberg), or the table "
+                        "with the objects on any trouble (auto); the catalog of DANUBE_CATALOG_URI and "
+                        "DANUBE_WAREHOUSE; a topic's /topics/{ns}/{topic}/read_path key overrides it")
     p.add_argument("--load-report-interval-s", type=float,
                    help="how often the load report /cluster/load/{id} is refreshed, in seconds (default 30)")
     p.add_argument("--load-manager-strategy", choices=("fair", "balanced", "weighted_load"),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from danube_pipeline import settings
+from danube_pipeline.metadata.values import COLD_READ_PATHS
 from danube_pipeline.names import validate_cluster_name
 
 from broker.cluster.load_manager import RebalanceAggressiveness, Strategy
@@ -86,6 +87,14 @@ class BrokerConfig:
         offset_block: offsets a topic's owner reserves in etcd per transaction before it
             acknowledges them (``docs/etcd-layout.md`` §5.4); a broker taking a topic over from
             a failed owner starts past the failed owner's block.
+        cold_read_path: where subscriptions read offsets below the local WAL
+            (``docs/etcd-layout.md`` §3.10; the topic's ``/topics/{ns}/{topic}/read_path`` key
+            overrides it): ``"objects"`` (the segment objects, the default), ``"iceberg"``
+            (the topic's Iceberg table wherever it holds the offsets with their raw bytes,
+            the objects elsewhere; a table that fails to read is retried) or ``"auto"`` (the
+            table where it holds them, the objects on any trouble). The table is opened in
+            the catalog of ``DANUBE_CATALOG_URI``, ``DANUBE_WAREHOUSE`` and
+            ``DANUBE_CATALOG_NAME`` (:mod:`danube_pipeline.settings`).
         unavailable_range: what a subscription does at an unavailable range (a failed owner's
             offsets not in object storage, §5.5): ``"wait"`` until they are tiered, or
             ``"skip"`` them (logged and counted in ``skipped_unavailable``).
@@ -179,6 +188,7 @@ class BrokerConfig:
     position_below_retention: str = "earliest"
     offset_block: int = DEFAULT_OFFSET_BLOCK
     unavailable_range: str = "wait"
+    cold_read_path: str = "objects"
     load_manager_strategy: str = DEFAULT_LOAD_MANAGER_STRATEGY
     rebalance_threshold: str = DEFAULT_REBALANCE_THRESHOLD
     rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S
@@ -262,6 +272,8 @@ class BrokerConfig:
             raise ValueError("position_below_retention must be 'earliest' or 'error'")
         if self.unavailable_range not in ("wait", "skip"):
             raise ValueError("unavailable_range must be 'wait' or 'skip'")
+        if self.cold_read_path not in COLD_READ_PATHS:
+            raise ValueError(f"cold_read_path must be one of {', '.join(COLD_READ_PATHS)}, got {self.cold_read_path!r}")
         if self.load_manager_strategy not in {s.value for s in Strategy}:
             raise ValueError(
                 f"load_manager_strategy must be one of {', '.join(s.value for s in Strategy)}, "

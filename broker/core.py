@@ -330,11 +330,13 @@ class Broker:
         initial_position: InitialPosition,
         receiver_queue_size: int,
         settings: RedeliverySettings | None = None,
+        start_publish_time_us: int | None = None,
     ) -> Consumer:
         """See :meth:`ConsumerSessions.subscribe`."""
         return await self.consumer_sessions.subscribe(
             topic_path, subscription, subscription_type=subscription_type, consumer_name=consumer_name,
             initial_position=initial_position, receiver_queue_size=receiver_queue_size, settings=settings,
+            start_publish_time_us=start_publish_time_us,
         )
 
     def consumer(self, consumer_id: int, *, open_only: bool = False) -> Consumer:

@@ -292,8 +292,13 @@ class ConsumerSessions:
         initial_position: InitialPosition,
         receiver_queue_size: int,
         settings: RedeliverySettings | None = None,
+        start_publish_time_us: int | None = None,
     ) -> Consumer:
         """Attach a new consumer to a subscription of a topic served here (§3.4).
+
+        A new subscription (no stored cursor) with ``start_publish_time_us`` (µs since the
+        epoch) starts at the first offset published at or after it
+        (:mod:`broker.storage.publish_time`), whatever ``initial_position``.
 
         The consumer's window is ``receiver_queue_size`` messages (the default when 0), at
         most the broker's ``max_receiver_queue_size``. ``settings`` replace the subscription's
@@ -325,6 +330,7 @@ class ConsumerSessions:
             consumer_id=_new_id(self.consumers.keys()),
             consumer_name=consumer_name,
             earliest=initial_position is InitialPosition.EARLIEST,
+            start_publish_time_us=start_publish_time_us,
             receiver_queue_size=window,
             on_uncertain_write=self._reconciler.uncertain_write,
             settings=settings,

@@ -36,7 +36,10 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producers/\d+",  # §3.3
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+",  # §3.4
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+/cursor",  # §3.5
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/subscriptions/[A-Za-z0-9_-]+/table_snapshot",  # §3.5.1
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/schema",  # §3.7
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/table",  # §3.9
+    r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/read_path",  # §3.10
     r"/schemas/_global/next_schema_id",  # §4.1
     r"/schemas/[A-Za-z0-9_.-]+/metadata",  # §4.2
     r"/schemas/[A-Za-z0-9_.-]+/versions/\d+",  # §4.3

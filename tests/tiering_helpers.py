@@ -31,7 +31,15 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, encode_record, object_id
+from danube_pipeline.format.batches import batch_from_record
+from danube_pipeline.format.records import (
+    FORMAT_VERSION,
+    LEGACY_FORMAT_VERSION,
+    Record,
+    SegmentHeader,
+    encode_record,
+    object_id,
+)
 from danube_pipeline.lake.tiering import TableReport, commit_objects_to_table
 
 TOPIC = TopicName("default", "evolving")
@@ -58,11 +66,18 @@ def record(offset: int, payload: bytes, schema_id: int = 0, version: int = 0, *,
     )
 
 
-async def put_object(store: MetadataStore, objects: ObjectStore, topic: TopicName, records: list[Record]) -> str:
-    """Write ``records`` as one completed segment object of ``topic``; its object id."""
+async def put_object(
+    store: MetadataStore, objects: ObjectStore, topic: TopicName, records: list[Record], *, batches: bool = False
+) -> str:
+    """Write ``records`` as one completed segment object of ``topic``; its object id.
+
+    The object is in the per-record format version 1, which keeps no routing key, unless
+    ``batches``: then in format version 2, one record batch per record (keys kept).
+    """
     start, end = records[0].offset, records[-1].offset
-    data = SegmentHeader(start_offset=start, created_at_ms=1, format_version=LEGACY_FORMAT_VERSION).encode()
-    data += b"".join(encode_record(r) for r in records)
+    version = FORMAT_VERSION if batches else LEGACY_FORMAT_VERSION
+    data = SegmentHeader(start_offset=start, created_at_ms=1, format_version=version).encode()
+    data += b"".join((batch_from_record if batches else encode_record)(r) for r in records)
     oid = object_id(start, end)
     objects.put_bytes(segment_object_path(topic, oid), data)
     await store.put(
@@ -183,9 +198,9 @@ class Env:
     registry: FakeRegistry
     protos: Protos
 
-    async def put(self, records: list[Record], topic: TopicName = TOPIC) -> None:
+    async def put(self, records: list[Record], topic: TopicName = TOPIC, *, batches: bool = False) -> None:
         async with await MetadataStore.connect(self.endpoints) as store:
-            await put_object(store, self.objects, topic, records)
+            await put_object(store, self.objects, topic, records, batches=batches)
 
     async def tier(self, topic: TopicName = TOPIC, **kwargs: Any) -> TableReport:
         kwargs.setdefault("parse_schema", self.protos.parse)

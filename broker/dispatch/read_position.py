@@ -1,18 +1,20 @@
-"""Where one subscription reads next: from the WAL or object storage, and what happens when
-that position falls below retention, into an unavailable range (``docs/etcd-layout.md``
-§5.5) or into a hole that nothing holds."""
+"""Where one subscription reads next: from the WAL, the topic's Iceberg table or the segment
+objects (``docs/etcd-layout.md`` §3.10), and what happens when that position falls below
+retention, into an unavailable range (§5.5) or into a hole that nothing holds."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from danube_pipeline.errors import PositionBelowRetentionError
 from danube_pipeline.format.segments import StoredBatch
-from danube_pipeline.metadata.values import UnavailableRange
+from danube_pipeline.metadata.values import TableSnapshot, UnavailableRange
 
 from broker.dispatch.consumer import Consumer
 from broker.dispatch.handouts import HandoutLedger
 from broker.storage.remote import RemoteLog
+from broker.storage.table_reads import TableCursor
 from broker.storage.wal import WriteAheadLog
 
 log = logging.getLogger("broker.dispatch.subscription")  # the subscription's log lines keep one logger name
@@ -56,6 +58,7 @@ class ReadPosition:
             :class:`~broker.dispatch.subscription.Subscription`).
         unavailable_range: ``"wait"`` or ``"skip"`` (see
             :class:`~broker.dispatch.subscription.Subscription`).
+        table_snapshot: the subscription's stored table snapshot (§3.5.1), or ``None``.
 
     Attributes:
         offset: the next offset never handed to any consumer.
@@ -63,6 +66,7 @@ class ReadPosition:
         skipped_below_retention: offsets jumped over because they expired.
         skipped_unavailable: offsets of unavailable ranges skipped (policy or abandoned).
         position_error: set once the position fell below retention in ``"error"`` mode.
+        wake: called when a table read ends (the subscription's dispatcher wakes).
 
     Raises:
         ValueError: ``below_retention`` or ``unavailable_range`` is not a known mode.
@@ -79,6 +83,7 @@ class ReadPosition:
         start_offset: int,
         below_retention: str,
         unavailable_range: str,
+        table_snapshot: TableSnapshot | None = None,
     ) -> None:
         if below_retention not in BELOW_RETENTION_MODES:
             raise ValueError(f"below_retention must be one of {BELOW_RETENTION_MODES}")
@@ -97,6 +102,10 @@ class ReadPosition:
         self.skipped_unavailable = 0
         self.position_error: PositionBelowRetentionError | None = None
         self._waiting_at: int | None = None
+        self.wake: Callable[[], None] = lambda: None
+        self._table_snapshot = table_snapshot
+        self._table: TableCursor | None = None
+        self._objects_through = -1  # offsets up to here come from the objects (the table missed)
 
     @property
     def earliest_offset(self) -> int:
@@ -104,19 +113,71 @@ class ReadPosition:
         return earliest_offset(self.wal, self.remote)
 
     def reset(self, offset: int) -> None:
-        """Read from ``offset`` next, forgetting a position error and a wait."""
+        """Read from ``offset`` next, forgetting a position error, a wait and what was read
+        from the table."""
         self.offset = offset
         self.position_error = None
         self._waiting_at = None
+        self._objects_through = -1
+        self.close()
+
+    @property
+    def table_snapshot(self) -> TableSnapshot | None:
+        """The last table snapshot the subscription's reads covered (``docs/etcd-layout.md``
+        §3.5.1), or ``None``."""
+        return self._table.snapshot if self._table is not None else self._table_snapshot
+
+    @property
+    def records_from_table(self) -> int:
+        """Records handed out from the topic's Iceberg table (part of
+        ``records_from_object_storage``)."""
+        return self._table.records_served if self._table is not None else 0
+
+    def _table_cursor(self) -> TableCursor | None:
+        table = self.remote.table if self.remote is not None else None
+        if table is None or (self._table is None and not table.enabled):
+            return None
+        if self._table is None:
+            self._table = TableCursor(table, name=f"{self.topic}/{self.name}", snapshot=self._table_snapshot)
+            self._table.wake = lambda: self.wake()
+        return self._table
 
     def read(self, offset: int, max_records: int) -> list[StoredBatch] | None:
-        """Batches from ``offset`` on: from the WAL when it holds ``offset``, else from object
-        storage; ``None`` while an object is being fetched (the fetch wakes the dispatcher)."""
+        """Batches from ``offset`` on: from the WAL when it holds ``offset``; below it, from the
+        topic's table when the read path (``docs/etcd-layout.md`` §3.10) says so and the table
+        serves ``offset``, else from object storage. ``None`` while an object or the table is
+        being read (the read wakes the dispatcher).
+
+        A batch handed out is read again the same way for a redelivery (``offset`` is its base):
+        a batch from the table is kept until it is acknowledged, since the table's batches are
+        not the producers' and the objects' batches would not line up with it.
+        """
         if offset >= self.wal.first_offset:
             return self.wal.read(offset, max_records)
-        if self.remote is None:
+        remote = self.remote
+        if remote is None:
             return []
-        return self.remote.read_cached(offset, max_records)
+        cursor = self._table_cursor()
+        if cursor is not None:
+            handouts = self._ledger.handouts
+            if offset in handouts:  # a redelivery (or a look at a batch handed out)
+                batch = cursor.handed_out(offset)
+                return [batch] if batch is not None else remote.read_cached(offset, max_records)
+            cursor.forget_handed(handouts)
+            if offset > self._objects_through and cursor.table.enabled:
+                got = cursor.read(offset, max_records)
+                if got is None or got:
+                    return got
+                descriptor = remote.descriptor_for(offset)  # the table does not serve it: objects
+                self._objects_through = descriptor.end_offset if descriptor is not None else offset
+        return remote.read_cached(offset, max_records)
+
+    def close(self) -> None:
+        """Drop what was read from the table (the subscription closes or is reset)."""
+        if self._table is not None:
+            self._table_snapshot = self._table.snapshot
+            self._table.close()
+            self._table = None
 
     def _untiered(self, offset: int) -> bool:
         """Whether ``offset``, below the WAL, lies above everything object storage holds: not

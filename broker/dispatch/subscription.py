@@ -40,6 +40,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from danube_pipeline.errors import InvalidAckError, PositionBelowRetentionError
+from danube_pipeline.metadata.values import TableSnapshot
 from danube_pipeline.modes import SubscriptionType
 
 from broker import metrics
@@ -86,6 +87,9 @@ class Subscription:
         dead_letter_publisher: appends a batch to a dead-letter topic
             (:data:`~broker.dispatch.dead_letter_topic.DeadLetterPublisher`); ``None``: messages past
             ``max_redeliveries`` wait (logged) until one is set.
+        table_snapshot: the stored table snapshot (``docs/etcd-layout.md`` §3.5.1), or ``None``.
+        persist_table_snapshot: coroutine storing a table snapshot beside the cursor, with the
+            cursor's writes; ``None``: never stored.
 
     Attributes:
         ledger: the batches handed out and their acknowledgements
@@ -113,6 +117,8 @@ class Subscription:
         unavailable_range: str = UNAVAILABLE_WAIT,
         settings: RedeliverySettings | None = None,
         dead_letter_publisher: DeadLetterPublisher | None = None,
+        table_snapshot: TableSnapshot | None = None,
+        persist_table_snapshot: Callable[[TableSnapshot], Awaitable[None]] | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -122,8 +128,10 @@ class Subscription:
         self.ledger = HandoutLedger()
         self.position = ReadPosition(
             topic=topic, name=name, wal=wal, remote=remote, ledger=self.ledger, start_offset=start_offset,
-            below_retention=below_retention, unavailable_range=unavailable_range,
+            below_retention=below_retention, unavailable_range=unavailable_range, table_snapshot=table_snapshot,
         )
+        self._stored_table_snapshot = table_snapshot
+        self._persist_table_snapshot = persist_table_snapshot
         self.settings = settings or RedeliverySettings()
         self.dead_letter_publisher = dead_letter_publisher
         self._cursor = CursorWriter(
@@ -137,6 +145,7 @@ class Subscription:
         self._closed = False
         self.metrics = metrics.active().subscription(topic, name)  # bound once
         self._dispatcher = Dispatcher(self)
+        self.position.wake = self._dispatcher.wake
         self._remove_listener = wal.add_listener(lambda _end: self._dispatcher.wake())
         self._remove_remote_listener = (
             remote.add_listener(self._dispatcher.wake) if remote is not None else (lambda: None)
@@ -366,6 +375,19 @@ class Subscription:
         if self._closed:
             return
         await self._cursor.flush()
+        await self._flush_table_snapshot()
+
+    async def _flush_table_snapshot(self) -> None:
+        """Store the table snapshot beside the cursor if it changed (§3.5.1).
+
+        Raises:
+            MetadataStoreError: etcd refused or could not be reached (retried next flush).
+        """
+        snapshot = self.position.table_snapshot
+        if snapshot is None or snapshot == self._stored_table_snapshot or self._persist_table_snapshot is None:
+            return
+        await self._persist_table_snapshot(snapshot)
+        self._stored_table_snapshot = snapshot
 
     async def close(self, *, store_cursor: bool = True) -> None:
         """Stop dispatching, end every consumer's stream, and store the cursor (unless
@@ -385,8 +407,10 @@ class Subscription:
             self.remove_consumer(consumer, reason="subscription closed")
         await self._dispatcher.stop()
         await self._cursor.wait()
+        self.position.close()
         if store_cursor:
             await self._cursor.flush()
+            await self._flush_table_snapshot()
 
     async def reset_to(self, offset: int) -> None:
         """Deliver from ``offset`` next, and store the cursor ``offset - 1`` at once

@@ -68,6 +68,9 @@ class ConsumerServicer(pb_grpc.ConsumerServiceServicer):
                 initial_position=position,
                 receiver_queue_size=request.receiver_queue_size,
                 settings=RedeliverySettings.from_pb(request.settings) if request.HasField("settings") else None,
+                start_publish_time_us=(
+                    request.start_publish_time_us if request.HasField("start_publish_time_us") else None
+                ),
             ),
             scope=(request.topic, request.subscription, request.consumer_name),
             still_valid=lambda c: not c.closed,

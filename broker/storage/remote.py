@@ -44,6 +44,7 @@ from danube_pipeline.outages import OutageLog
 from danube_pipeline.format.records import SEGMENT_HEADER_SIZE, SegmentHeader
 from danube_pipeline.format.segments import StoredBatch, iter_stored_batches
 
+from broker.storage.table_reads import TopicTable
 from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,14 @@ class FetchedRange:
         bases: each batch's base offset, ascending (for bisect).
         batches: the batches.
         size_bytes: bytes of the batches (what the cache counts).
+        read_bytes: bytes read from the object store for them (the segment header included).
     """
 
     object_id: str
     bases: list[int]
     batches: list[StoredBatch]
     size_bytes: int
+    read_bytes: int
 
     @property
     def first_offset(self) -> int:
@@ -82,8 +85,9 @@ class ObjectCache:
     ``max_bytes`` of batches (one range larger than the bound is kept alone).
 
     Attributes:
-        hits, misses: reads answered from the cache, and fetches started.
-        fetched_bytes: bytes fetched from object storage since start.
+        hits, misses: reads answered from the cache, and reads that found their object not
+            fetched yet (they start its fetch or wait for the one under way).
+        fetched_bytes: bytes read from object storage since start (segment headers included).
     """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
@@ -184,9 +188,11 @@ def fetch_range(objects: ObjectStore, topic: TopicName, descriptor: ObjectDescri
         header = SegmentHeader.decode(data, where=where)
         tail: bytes | memoryview = memoryview(data)[SEGMENT_HEADER_SIZE:]
         position = SEGMENT_HEADER_SIZE
+        read_bytes = len(data)
     else:
         header = SegmentHeader.decode(objects.get_range(path, 0, SEGMENT_HEADER_SIZE), where=where)
         tail = objects.get_range(path, position)
+        read_bytes = SEGMENT_HEADER_SIZE + len(tail)
         if position + len(tail) != descriptor.size:
             raise CorruptRecordError(
                 where, position + len(tail), f"object is {position + len(tail)} bytes, descriptor says {descriptor.size}"
@@ -206,11 +212,13 @@ def fetch_range(objects: ObjectStore, topic: TopicName, descriptor: ObjectDescri
         expected = batch.last_offset + 1
     if not batches or expected != descriptor.end_offset + 1:
         raise CorruptRecordError(where, descriptor.size, f"batches end at offset {expected - 1}, descriptor says {descriptor.end_offset}")
-    return FetchedRange(descriptor.object_id, bases, batches, size)
+    return FetchedRange(descriptor.object_id, bases, batches, size, read_bytes)
 
 
 class MetadataView(Protocol):
     """What :class:`RemoteLog` needs of the broker's etcd cache (``LocalCache``)."""
+
+    def get(self, key: str) -> Any: ...
 
     def get_prefix(self, prefix: str) -> Mapping[str, Any]: ...
 
@@ -226,9 +234,14 @@ class RemoteLog:
         objects: the object store the descriptors point into.
         object_cache: the broker-wide cache of fetched ranges.
         prefetch_bytes: how many bytes of the following objects to fetch ahead of a read.
+        cold_read_path: the broker's ``--cold-read-path``: with one, the topic's Iceberg table
+            is a cold read source too (:attr:`table`, :mod:`broker.storage.table_reads`,
+            ``docs/etcd-layout.md`` §3.10); ``None`` (a log opened only to check objects):
+            none.
 
     Attributes:
         batches_served, records_served: what :meth:`read_cached` returned since start.
+        table: the topic's table as a cold read source, or ``None``.
     """
 
     def __init__(
@@ -239,8 +252,12 @@ class RemoteLog:
         objects: ObjectStore,
         object_cache: ObjectCache,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+        cold_read_path: str | None = None,
     ) -> None:
         self.topic = topic
+        self.table = (
+            TopicTable(topic, cache=cache, default_path=cold_read_path) if cold_read_path is not None else None
+        )
         self.objects = objects
         self.object_cache = object_cache
         self.prefetch_bytes = prefetch_bytes
@@ -427,8 +444,8 @@ class RemoteLog:
             self._fetching.discard(descriptor.object_id)
         self._failed_at.pop(descriptor.object_id, None)
         self._outage.succeeded()
+        self.object_cache.fetched_bytes += fetched.read_bytes  # fetched, even if dropped below
         if not self._closed and self.descriptor_for(descriptor.start_offset) == descriptor:
-            self.object_cache.fetched_bytes += fetched.size_bytes
             self.object_cache.put(path, fetched)
         self._wake()
 
@@ -436,4 +453,6 @@ class RemoteLog:
         """Stop following the descriptors; fetches under way are dropped when they end."""
         self._closed = True
         self._unwatch()
+        if self.table is not None:
+            self.table.close()
         self._listeners.clear()

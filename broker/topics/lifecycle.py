@@ -178,7 +178,7 @@ class TopicLoader:
             return await self._open_memory_topic(name)
         remote = RemoteLog(
             name, cache=self._cache, objects=self._objects, object_cache=self._object_cache,
-            prefetch_bytes=cfg.prefetch_bytes,
+            prefetch_bytes=cfg.prefetch_bytes, cold_read_path=cfg.cold_read_path,
         )
         wal_dir = cfg.wal_dir / name.namespace / name.topic
         try:

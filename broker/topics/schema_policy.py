@@ -1,6 +1,6 @@
 """A topic's schema settings (``docs/etcd-layout.md`` §3.7) and ``topics_using`` (§4.2).
 
-``/topics/{ns}/{topic}/schema`` holds :class:`~danube_pipeline.metadata.values.TopicSchema`:
+``/topics/{ns}/{topic}/schema`` holds :class:`~danube_pipeline.metadata.schema_values.TopicSchema`:
 the subject of the first producer with a schema created on the topic, and ``allow_raw``.
 
 * A producer **with** a schema: the topic's subject is recorded if it has none yet (the key is
@@ -25,7 +25,7 @@ from danube_pipeline.errors import SchemaRequiredError, TopicNotFoundError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import TopicSchema
+from danube_pipeline.metadata.schema_values import TopicSchema
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import partition_names
 from danube_pipeline.schemas.registry import RegisteredSchema, SchemaRegistry

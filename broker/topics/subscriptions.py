@@ -25,6 +25,7 @@ from danube_pipeline.modes import SubscriptionType
 from broker.dispatch.consumer import Consumer
 from broker.dispatch.redelivery import RedeliverySettings
 from broker.dispatch.subscription import Subscription
+from broker.storage.publish_time import first_offset_at
 from broker.tasks import BackgroundWrites, spawn
 
 if TYPE_CHECKING:
@@ -117,19 +118,23 @@ class TopicSubscriptions(Mapping[str, Subscription]):
         receiver_queue_size: int,
         on_uncertain_write: Callable[[], None] = lambda: None,
         settings: RedeliverySettings | None = None,
+        start_publish_time_us: int | None = None,
     ) -> Consumer:
         """Attach a consumer, creating (or loading) the subscription if needed, and record it
         in etcd.
 
         The start position of a subscription loaded here is the stored cursor + 1 if one
         exists, else the earliest retained offset, in object storage or in the WAL (EARLIEST),
-        or the next offset (LATEST). A position below retention is handled by the
-        subscription (``below_retention``).
+        or the next offset (LATEST); with ``start_publish_time_us``, the first offset published
+        at or after that time (:func:`broker.storage.publish_time.first_offset_at`). A position
+        below retention is handled by the subscription (``below_retention``).
 
         Raises:
             PolicyLimitError: the topic is at a count limit of its policy (§2.1, §3.8);
                 nothing changed.
             SubscriptionBusyError: see :meth:`Subscription.add_consumer`.
+            TableReadError, CorruptRecordError, OSError: a start publish time was given and the
+                table, an object or the WAL could not be read to find its offset.
             MetadataStoreError: etcd could not be written. A subscription this call created is
                 unloaded again, and :meth:`reconcile` deletes its keys if etcd
                 applies the failed writes later (``on_uncertain_write`` is called to start it).
@@ -140,7 +145,10 @@ class TopicSubscriptions(Mapping[str, Subscription]):
             sub_key = keys.topic_subscription(self._topic.name, subscription)
             created = sub is None and self._cache.get(sub_key) is None
             if sub is None:
-                sub = self._load_subscription(subscription, subscription_type, earliest)
+                start: int | None = None
+                if start_publish_time_us is not None and self._stored_cursor(subscription) is None:
+                    start = await first_offset_at(self._topic.wal, self._topic.remote, start_publish_time_us)
+                sub = self._load_subscription(subscription, subscription_type, earliest, start_offset=start)
             consumer = sub.add_consumer(
                 consumer_id, consumer_name, subscription_type, receiver_queue_size,
                 max_buffer_bytes=self._topic.max_consumer_buffer_bytes,
@@ -169,7 +177,15 @@ class TopicSubscriptions(Mapping[str, Subscription]):
             self._doomed.pop(subscription, None)
             return consumer
 
-    def _load_subscription(self, name: str, subscription_type: SubscriptionType, earliest: bool) -> Subscription:
+    def _stored_cursor(self, name: str) -> int | None:
+        stored = self._cache.get(keys.subscription_cursor(self._topic.name, name))
+        cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+        unloaded = self._unloaded_cursors.get(name)
+        return unloaded if unloaded is not None and (cursor is None or unloaded > cursor) else cursor
+
+    def _load_subscription(
+        self, name: str, subscription_type: SubscriptionType, earliest: bool, *, start_offset: int | None = None
+    ) -> Subscription:
         stored = self._cache.get(keys.subscription_cursor(self._topic.name, name))
         cursor = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
         unloaded = self._unloaded_cursors.pop(name, None)
@@ -178,6 +194,8 @@ class TopicSubscriptions(Mapping[str, Subscription]):
         if cursor is not None:
             # Below the WAL's first offset, the subscription reads from object storage.
             start = cursor + 1
+        elif start_offset is not None:
+            start = start_offset  # by publish time
         elif earliest:
             start = self._topic.earliest_offset
         else:
@@ -196,6 +214,8 @@ class TopicSubscriptions(Mapping[str, Subscription]):
             remote=self._topic.remote,
             below_retention=self._topic.below_retention,
             unavailable_range=self._topic.unavailable_range,
+            table_snapshot=self._stored_table_snapshot(name),
+            persist_table_snapshot=self._table_snapshot_writer(name),
         )
         self._by_name[name] = sub
         log.info("%s: subscription %s (%s) starts at offset %d", self._topic.path, name, subscription_type.name, start)
@@ -223,7 +243,11 @@ class TopicSubscriptions(Mapping[str, Subscription]):
                     del self._doomed[name]
                     continue
                 removed = 0
-                for key in (keys.subscription_cursor(self._topic.name, name), keys.topic_subscription(self._topic.name, name)):
+                for key in (
+                    keys.subscription_cursor(self._topic.name, name),
+                    keys.subscription_table_snapshot(self._topic.name, name),
+                    keys.topic_subscription(self._topic.name, name),
+                ):
                     removed += await self._store.delete(key)
                 if removed:
                     log.info("%s: keys of subscription %s deleted: its Subscribe failed", self._topic.path, name)
@@ -268,6 +292,29 @@ class TopicSubscriptions(Mapping[str, Subscription]):
                 outage.failed(exc)
                 raise
             outage.succeeded()
+
+        return write
+
+    def _stored_table_snapshot(self, subscription: str) -> values.TableSnapshot | None:
+        """The subscription's table snapshot (§3.5.1) from the cache; an unreadable one is
+        logged and ignored (the next table read starts without it)."""
+        raw = self._cache.get(keys.subscription_table_snapshot(self._topic.name, subscription))
+        if raw is None:
+            return None
+        try:
+            return values.TableSnapshot.from_json(raw)
+        except (ValueError, TypeError) as exc:
+            log.warning("%s/%s: ignoring unreadable table snapshot: %s", self._topic.path, subscription, exc)
+            return None
+
+    def _table_snapshot_writer(self, subscription: str) -> Callable[[values.TableSnapshot], Awaitable[None]]:
+        key = keys.subscription_table_snapshot(self._topic.name, subscription)
+
+        async def write(snapshot: values.TableSnapshot) -> None:
+            if self._topic.ownership is not None:  # fenced, as the cursor (§1.4)
+                await self._topic.ownership.put(key, snapshot)
+            else:
+                await self._store.put(key, snapshot)
 
         return write
 

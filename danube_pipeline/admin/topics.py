@@ -45,6 +45,13 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
 ``topics stats /NS/TOPIC [--interval-s S] [--json]``
     rates, backlog per subscription and storage per tier; the document is described in
     :mod:`danube_pipeline.admin.stats`.
+``topics set-table-layout /NS/TOPIC [--partition-by T] [--raw-payload | --no-raw-payload]``
+    ``{"topic": str, "key": str, "revision": int, "partition_transform": str, "raw_payload": bool}``:
+    the table layout (§3.9) after the change; fields not given keep their stored value.
+``topics set-read-path /NS/TOPIC objects|iceberg|auto``
+    ``{"topic": str, "cold_read_path": str, "keys": [str], "revision": int}``: where the topic's
+    subscriptions read offsets below the local WAL (§3.10); a partitioned topic's partitions are
+    each written too (``keys`` lists every key written, in one transaction).
 ``topics set-schema-policy /NS/TOPIC (--allow-raw | --no-allow-raw)``
     ``{"topic": str, "policies": [{"topic": str, "subject": str, "allow_raw": bool}]}``: whether
     producers without a schema may publish to the topic once it has a schema subject
@@ -65,11 +72,13 @@ from danube_pipeline.admin import stats
 from danube_pipeline.admin.arguments import parse_namespace, parse_topic
 from danube_pipeline.admin.config import AdminError, Config, danube_client, metadata_store, run
 from danube_pipeline.admin.output import Json, emit, field_lines, owner_json, owner_text, table
+from danube_pipeline.admin.read_path import topics_set_read_path
 from danube_pipeline.client import DanubeClient, DeliveryMode
 from danube_pipeline.metadata import keys
 from danube_pipeline import settings
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, ProducerMetadata, TableCommit, TableLayout, TopicSchema
+from danube_pipeline.metadata.schema_values import TopicSchema
+from danube_pipeline.metadata.values import PARTITION_TRANSFORMS, ProducerMetadata, TableCommit, TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.partitions import MAX_PARTITIONS, partition_names, partition_of
 
@@ -77,6 +86,9 @@ from danube_pipeline.partitions import MAX_PARTITIONS, partition_names, partitio
 @click.group(short_help="Create, list, describe, unload and delete topics.")
 def topics() -> None:
     """Topics: create, list, describe, unload, delete (docs/etcd-layout.md §3)."""
+
+
+topics.add_command(topics_set_read_path)
 
 
 async def _topics_create(cfg: Config, topic: TopicName, delivery: str, partitions: int = 0) -> Json:
@@ -505,13 +517,35 @@ def topics_set_schema_policy(cfg: Config, topic: TopicName, allow_raw: bool) -> 
     )
 
 
-async def _topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> Json:
+async def _topics_set_table_layout(
+    cfg: Config, topic: TopicName, partition_by: str | None, raw_payload: bool | None
+) -> Json:
+    """Change the fields given of §3.9 and keep the others: a compare-and-put on the key's
+    ``mod_revision``, read again when another writer changed it meanwhile."""
     async with metadata_store(cfg) as store:
         if await store.get(keys.topic_root(topic)) is None:
             raise AdminError(f"topic {topic.path!r} not found")
-        layout = TableLayout(partition_transform=partition_by)
-        revision = await store.put(keys.topic_table(topic), layout)
-    return {"topic": topic.path, "key": keys.topic_table(topic), "revision": revision, **layout.to_json()}
+        key = keys.topic_table(topic)
+        for _ in range(5):
+            kv = await store.get(key)
+            try:
+                current = TableLayout.from_json(kv.value) if kv is not None else TableLayout()
+            except ValueError:
+                current = TableLayout()  # an unreadable value is replaced whole
+            layout = TableLayout(
+                partition_transform=partition_by if partition_by is not None else current.partition_transform,
+                raw_payload=raw_payload if raw_payload is not None else current.raw_payload,
+            )
+            guard = {key: kv.mod_revision if kv is not None else 0}
+            revision = await store.compare_and_put_many([(key, layout)], expected_mod_revisions=guard)
+            if revision is not None:
+                break
+        else:
+            raise AdminError(f"{key} kept changing while it was written; try again")
+    return {
+        "topic": topic.path, "key": key, "revision": revision,
+        "partition_transform": layout.partition_transform, "raw_payload": layout.raw_payload,
+    }
 
 
 @topics.command("set-table-layout")
@@ -519,19 +553,29 @@ async def _topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: 
 @click.option(
     "--partition-by",
     type=click.Choice(PARTITION_TRANSFORMS),
-    required=True,
+    default=None,
     help="Partition TOPIC's Iceberg table by this transform of _publish_time (none: unpartitioned).",
 )
+@click.option(
+    "--raw-payload/--no-raw-payload",
+    default=None,
+    help="Keep each payload's exact bytes in the table's _raw_payload column (topics with a schema; "
+    "their dead letters also get _producer_id and _attributes). Off by default.",
+)
 @click.pass_obj
-def topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str) -> None:
-    """Choose how TOPIC's Iceberg table is partitioned (§3.9; default day). The next tiering
-    evolves the table's partition spec in place: files already written keep theirs until
-    compaction rewrites them."""
-    doc = run(_topics_set_table_layout(cfg, topic, partition_by))
+def topics_set_table_layout(cfg: Config, topic: TopicName, partition_by: str | None, raw_payload: bool | None) -> None:
+    """Choose how TOPIC's Iceberg table is laid out (§3.9): its partitioning (default day) and
+    whether it keeps the exact payload bytes (default off). Fields not given keep their value.
+    The next tiering evolves the table in place: files already written keep their partition
+    spec until compaction rewrites them, and rows written before keep a null _raw_payload."""
+    if partition_by is None and raw_payload is None:
+        raise click.UsageError("give --partition-by, --raw-payload or --no-raw-payload")
+    doc = run(_topics_set_table_layout(cfg, topic, partition_by, raw_payload))
     emit(
         cfg,
         doc,
         lambda d: f"{d['topic']}: table partitioned by "
         + ("nothing" if d["partition_transform"] == "none" else f"{d['partition_transform']}(_publish_time)")
+        + (", exact payload bytes kept in _raw_payload" if d["raw_payload"] else "")
         + f" from the next tiering on ({d['key']} at revision {d['revision']})",
     )

@@ -24,6 +24,7 @@ are private. Generated protobuf types never leave the client.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from danube_pipeline.client._connection import ChannelSecurity, ConnectionPool
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._metadata import ClusterMetadata
 from danube_pipeline.client.admin import AdminClient
-from danube_pipeline.client.consumer import Consumer
+from danube_pipeline.client.consumer import Consumer, start_publish_time_us_of
 from danube_pipeline.client.producer import Producer
 from danube_pipeline.client.schemas import SchemaClient
 from danube_pipeline.client.types import (
@@ -244,6 +245,8 @@ class DanubeClient:
         nack_redelivery_max_delay_ms: int | None = None,
         max_redeliveries: int | None = None,
         dead_letter_topic: str | None = None,
+        start_publish_time_us: int | None = None,
+        start_publish_time: datetime.datetime | None = None,
     ) -> Consumer:
         """A consumer of ``subscription`` on ``topic``; open it with ``async with``.
 
@@ -259,6 +262,13 @@ class DanubeClient:
                 after the old one acknowledged those it had.
             consumer_name: defaults to ``consumer-<random hex>``.
             initial_position: where a new subscription starts.
+            start_publish_time_us: a new subscription (one without a stored cursor) starts at
+                the first message published at or after this time, in µs since the Unix epoch,
+                instead of at ``initial_position`` (the broker finds it in the topic's table,
+                objects or WAL; ``docs/etcd-layout.md`` §3.5). An existing subscription resumes
+                at its cursor.
+            start_publish_time: the same as a timezone-aware ``datetime`` (a naive one is
+                refused); give one of the two.
             receiver_queue_size: unacked messages the broker may have outstanding to this
                 consumer. Once that many are delivered and not acked, the broker sends no
                 more until some are acked, so a consumer that never acks stops receiving. On a
@@ -289,7 +299,8 @@ class DanubeClient:
         Raises:
             InvalidNameError: a name is malformed.
             ValueError: a size or interval option is not positive, or a redelivery setting is
-                negative (a time over 7 days too).
+                negative (a time over 7 days too), or a start publish time is negative, naive,
+                or given twice.
         """
         return Consumer(
             self._ctx,
@@ -306,6 +317,7 @@ class DanubeClient:
             nack_redelivery_max_delay_ms=nack_redelivery_max_delay_ms,
             max_redeliveries=max_redeliveries,
             dead_letter_topic=dead_letter_topic,
+            start_publish_time_us=start_publish_time_us_of(start_publish_time_us, start_publish_time),
         )
 
     @property

@@ -25,6 +25,7 @@ and :mod:`~danube_pipeline.client._partitioned` (the inner consumers of a partit
 from __future__ import annotations
 
 import asyncio
+import datetime
 import uuid
 from types import TracebackType
 
@@ -38,6 +39,23 @@ from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
+
+
+def start_publish_time_us_of(start_publish_time_us: int | None, start_publish_time: datetime.datetime | None) -> int | None:
+    """The start publish time of a new subscription in µs since the Unix epoch, from either
+    form :meth:`danube_pipeline.client.DanubeClient.consumer` takes.
+
+    Raises:
+        ValueError: both are given, or the ``datetime`` is naive (no time zone).
+    """
+    if start_publish_time is None:
+        return start_publish_time_us
+    if start_publish_time_us is not None:
+        raise ValueError("give start_publish_time_us or start_publish_time, not both")
+    if start_publish_time.tzinfo is None:
+        raise ValueError("start_publish_time must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    delta = start_publish_time - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return delta // datetime.timedelta(microseconds=1)
 
 class Consumer:
     """Receives messages of one subscription. An async context manager and async iterator.
@@ -72,7 +90,11 @@ class Consumer:
         nack_redelivery_max_delay_ms: int | None = None,
         max_redeliveries: int | None = None,
         dead_letter_topic: str | None = None,
+        start_publish_time_us: int | None = None,
     ) -> None:
+        if start_publish_time_us is not None and start_publish_time_us < 0:
+            raise ValueError("start_publish_time_us must not be negative")
+        self._start_publish_time_us = start_publish_time_us
         if receiver_queue_size <= 0 or ack_batch_size <= 0 or ack_flush_ms <= 0:
             raise ValueError("receiver_queue_size, ack_batch_size and ack_flush_ms must be > 0")
         self._settings = subscription_settings(
@@ -144,6 +166,7 @@ class Consumer:
                 initial_position=self._initial_position.name,
                 receiver_queue_size=self._receiver_queue_size,
                 settings=self._settings,
+                start_publish_time_us=self._start_publish_time_us,
             ),
             partition=self._partition,
             inbox=self._inbox,
@@ -177,6 +200,7 @@ class Consumer:
                 receiver_queue_size=self._receiver_queue_size,
                 ack_batch_size=self._ack_batch_size,
                 ack_flush_ms=self._ack_flush_ms,
+                start_publish_time_us=self._start_publish_time_us,
             )
             for name in partition_names(TopicName.parse(self.topic), partitions)
         ]

@@ -66,6 +66,7 @@ from danube_pipeline.errors.storage import (
     PositionBelowRetentionError,
     SegmentQuarantinedError,
     SegmentUnreadableError,
+    TableReadError,
 )
 from danube_pipeline.errors.produce import (
     BatchNotAppendedError,
@@ -116,6 +117,7 @@ __all__ = [
     "StorageFullError",
     "SubscriptionBusyError",
     "SubscriptionNotFoundError",
+    "TableReadError",
     "TopicInUseError",
     "TopicNotFoundError",
     "UnavailableRangeNotFoundError",

@@ -133,3 +133,25 @@ class SegmentUnreadableError(DanubeError):
             f"WAL segment {bounded(path)} is corrupt at byte {position}: offsets {first_offset}..{end_offset} "
             "cannot be read until an operator repairs the WAL (python -m broker.storage.wal.repair)"
         )
+
+
+class TableReadError(DanubeError):
+    """A topic's Iceberg table could not be read (``danube_pipeline.storage.table_reader``).
+
+    ``retriable`` tells the two kinds apart: the catalog database or a data file was
+    unreachable, or a file went away under the read (snapshot expiry, compaction): the same
+    read may succeed later; or the table is not a topic table the reader understands (no
+    ``_offset`` column, a ``_partition`` column it was not told about, a data file that does
+    not decode): it will not. Either way, the caller serves the offsets from segment objects.
+
+    Args:
+        table: the table, ``namespace.name``.
+        reason: what went wrong.
+        retriable: whether the same read may succeed later.
+    """
+
+    def __init__(self, table: str, reason: str, *, retriable: bool = False) -> None:
+        self.table = table
+        self.reason = reason
+        self.retriable = retriable
+        super().__init__(f"cannot read table {bounded(table)}: {bounded(reason)}")

@@ -136,6 +136,12 @@ def topic_table(topic: TopicName) -> str:
     return f"{topic_root(topic)}/table"
 
 
+def topic_read_path(topic: TopicName) -> str:
+    """§3.10 ``/topics/{namespace}/{topic}/read_path``; value :class:`TopicReadPath`, where the
+    topic's subscriptions read offsets below the local WAL (overrides the brokers' setting)."""
+    return f"{topic_root(topic)}/read_path"
+
+
 def topic_producers_prefix(topic: TopicName) -> str:
     """§3.3 prefix of every producer key of ``topic``: ``/topics/{namespace}/{topic}/producers/``."""
     return f"{topic_root(topic)}/producers/"
@@ -154,6 +160,12 @@ def topic_subscription(topic: TopicName, subscription: str) -> str:
 def subscription_cursor(topic: TopicName, subscription: str) -> str:
     """§3.5 ``.../subscriptions/{subscription_name}/cursor``; value the last acked offset (u64)."""
     return f"{topic_subscription(topic, subscription)}/cursor"
+
+
+def subscription_table_snapshot(topic: TopicName, subscription: str) -> str:
+    """§3.5.1 ``.../subscriptions/{subscription_name}/table_snapshot``; value
+    :class:`TableSnapshot`, the last Iceberg snapshot the subscription's table reads covered."""
+    return f"{topic_subscription(topic, subscription)}/table_snapshot"
 
 
 # ---- 4. schemas

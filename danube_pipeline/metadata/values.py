@@ -277,108 +277,6 @@ class SubscriptionMetadata(JsonRecord):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class AvroSchemaDef(JsonRecord):
-    """The body of ``schema_def`` (§4.3): ``{"Avro": {...}}``, ``{"JsonSchema": {...}}`` or
-    ``{"Protobuf": {...}}``, the same two fields for every schema type."""
-
-    fingerprint: str
-    raw_schema: str
-
-
-SchemaDefBody = AvroSchemaDef
-"""The body of ``schema_def`` for any schema type (the Avro one's name is historical)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchemaVersion(JsonRecord):
-    """§4.3 ``/schemas/{subject}/versions/{version}``.
-
-    ``schema_def`` is ``{"<type>": {"fingerprint": "sha256:…", "raw_schema": "…"}}`` with
-    ``<type>`` one of ``Avro``, ``JsonSchema``, ``Protobuf``; ``fingerprint`` is ``"sha256:"``
-    plus a hex SHA-256 (:mod:`danube_pipeline.schemas.formats`: of the Avro Parsing Canonical
-    Form, of the canonical JSON, of the serialized ``FileDescriptorProto``).
-    """
-
-    @property
-    def schema_type(self) -> str:
-        """The key of ``schema_def`` (``"Avro"`` for a malformed empty one)."""
-        return next(iter(self.schema_def), "Avro")
-
-    @property
-    def raw_schema(self) -> str:
-        """The schema text of ``schema_def``."""
-        body = self.schema_def.get(self.schema_type)
-        return str(body.get("raw_schema", "")) if isinstance(body, dict) else ""
-
-
-    created_at: int
-    created_by: str
-    version: int
-    fingerprint: str
-    is_deprecated: bool
-    schema_def: dict[str, Any]
-    tags: list[str]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchemaMetadata(JsonRecord):
-    """§4.2 ``/schemas/{subject}/metadata``.
-
-    ``compatibility_mode`` is one of ``None``, ``Backward``, ``BackwardTransitive``,
-    ``Forward``, ``ForwardTransitive``, ``Full``, ``FullTransitive``
-    (:mod:`danube_pipeline.schemas.compatibility`); ``topics_using`` lists, once each, the topics
-    (``/{ns}/{topic}``) a producer with the subject's schema was created on.
-    """
-
-    compatibility_mode: str
-    created_at: int
-    created_by: str
-    id: int
-    latest_version: int
-    subject: str
-    topics_using: list[str]
-    updated_at: int
-    versions: list[SchemaVersion]
-    _nested: ClassVar[dict[str, type[JsonRecord]]] = {"versions": SchemaVersion}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TopicSchema(JsonRecord):
-    """§3.7 ``/topics/{ns}/{topic}/schema``: the topic's schema settings.
-
-    Attributes:
-        subject: the subject of the first producer with a schema created on the topic; ``""``
-            while none was (the key may exist for ``allow_raw`` alone).
-        allow_raw: whether producers without a schema are accepted on the topic once it has a
-            subject; their messages carry schema id 0 and stay raw.
-    """
-
-    subject: str = ""
-    allow_raw: bool = False
-
-    @classmethod
-    def from_json(cls, data: Any) -> Self:
-        """Build from a decoded JSON object.
-
-        Raises:
-            ValueError: ``data`` is not an object, ``subject`` not a string or ``allow_raw``
-                not a boolean.
-        """
-        value = cls._from_fields(data)
-        if not isinstance(value.subject, str) or not isinstance(value.allow_raw, bool):
-            raise ValueError(f"TopicSchema: subject must be a string and allow_raw a boolean, got {data!r}")
-        return value
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchemaIndexEntry(JsonRecord):
-    """§4.4 ``/schemas/_index/by_id/{schema_id}``."""
-
-    schema_id: int
-    subject: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class ObjectDescriptor(JsonRecord):
     """§5.1 ``/danube-data/storage/topics/{ns}/{topic}/objects/{padded_start_offset}``.
 
@@ -467,17 +365,28 @@ class TableLayout(JsonRecord):
         partition_transform: the table is partitioned by this transform of ``_publish_time``:
             one of :data:`PARTITION_TRANSFORMS` (default ``"day"``; ``"none"``: unpartitioned).
             The table is always sorted by ``_offset``.
+        raw_payload: a table with typed columns keeps each payload's exact bytes in
+            ``_raw_payload`` (its dead-letter table: ``_producer_id``, ``_attributes``); off by
+            default; rows written while off hold ``null`` there.
     """
 
     partition_transform: str = "day"
+    raw_payload: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object; ``raw_payload`` only when on (as values written before it)."""
+        out = JsonRecord.to_json(self)
+        if not self.raw_payload:
+            del out["raw_payload"]
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> Self:
         """Build from a decoded JSON object.
 
         Raises:
-            ValueError: ``data`` is not an object, or ``partition_transform`` is not one of
-                :data:`PARTITION_TRANSFORMS`.
+            ValueError: ``data`` is not an object, ``partition_transform`` is not one of
+                :data:`PARTITION_TRANSFORMS`, or ``raw_payload`` is not a boolean.
         """
         value = cls._from_fields(data)
         if value.partition_transform not in PARTITION_TRANSFORMS:
@@ -485,6 +394,74 @@ class TableLayout(JsonRecord):
                 f"TableLayout: partition_transform must be one of {', '.join(PARTITION_TRANSFORMS)}, "
                 f"got {value.partition_transform!r}"
             )
+        if not isinstance(value.raw_payload, bool):
+            raise ValueError(f"TableLayout: raw_payload must be true or false, got {value.raw_payload!r}")
+        return value
+
+
+COLD_READ_PATHS = ("objects", "iceberg", "auto")
+"""The values of :attr:`TopicReadPath.cold_read_path` and of the brokers' ``--cold-read-path``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicReadPath(JsonRecord):
+    """§3.10 ``/topics/{ns}/{topic}/read_path``: where the topic's subscriptions read offsets
+    below the local WAL, overriding the brokers' ``--cold-read-path``.
+
+    Attributes:
+        cold_read_path: one of :data:`COLD_READ_PATHS`: ``"objects"`` (the segment objects),
+            ``"iceberg"`` (the topic's Iceberg table where it holds the offsets) or ``"auto"``
+            (the table where it holds them, the objects on any trouble).
+    """
+
+    cold_read_path: str = "objects"
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: ``data`` is not an object, or ``cold_read_path`` is not one of
+                :data:`COLD_READ_PATHS`.
+        """
+        value = cls._from_fields(data)
+        if value.cold_read_path not in COLD_READ_PATHS:
+            raise ValueError(
+                f"TopicReadPath: cold_read_path must be one of {', '.join(COLD_READ_PATHS)}, got {value.cold_read_path!r}"
+            )
+        return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableSnapshot(JsonRecord):
+    """§3.5.1 ``.../subscriptions/{sub}/table_snapshot``: the last Iceberg snapshot of the topic's
+    table that the subscription's table reads covered.
+
+    Attributes:
+        snapshot_id: the snapshot id (Iceberg spec, "Snapshots").
+        offset: the table held no offset at or above this one in that snapshot, so a read from
+            any offset at or above it needs only the snapshots appended after ``snapshot_id``
+            (an incremental append scan).
+    """
+
+    snapshot_id: int
+    offset: int
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Build from a decoded JSON object.
+
+        Raises:
+            ValueError: ``data`` is not an object, or a field is missing or not an integer
+                (``offset`` >= 0).
+        """
+        value = cls._from_fields(data)
+        for name in ("snapshot_id", "offset"):
+            v = getattr(value, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"TableSnapshot: {name} must be an integer, got {v!r}")
+        if value.offset < 0:
+            raise ValueError(f"TableSnapshot: offset must be >= 0, got {value.offset}")
         return value
 
 

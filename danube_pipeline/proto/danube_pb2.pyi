@@ -136,7 +136,7 @@ class CloseProducerResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size", "request_id", "settings")
+    __slots__ = ("topic", "subscription", "subscription_type", "consumer_name", "initial_position", "receiver_queue_size", "request_id", "settings", "start_publish_time_us")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class SubscribeRequest(_message.Message):
     RECEIVER_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    START_PUBLISH_TIME_US_FIELD_NUMBER: _ClassVar[int]
     topic: str
     subscription: str
     subscription_type: SubscriptionType
@@ -153,7 +154,8 @@ class SubscribeRequest(_message.Message):
     receiver_queue_size: int
     request_id: str
     settings: SubscriptionSettings
-    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ..., request_id: _Optional[str] = ..., settings: _Optional[_Union[SubscriptionSettings, _Mapping]] = ...) -> None: ...
+    start_publish_time_us: int
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., subscription_type: _Optional[_Union[SubscriptionType, str]] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[_Union[InitialPosition, str]] = ..., receiver_queue_size: _Optional[int] = ..., request_id: _Optional[str] = ..., settings: _Optional[_Union[SubscriptionSettings, _Mapping]] = ..., start_publish_time_us: _Optional[int] = ...) -> None: ...
 
 class SubscriptionSettings(_message.Message):
     __slots__ = ("ack_timeout_ms", "nack_redelivery_delay_ms", "nack_redelivery_max_delay_ms", "max_redeliveries", "dead_letter_topic")

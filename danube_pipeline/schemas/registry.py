@@ -3,13 +3,13 @@
 Layout (§4):
 
 * ``/schemas/_global/next_schema_id`` (§4.1): the next free schema id.
-* ``/schemas/{subject}/metadata`` (§4.2): :class:`~danube_pipeline.metadata.values.SchemaMetadata`,
+* ``/schemas/{subject}/metadata`` (§4.2): :class:`~danube_pipeline.metadata.schema_values.SchemaMetadata`,
   the subject's id, ``compatibility_mode``, ``latest_version``, ``topics_using`` and every
   version.
 * ``/schemas/{subject}/versions/{n}`` (§4.3): one immutable
-  :class:`~danube_pipeline.metadata.values.SchemaVersion`.
+  :class:`~danube_pipeline.metadata.schema_values.SchemaVersion`.
 * ``/schemas/_index/by_id/{id}`` (§4.4):
-  :class:`~danube_pipeline.metadata.values.SchemaIndexEntry`, id -> subject.
+  :class:`~danube_pipeline.metadata.schema_values.SchemaIndexEntry`, id -> subject.
 
 The schema id belongs to the subject; versions count 1, 2, 3... within it. A subject holds one
 schema type (Avro, JSON Schema or Protobuf: :mod:`danube_pipeline.schemas.formats`), and a new
@@ -37,13 +37,8 @@ from danube_pipeline.errors import (
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import (
-    AvroSchemaDef,
-    JsonValue,
-    SchemaIndexEntry,
-    SchemaMetadata,
-    SchemaVersion,
-)
+from danube_pipeline.metadata.schema_values import AvroSchemaDef, SchemaIndexEntry, SchemaMetadata, SchemaVersion
+from danube_pipeline.metadata.values import JsonValue
 from danube_pipeline.names import validate_part, validate_subject
 from danube_pipeline.schemas.compatibility import (
     DEFAULT_MODE,

@@ -212,6 +212,7 @@ async def bulk_load(
             topic.path, objects.root_url, objects.storage_options, start, table.schema(), prepared.recipes,
             parse_schema, partition,
             raw_errors(keys_by_object, [o.object_id for o in chosen], writers, prepared.bound, recorded),
+            layout.raw_payload,
         )
         current = table.current_snapshot()
         base = current.snapshot_id if current is not None else None

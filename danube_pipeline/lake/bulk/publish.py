@@ -34,6 +34,7 @@ from danube_pipeline.lake.bulk.tasks import (
 )
 from danube_pipeline.lake.iceberg.dead_letter import DeadLetter
 from danube_pipeline.names import TopicName
+from danube_pipeline.storage.table_columns import KEY_COLUMN, KEY_VALUE_FIELD
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -55,11 +56,13 @@ def _collect_dead_letters(decoded: DataFrame) -> list[DeadLetter]:
     offset order (``_publish_time`` read back as µs since the epoch)."""
     from pyspark.sql import functions as F
 
+    keyed = KEY_COLUMN in decoded.columns  # the table has _key (raw_payload on)
     rows = (
         decoded.filter(F.col(ERROR_FIELD).isNotNull())
         .select(
             "_offset", F.unix_micros("_publish_time").alias("publish_time_us"), "_producer_id", "_producer_name",
             "_schema_id", "_schema_version", "_attributes", PAYLOAD_FIELD, ERROR_FIELD,
+            *([KEY_COLUMN] if keyed else []),
         )
         .collect()
     )
@@ -74,6 +77,7 @@ def _collect_dead_letters(decoded: DataFrame) -> list[DeadLetter]:
                 schema_version=int(r["_schema_version"] or 0),
                 payload=bytes(r[PAYLOAD_FIELD] or b""),
                 attributes=dict(r["_attributes"] or {}),
+                key=r[KEY_COLUMN][KEY_VALUE_FIELD] if keyed and r[KEY_COLUMN] is not None else None,
             ),
             str(r[ERROR_FIELD]),
         )
@@ -198,7 +202,7 @@ def write_and_publish(
         object_id = chosen[0].object_id if len(chosen) == 1 else f"{chosen[0].object_id}..{chosen[-1].object_id}"
         letters = iceberg.commit_dead_letters(
             catalog, table_topic, _collect_dead_letters(decoded), object_id, topic=task.topic, start_offset=start,
-            end_offset=end, partition=partition,
+            end_offset=end, partition=partition, raw_payload=task.raw_payload,
         )
         dead = letters.offsets
         rows = decoded.filter(F.col(ERROR_FIELD).isNull()).drop(ERROR_FIELD, PAYLOAD_FIELD)

@@ -90,7 +90,9 @@ def prepare_table(
             catalog, table_topic, keys, writers, partitioned=partitioned, layout=layout
         )
         created = True
-    binding = iceberg.bind_writers(table, keys, writers, recorded=recorded, partitioned=partitioned, where=where)
+    binding = iceberg.bind_writers(
+        table, keys, writers, recorded=recorded, partitioned=partitioned, where=where, raw_payload=layout.raw_payload
+    )
     recipes = tuple(_recipe(key, writers[key], b) for key, b in binding.bound.items())
     changes = [str(c) for c in binding.changes]
     return PreparedTable(catalog.load_table(table.name()), created, recipes, binding.bound, changes)

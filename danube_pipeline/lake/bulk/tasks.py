@@ -32,6 +32,7 @@ from danube_pipeline.lake.schema_lookup import SchemaParser, default_schema_pars
 from danube_pipeline.lake.segment_columns import schema_keys
 from danube_pipeline.lake.segment_objects import read_segment_object
 from danube_pipeline.storage.objectstore import ObjectStore
+from danube_pipeline.storage.table_columns import KEY_COLUMN, KEY_VALUE_FIELD
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -93,6 +94,8 @@ class DecodeTask:
         parse: parses a registered schema's text; ``None``: the default parser.
         partition: the partition index, for a partition of a partitioned topic.
         raw_errors: per object id, the ``_error`` of its records without a schema.
+        raw_payload: the layout's ``raw_payload`` (``docs/etcd-layout.md`` §3.9): rows carry
+            their exact payload bytes in ``_raw_payload``, as tiering's do.
     """
 
     topic: str
@@ -104,6 +107,7 @@ class DecodeTask:
     parse: SchemaParser | None = None
     partition: int | None = None
     raw_errors: Mapping[str, str] = field(default_factory=dict)
+    raw_payload: bool = False
 
 
 _OBJECT_FIELDS = ("object_id", "path", "size_bytes", "etag", "start_offset", "end_offset")
@@ -237,7 +241,10 @@ def decode_rows_job(task: DecodeTask) -> Callable[[Iterable[pa.RecordBatch]], It
         for obj in _objects_of(batches):
             records = _read_records(task, store, obj)
             raw_error = task.raw_errors.get(obj.object_id)
-            decoded = table_rows(records, task.schema, bound, partition=task.partition, raw_error=raw_error)
+            decoded = table_rows(
+                records, task.schema, bound, partition=task.partition, raw_error=raw_error,
+                raw_payload=task.raw_payload,
+            )
             rows = decoded.rows
             arrays = [rows.column(f.name) for f in table_schema]
             arrays += [pa.nulls(rows.num_rows, pa.binary()), pa.nulls(rows.num_rows, pa.string())]
@@ -266,6 +273,8 @@ def _dead_letter_table(letters: Sequence[DeadLetter], out_schema: pa.Schema, par
     }
     if partition is not None:
         data[PARTITION_COLUMN] = [partition] * len(records)
+    if KEY_COLUMN in out_schema.names:  # the table has _key (raw_payload): the letters carry theirs
+        data[KEY_COLUMN] = [{KEY_VALUE_FIELD: r.key} for r in records]
     data["_publish_time"] = data["_publish_time"].cast(out_schema.field("_publish_time").type)
     return assemble(out_schema, data, len(records))
 

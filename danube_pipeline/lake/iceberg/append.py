@@ -6,7 +6,9 @@ snapshot's summary also carries ``danube.topic``, ``danube.start-offset``,
 ``danube.end-offset`` and ``danube.object-id`` (the Iceberg spec's snapshot summary,
 "Snapshots"), for people reading the history.
 
-The committed end offset is read back from the table property. Table properties live in the
+The committed end offset is read back from the table property (the names and
+:func:`committed_end_offset` live in :mod:`danube_pipeline.storage.table_properties`, which
+the table reader shares; re-exported here). Table properties live in the
 table metadata itself (Iceberg spec, "Table Metadata", ``properties``), so they survive what
 maintenance does to snapshots: Spark's ``rewrite_data_files`` (a ``replace`` snapshot without
 our summary), row-level ``DELETE`` (an ``overwrite``/``delete`` snapshot without it) and
@@ -46,13 +48,19 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.snapshots import ancestors_of
 
 from danube_pipeline.errors import OffsetRangeError
 from danube_pipeline.lake.iceberg.arrow import arrow_table_for_records
 from danube_pipeline.lake.iceberg.data_files import MetadataCachingTransaction, append_table
 from danube_pipeline.format.records import Record
 from danube_pipeline.lake.segment_columns import RecordColumns
+from danube_pipeline.storage.table_properties import (
+    COMMITTED_END_OFFSET_PROPERTY,
+    SUMMARY_END_OFFSET,
+    SUMMARY_PARTITION,
+    committed_end_offset,
+    committed_end_offset_property,
+)
 
 __all__ = [
     "COMMITTED_END_OFFSET_PROPERTY",
@@ -75,74 +83,12 @@ log = logging.getLogger(__name__)
 
 SUMMARY_TOPIC = "danube.topic"
 SUMMARY_START_OFFSET = "danube.start-offset"
-SUMMARY_END_OFFSET = "danube.end-offset"
 SUMMARY_OBJECT_ID = "danube.object-id"
-SUMMARY_PARTITION = "danube.partition"
-"""Summary field of an append for partition ``i`` of a partitioned topic: ``i`` (decimal)."""
 SUMMARY_DEAD_LETTER_RECORDS = "danube.dead-letter-records"
 """Summary field: records of the appended range that went to the dead-letter table instead
 (:func:`append_rows`; in the dead-letter table's own snapshots, the rows that snapshot adds)."""
 
-COMMITTED_END_OFFSET_PROPERTY = "danube.committed-end-offset"
-"""Table property: the last offset appended to the table (decimal string, inclusive).
-
-Written in the same commit as every append by :func:`append_records`; never lowered. It is a
-high-water mark, not a row count: retention may delete the rows below it (the rows stay
-deleted, and the offsets are never appended again)."""
-
 DEFAULT_COMMIT_ATTEMPTS = 5
-
-
-def committed_end_offset_property(partition: int | None = None) -> str:
-    """The table property holding the committed end offset: ``danube.committed-end-offset``
-    for a plain topic's table, ``danube.committed-end-offset.part-{i}`` for partition ``i`` of
-    a partitioned topic's (module docstring)."""
-    if partition is None:
-        return COMMITTED_END_OFFSET_PROPERTY
-    return f"{COMMITTED_END_OFFSET_PROPERTY}.part-{partition}"
-
-
-def committed_end_offset(table: Table, *, partition: int | None = None) -> int | None:
-    """The last offset committed to ``table`` by :func:`append_records` (for partition
-    ``partition`` of a partitioned topic's table, when given).
-
-    Reads the table property ``danube.committed-end-offset`` (``...-offset.part-{i}`` for a
-    partition), which every append sets in its own commit and which compaction, row deletes
-    and snapshot expiry leave alone. A table written before that property existed has none;
-    then the current snapshot's ancestry is walked, newest first, to the first snapshot whose
-    summary carries ``danube.end-offset`` (compaction snapshots written by Spark do not) and
-    the same ``danube.partition`` (none, without ``partition``).
-
-    Args:
-        table: a topic's table, as loaded (call ``table.refresh()`` for the catalog's latest).
-        partition: the partition index, for a partitioned topic's table; ``None`` for a plain
-            topic's.
-
-    Returns:
-        The inclusive end offset, or ``None`` if nothing was appended yet (or, for a table
-        without the property, if no snapshot carrying the summary is left).
-
-    Raises:
-        ValueError: the property is set but is not an integer.
-    """
-    value = table.metadata.properties.get(committed_end_offset_property(partition))
-    if value is not None:
-        return int(value)
-    return _summary_end_offset(table, partition)
-
-
-def _summary_end_offset(table: Table, partition: int | None) -> int | None:
-    """``danube.end-offset`` of the newest ancestor snapshot whose summary has it, for the
-    same partition."""
-    wanted = None if partition is None else str(partition)
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        summary = snapshot.summary
-        if summary is None or summary[SUMMARY_PARTITION] != wanted:
-            continue
-        value = summary[SUMMARY_END_OFFSET]
-        if value is not None:
-            return int(value)
-    return None
 
 
 @dataclass(frozen=True, slots=True)

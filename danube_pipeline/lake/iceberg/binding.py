@@ -14,6 +14,12 @@ objects at once (:mod:`danube_pipeline.lake.bulk`).
    mapped to the names the table follows.
 3. :func:`raw_message_error`: the ``_error`` of a record without a schema on a table with one.
 
+With the layout's ``raw_payload`` on (``docs/etcd-layout.md`` §3.9), a table with typed columns
+is created with ``_raw_payload`` and ``_key``, and an existing one gains them in step 2
+(:func:`ensure_raw_payload_columns`); the rows then carry each payload's exact bytes and the
+routing key (:func:`~danube_pipeline.lake.iceberg.rows.table_rows`). A ``_payload`` table gets
+``_key`` only: its ``_payload`` already holds the exact bytes.
+
 A table created here records the incarnation of the topic it is for
 (:data:`TOPIC_INCARNATION_PROPERTY`; :mod:`danube_pipeline.lake.tiering.incarnation`).
 """
@@ -21,11 +27,14 @@ A table created here records the incarnation of the topic it is for
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.types import BinaryType, IcebergType
 
 from danube_pipeline.errors import SchemaEvolutionError
 from danube_pipeline.lake.iceberg.catalog import ensure_table_for_schema
@@ -38,7 +47,16 @@ from danube_pipeline.lake.iceberg.evolution import (
     evolve_table,
 )
 from danube_pipeline.lake.iceberg.rows import BoundWriter
-from danube_pipeline.lake.iceberg.schema import PAYLOAD_COLUMN, RESERVED_COLUMNS, PayloadColumn, schema_from_columns
+from danube_pipeline.lake.iceberg.schema import (
+    KEY_COLUMN,
+    KEY_DOC,
+    PAYLOAD_COLUMN,
+    RAW_PAYLOAD_COLUMN,
+    RESERVED_COLUMNS,
+    PayloadColumn,
+    key_type,
+    schema_from_columns,
+)
 from danube_pipeline.lake.iceberg.writer import WriterSchema, renamed_columns
 from danube_pipeline.metadata.values import TableLayout
 from danube_pipeline.names import TopicName
@@ -48,6 +66,7 @@ __all__ = [
     "RegisteredWriter",
     "WriterBinding",
     "bind_writers",
+    "ensure_raw_payload_columns",
     "ensure_table_for_writers",
     "raw_message_error",
     "recorded_schema",
@@ -205,7 +224,8 @@ def ensure_table_for_writers(
     Returns:
         The table: with the first parsed writer schema's columns and its
         ``danube.schema-*`` properties; with no payload column when no writer parsed; with
-        ``_payload`` when ``keys`` is empty.
+        ``_payload`` when ``keys`` is empty. Unless it has ``_payload``, it ends in
+        ``_raw_payload`` when ``layout.raw_payload`` is on.
 
     Raises:
         CommitFailedException: the catalog kept refusing the creation.
@@ -221,7 +241,7 @@ def ensure_table_for_writers(
     return ensure_table_for_schema(
         catalog,
         table_topic,
-        schema_from_columns(columns, partitioned=partitioned),
+        schema_from_columns(columns, partitioned=partitioned, raw_payload=layout.raw_payload),
         properties={**born, **(_schema_properties(first) if first is not None else {})},
         layout=layout,
     )
@@ -235,6 +255,7 @@ def bind_writers(
     recorded: RegisteredWriter | None,
     partitioned: bool,
     where: str,
+    raw_payload: bool = False,
 ) -> WriterBinding:
     """Evolve the table for each writer schema and bind it (step 2 of the module docstring).
 
@@ -247,10 +268,13 @@ def bind_writers(
             ``writers``.
         partitioned: whether the table has the ``_partition`` column.
         where: names the records in the warning logged for a ``needs schema_rewrite`` version.
+        raw_payload: the layout's ``raw_payload`` (``docs/etcd-layout.md`` §3.9): a table
+            without ``_raw_payload`` or ``_key`` gains them first
+            (:func:`ensure_raw_payload_columns`).
 
     Returns:
         A :class:`WriterBinding`; nothing is bound on a ``_payload`` table (its records keep
-        their payload as is).
+        their payload as is, and it gets ``_key`` but no ``_raw_payload``).
 
     Raises:
         CommitFailedException: an evolution commit kept conflicting.
@@ -260,6 +284,8 @@ def bind_writers(
     if recorded is None and ids is not None and ids in writers:
         recorded = writers[ids]
     binding = WriterBinding(recorded=recorded)
+    if raw_payload:
+        binding.changes += ensure_raw_payload_columns(table)
     if payload_table:
         return binding
     bound = binding.bound
@@ -302,3 +328,53 @@ def bind_writers(
             bound[key] = BoundWriter(b.description, writer=b.writer, column_for=_column_map(known, recorded))
     binding.recorded = recorded
     return binding
+
+
+def ensure_raw_payload_columns(
+    table: Table, *, max_attempts: int = 5, retry_backoff_s: float = 0.05
+) -> list[SchemaChange]:
+    """Add the optional columns ``_raw_payload binary`` (not to a ``_payload`` table) and ``_key
+    struct<value: string>`` where missing (``docs/etcd-layout.md`` §3.9, ``raw_payload``). Rows
+    written before read ``null`` there (Iceberg spec, "Schema Evolution": an added optional
+    column), which is how a reader tells them from rows written since.
+
+    One schema commit, which the catalog accepts only if the schema is still the one read; a
+    commit that loses is tried again after a refresh (another writer may have added it).
+
+    Args:
+        table: the topic's table; refreshed afterwards.
+        max_attempts: commit attempts on ``CommitFailedException``.
+        retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
+
+    Returns:
+        The columns added (``[add optional column _raw_payload binary, ...]``), ``[]`` when
+        both were there.
+
+    Raises:
+        CommitFailedException: still conflicting after ``max_attempts`` attempts.
+    """
+    for attempt in range(1, max_attempts + 1):
+        names = {f.name for f in table.schema().fields}
+        added: list[tuple[str, IcebergType, str]] = []
+        if RAW_PAYLOAD_COLUMN not in names and PAYLOAD_COLUMN not in names:
+            added.append((RAW_PAYLOAD_COLUMN, BinaryType(), "the payload exactly as published"))
+        if KEY_COLUMN not in names:
+            added.append((KEY_COLUMN, key_type(0), KEY_DOC))
+        if not added:
+            return []
+        changes = [SchemaChange("add", (name,), field_type, doc=doc) for name, field_type, doc in added]
+        try:
+            with table.update_schema() as update:
+                for name, field_type, doc in added:  # pyiceberg assigns the field ids, nested ones too
+                    update.add_column(name, field_type, doc=doc, required=False)
+        except CommitFailedException:
+            if attempt == max_attempts:
+                raise
+            time.sleep(retry_backoff_s * attempt)
+            table.refresh()
+            continue
+        table.refresh()
+        for change in changes:
+            log.info("%s: %s", ".".join(table.name()), change)
+        return changes
+    raise AssertionError("unreachable")  # pragma: no cover

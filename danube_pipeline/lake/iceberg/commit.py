@@ -13,6 +13,8 @@ every ``(schema_id, schema_version)`` of its records (:class:`RegisteredWriter`)
    first (:mod:`.evolution`); a version whose change cannot be made in place has its records
    dead-lettered (``needs schema_rewrite``), the others go on
    (:func:`~danube_pipeline.lake.iceberg.binding.bind_writers`, the path bulk loads take too).
+   With the layout's ``raw_payload`` on, the table first gains ``_raw_payload`` (and the
+   dead-letter table ``_producer_id`` and ``_attributes``), filled from then on.
 4. Decode every record with its own writer schema into the table's columns
    (:func:`~danube_pipeline.lake.iceberg.rows.table_rows`), setting aside the dead letters.
 5. Append the dead letters to ``{topic}__dlq``
@@ -103,8 +105,9 @@ def commit_object(
             ``writers``.
         first_offset: as :func:`~danube_pipeline.lake.iceberg.append.append_records`.
         partition: the partition index, for a partition of a partitioned topic.
-        layout: the partitioning of the table if it is created here (``docs/etcd-layout.md``
-            §3.9; :mod:`~danube_pipeline.lake.iceberg.layout`).
+        layout: the table layout (``docs/etcd-layout.md`` §3.9): its partitioning if the table
+            is created here (:mod:`~danube_pipeline.lake.iceberg.layout`), and whether rows keep
+            their exact payload bytes (``raw_payload``).
         incarnation: the topic's incarnation, recorded in the table if it is created here
             (:data:`~danube_pipeline.lake.iceberg.binding.TOPIC_INCARNATION_PROPERTY`).
 
@@ -131,13 +134,18 @@ def commit_object(
         return ObjectCommit(table, AppendResult(None, 0, committed, len(records), 0), created=created)
 
     pending_keys = [k for k in schema_keys(pending) if k[0] != 0]
-    binding = bind_writers(table, pending_keys, writers, recorded=recorded, partitioned=partitioned, where=where)
+    binding = bind_writers(
+        table, pending_keys, writers, recorded=recorded, partitioned=partitioned, where=where,
+        raw_payload=layout.raw_payload,
+    )
     raw_error = raw_message_error(binding.recorded)
-    decoded = table_rows(pending, table.schema(), binding.bound, partition=partition, raw_error=raw_error)
+    decoded = table_rows(
+        pending, table.schema(), binding.bound, partition=partition, raw_error=raw_error, raw_payload=layout.raw_payload
+    )
     start, end = pending[0].offset, pending[-1].offset
     letters = commit_dead_letters(
         catalog, table_topic, decoded.dead_letters, object_id, topic=topic, start_offset=start, end_offset=end,
-        partition=partition,
+        partition=partition, raw_payload=layout.raw_payload,
     )
     dead = letters.offsets
     rows = decoded.rows

@@ -12,8 +12,8 @@ with that value as the partition key, and otherwise leaves the split to pyiceber
 
 The data files it writes itself carry what pyiceberg's would: the same file schema with field
 ids, partition values (Iceberg spec, "Partition Transforms"), location and column statistics,
-through pyiceberg's own Parquet writer and statistics; only ``_offset`` and ``_publish_time``
-are written without a dictionary (:class:`_ParquetWriter`), which makes a tiered object's files
+through pyiceberg's own Parquet writer and statistics; only ``_offset``, ``_publish_time`` and
+``_raw_payload`` are written without a dictionary (:class:`_ParquetWriter`), which makes a tiered object's files
 smaller and their writing faster.
 """
 
@@ -48,6 +48,8 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Properties, Record
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_bool, property_as_int
+
+from danube_pipeline.storage.table_columns import RAW_PAYLOAD_COLUMN
 
 __all__ = [
     "PLAIN_COLUMNS",
@@ -162,10 +164,13 @@ def data_files(metadata: TableMetadata, df: pa.Table, io: FileIO, write_uuid: uu
 
 PLAIN_COLUMNS = ("_offset", "_publish_time")
 """Columns written without a dictionary: ``PLAIN`` (Parquet format, "Encodings")."""
+_NO_DICTIONARY = (*PLAIN_COLUMNS, RAW_PAYLOAD_COLUMN)
+""":data:`PLAIN_COLUMNS` and ``_raw_payload``, whose payload bytes are nearly all distinct too."""
 
 
 class _ParquetWriter(ParquetFormatWriter):
-    """pyiceberg's Parquet writer, without a dictionary for :data:`PLAIN_COLUMNS`.
+    """pyiceberg's Parquet writer, without a dictionary for :data:`PLAIN_COLUMNS` (and
+    ``_raw_payload``).
 
     Every offset is distinct, and nearly every publish time: pyarrow's default dictionary
     stores each value twice for them, and building it costs the most time of any column. They
@@ -177,10 +182,10 @@ class _ParquetWriter(ParquetFormatWriter):
     def __init__(self, output_file: OutputFile, file_schema: Schema, properties: Properties) -> None:
         super().__init__(output_file, file_schema, properties)
         paths = list(parquet_path_to_id_mapping(file_schema))
-        if any(p in PLAIN_COLUMNS for p in paths):
+        if any(p in _NO_DICTIONARY for p in paths):
             self._parquet_writer_kwargs = {
                 **self._parquet_writer_kwargs,
-                "use_dictionary": [p for p in paths if p not in PLAIN_COLUMNS],
+                "use_dictionary": [p for p in paths if p not in _NO_DICTIONARY],
             }
 
 

@@ -29,6 +29,11 @@ own table)::
 
     _offset long (required) | _publish_time timestamptz | _producer_name string | _schema_id long
     | _schema_version int | _partition int | _payload binary | _error string
+    [| _producer_id long | _attributes map<string, string> | _key struct<value: string>]
+
+The last three are added when the topic's layout has ``raw_payload`` on (``docs/etcd-layout.md``
+§3.9; :func:`ensure_dead_letter_table`), so that a dead letter keeps everything its message had;
+dead letters written before hold ``null`` there. Once the table has them they are filled.
 
 **Exactly once.** The topic's table stays the record of what is committed: its
 ``danube.committed-end-offset`` moves over dead-lettered offsets too
@@ -60,7 +65,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import BinaryType, IntegerType, LongType, MapType, NestedField, StringType, TimestamptzType
 
 from danube_pipeline.errors import InvalidNameError
 from danube_pipeline.lake.iceberg.append import (
@@ -76,9 +81,17 @@ from danube_pipeline.lake.iceberg.append import (
     without_commit_retries,
 )
 from danube_pipeline.lake.iceberg.catalog import WRITE_PROPERTIES
-from danube_pipeline.lake.iceberg.schema import PARTITION_COLUMN, PAYLOAD_COLUMN
+from danube_pipeline.lake.iceberg.schema import KEY_DOC, PARTITION_COLUMN, PAYLOAD_COLUMN, key_type
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
+from danube_pipeline.storage.table_columns import (
+    ATTRIBUTES_COLUMN,
+    DEAD_LETTER_SUFFIX,
+    ERROR_COLUMN,
+    KEY_COLUMN,
+    KEY_VALUE_FIELD,
+    PRODUCER_ID_COLUMN,
+)
 
 __all__ = [
     "DEAD_LETTER_OF_PROPERTY",
@@ -99,11 +112,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_SUFFIX = "__dlq"
-"""Appended to the topic's table name: ``flights`` -> ``flights__dlq``."""
 DEAD_LETTER_OF_PROPERTY = "danube.dead-letter-of"
 """Table property of a dead-letter table: the topic whose dead letters it holds (``/ns/t``)."""
-ERROR_COLUMN = "_error"
 
 
 class DeadLetterReason(enum.StrEnum):
@@ -220,13 +230,17 @@ def dead_letter_table_of(table: Table) -> Table | None:
     return found if DEAD_LETTER_OF_PROPERTY in found.properties else None
 
 
-def ensure_dead_letter_table(catalog: Catalog, topic: TopicName, *, partitioned: bool = False) -> Table:
+def ensure_dead_letter_table(
+    catalog: Catalog, topic: TopicName, *, partitioned: bool = False, raw_payload: bool = False
+) -> Table:
     """Load the topic's dead-letter table, creating it when missing.
 
     Args:
         catalog: the shared catalog.
         topic: the topic (for a partition, the partitioned topic).
         partitioned: a partitioned topic's (with ``_partition``).
+        raw_payload: the layout's ``raw_payload`` (``docs/etcd-layout.md`` §3.9): the table
+            gets ``_producer_id``, ``_attributes`` and ``_key`` when it lacks them (module docstring).
 
     Returns:
         The table.
@@ -234,6 +248,7 @@ def ensure_dead_letter_table(catalog: Catalog, topic: TopicName, *, partitioned:
     Raises:
         InvalidNameError: a table of that name exists and is not this topic's dead-letter
             table (a topic named ``{topic}__dlq``).
+        CommitFailedException: adding the columns kept conflicting.
     """
     identifier = dead_letter_identifier(topic)
     table = load_dead_letter_table(catalog, topic)
@@ -248,7 +263,39 @@ def ensure_dead_letter_table(catalog: Catalog, topic: TopicName, *, partitioned:
         raise InvalidNameError(
             "table", ".".join(identifier), f"exists and is not the dead-letter table of {topic.path}"
         )
+    if raw_payload:
+        _add_message_columns(table)
     return table
+
+
+def _add_message_columns(table: Table, max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> None:
+    """Add ``_producer_id``, ``_attributes`` and ``_key`` (optional) where missing, in one schema commit,
+    tried again after a refresh when another writer changed the schema meanwhile."""
+    for attempt in range(1, max_attempts + 1):
+        names = {f.name for f in table.schema().fields}
+        if PRODUCER_ID_COLUMN in names and ATTRIBUTES_COLUMN in names and KEY_COLUMN in names:
+            return
+        try:
+            with table.update_schema() as update:
+                if PRODUCER_ID_COLUMN not in names:
+                    update.add_column(
+                        PRODUCER_ID_COLUMN, LongType(), doc="u64 producer id, stored as the int64 with the same bits"
+                    )
+                if ATTRIBUTES_COLUMN not in names:
+                    update.add_column(
+                        ATTRIBUTES_COLUMN,
+                        MapType(key_id=1, key_type=StringType(), value_id=2, value_type=StringType(), value_required=False),
+                    )
+                if KEY_COLUMN not in names:
+                    update.add_column(KEY_COLUMN, key_type(0), doc=KEY_DOC)
+        except CommitFailedException:
+            if attempt == max_attempts:
+                raise
+            time.sleep(0.05 * attempt)
+            table.refresh()
+            continue
+        table.refresh()
+        return
 
 
 def dead_letter_offsets(
@@ -284,6 +331,13 @@ def _rows(table: Table, letters: Sequence[DeadLetter], partition: int | None) ->
         "_producer_name": [d.record.producer_name for d in letters],
         "_schema_id": [d.record.schema_id for d in letters],
         "_schema_version": [d.record.schema_version for d in letters],
+        # a u64 producer id is stored as the int64 with the same bits (the topic table's rule)
+        PRODUCER_ID_COLUMN: [
+            d.record.producer_id - (1 << 64) if d.record.producer_id >= 1 << 63 else d.record.producer_id
+            for d in letters
+        ],
+        ATTRIBUTES_COLUMN: [list(d.record.attributes.items()) for d in letters],
+        KEY_COLUMN: [{KEY_VALUE_FIELD: d.record.key} for d in letters],
         PARTITION_COLUMN: [partition] * len(letters),
         PAYLOAD_COLUMN: [d.record.payload for d in letters],
         ERROR_COLUMN: [d.error for d in letters],
@@ -385,6 +439,7 @@ def commit_dead_letters(
     start_offset: int,
     end_offset: int,
     partition: int | None = None,
+    raw_payload: bool = False,
 ) -> DeadLetterAppend:
     """A range's dead letters in ``{topic}__dlq``, before its rows go to the topic's table.
 
@@ -403,6 +458,8 @@ def commit_dead_letters(
         start_offset: the range's first offset.
         end_offset: the range's last offset.
         partition: the partition index, for a partitioned topic.
+        raw_payload: the layout's ``raw_payload``: a dead-letter table it appends to gains
+            ``_producer_id``, ``_attributes`` and ``_key`` first (:func:`ensure_dead_letter_table`).
 
     Returns:
         A :class:`DeadLetterAppend` whose ``offsets`` are the range's offsets in the
@@ -413,7 +470,9 @@ def commit_dead_letters(
         InvalidNameError: a table named like the dead-letter table is not one.
     """
     if letters:
-        dlq = ensure_dead_letter_table(catalog, table_topic, partitioned=partition is not None)
+        dlq = ensure_dead_letter_table(
+            catalog, table_topic, partitioned=partition is not None, raw_payload=raw_payload
+        )
         return append_dead_letters(
             dlq, letters, object_id, topic=topic, start_offset=start_offset, end_offset=end_offset,
             partition=partition,

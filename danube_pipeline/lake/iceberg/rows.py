@@ -15,7 +15,7 @@ from danube_pipeline.lake.iceberg.arrow import assemble, metadata_data
 from danube_pipeline.lake.iceberg.avro_batch import AvroBatchDecoder
 from danube_pipeline.lake.iceberg.dead_letter import DeadLetter, DeadLetterReason
 from danube_pipeline.lake.iceberg.evolution import is_identity, value_converter
-from danube_pipeline.lake.iceberg.schema import PAYLOAD_COLUMN, RESERVED_COLUMNS
+from danube_pipeline.lake.iceberg.schema import KEY_COLUMN, PAYLOAD_COLUMN, RAW_PAYLOAD_COLUMN, RESERVED_COLUMNS
 from danube_pipeline.lake.iceberg.writer import (
     PayloadDecodeError,
     ValueDoesNotFitError,
@@ -150,6 +150,7 @@ def table_rows(
     *,
     partition: int | None = None,
     raw_error: str | None = None,
+    raw_payload: bool = False,
 ) -> TableRows:
     """Decode ``records`` into the rows of a table of ``iceberg_schema``, setting aside every
     record that cannot be a row.
@@ -169,6 +170,10 @@ def table_rows(
     (:mod:`~danube_pipeline.lake.iceberg.avro_batch`); when that batch is refused, its records take
     the per-record path, which finds the bad ones. Both give the same rows.
 
+    With ``raw_payload`` and a ``_raw_payload`` column in ``iceberg_schema``, each row also
+    carries its record's payload exactly as stored, and with a ``_key`` column its routing key
+    (``docs/etcd-layout.md`` §3.9); otherwise those columns are null.
+
     Args:
         records: the records, in offset order.
         iceberg_schema: the table's schema, as evolved for these writers.
@@ -176,6 +181,7 @@ def table_rows(
         partition: the partition index written to ``_partition``, or ``None``.
         raw_error: the ``_error`` of records without a schema (schema id 0) on a table with a
             schema; ignored for a ``_payload`` table.
+        raw_payload: fill ``_raw_payload`` (the layout's ``raw_payload``).
 
     Returns:
         The :class:`TableRows`.
@@ -187,6 +193,8 @@ def table_rows(
         data: dict[str, Any] = dict(metadata_data(records, partition, arrow_schema))
         payload_type = arrow_schema.field(PAYLOAD_COLUMN).type
         data[PAYLOAD_COLUMN] = records.payload if records.payload.type == payload_type else records.payload.cast(payload_type)
+        if raw_payload and KEY_COLUMN in names:
+            data[KEY_COLUMN] = key_column(records, arrow_schema)
         return TableRows(assemble(arrow_schema, data, len(records)), [])
 
     columns = {f.name: f for f in iceberg_schema.fields if f.name not in RESERVED_COLUMNS}
@@ -265,6 +273,11 @@ def table_rows(
     indices, payload = _combine(pieces, payload_fields)
     kept = records.take(indices) if len(indices) != len(records) else records
     columns_data: dict[str, Any] = {**metadata_data(kept, partition, arrow_schema), **payload}
+    if raw_payload and RAW_PAYLOAD_COLUMN in names:
+        raw_type = arrow_schema.field(RAW_PAYLOAD_COLUMN).type
+        columns_data[RAW_PAYLOAD_COLUMN] = kept.payload if kept.payload.type == raw_type else kept.payload.cast(raw_type)
+    if raw_payload and KEY_COLUMN in names:
+        columns_data[KEY_COLUMN] = key_column(kept, arrow_schema)
     return TableRows(assemble(arrow_schema, columns_data, len(kept)), [dead[o] for o in sorted(dead)])
 
 
@@ -288,3 +301,20 @@ def _combine(
 
 def _misfit(column: str, column_type: Any, detail: Any) -> str:
     return f"{DeadLetterReason.VALUE_DOES_NOT_FIT}: column {column} ({column_type}): {detail}"
+
+
+def key_column(records: RecordColumns, arrow_schema: pa.Schema) -> pa.Array:
+    """``_key`` of ``records`` (``docs/etcd-layout.md`` §3.9): a struct that is never null, whose
+    ``value`` is the routing key or null for a record without one.
+
+    Args:
+        records: the rows' records.
+        arrow_schema: the table's Arrow schema (gives the struct's type).
+
+    Returns:
+        The column, ``len(records)`` values.
+    """
+    struct_type = arrow_schema.field(KEY_COLUMN).type
+    value_type = struct_type.field(0).type
+    keys = records.key if records.key.type == value_type else records.key.cast(value_type)
+    return pa.StructArray.from_arrays([keys], fields=[struct_type.field(0)])

@@ -15,6 +15,13 @@ The table of a partitioned topic (``docs/etcd-layout.md`` §3.1) has one more me
 ``_partition int`` (field id 10, before the payload columns): the index ``i`` of the partition
 ``{topic}-part-{i}`` a row came from, so ``(_partition, _offset)`` identifies a row. A plain
 topic's table has no ``_partition`` column.
+
+A table with typed columns has ``_raw_payload binary`` (optional) when its layout's
+``raw_payload`` is on (``docs/etcd-layout.md`` §3.9): each record's payload exactly as
+published, written beside the typed columns; both kinds of table then also have ``_key`` (the routing key,
+``struct<value: string>``; :data:`KEY_COLUMN`). The reserved names are defined in
+:mod:`danube_pipeline.storage.table_columns` (which the table reader imports too) and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -51,39 +58,37 @@ from pyiceberg.types import (
 )
 
 from danube_pipeline.errors import InvalidSchemaError
+from danube_pipeline.storage.table_columns import (
+    METADATA_COLUMNS,
+    PARTITION_COLUMN,
+    PAYLOAD_COLUMN,
+    KEY_COLUMN,
+    KEY_VALUE_FIELD,
+    RAW_PAYLOAD_COLUMN,
+    RESERVED_COLUMNS,
+    REWRITE_VERSION_COLUMN,
+)
 
 __all__ = [
+    "KEY_COLUMN",
     "METADATA_COLUMNS",
     "PARTITION_COLUMN",
     "PAYLOAD_COLUMN",
+    "RAW_PAYLOAD_COLUMN",
     "RESERVED_COLUMNS",
+    "REWRITE_VERSION_COLUMN",
     "VALUE_COLUMN",
     "PayloadColumn",
     "iceberg_schema_for_avro",
+    "key_type",
     "payload_columns",
     "renumber_nested",
     "schema_from_columns",
     "widen_avro_schema",
 ]
 
-METADATA_COLUMNS = (
-    "_offset",
-    "_publish_time",
-    "_producer_id",
-    "_producer_name",
-    "_schema_id",
-    "_schema_version",
-    "_attributes",
-)
-PAYLOAD_COLUMN = "_payload"
-PARTITION_COLUMN = "_partition"
-"""In a partitioned topic's table: the partition index of the row (see the module docstring)."""
 VALUE_COLUMN = "value"
 """Column name used when the topic's Avro schema is not a record (e.g. a bare ``"string"``)."""
-REWRITE_VERSION_COLUMN = "_rewrite_version"
-"""Written by ``danube_pipeline.lake.rewrite``: the rewrite version that wrote the row."""
-RESERVED_COLUMNS = frozenset((*METADATA_COLUMNS, PAYLOAD_COLUMN, PARTITION_COLUMN, REWRITE_VERSION_COLUMN))
-"""Column names a schema's field may not take: they are Danube's own."""
 
 
 Converter = Callable[[Any], Any]
@@ -273,21 +278,32 @@ def _metadata_fields() -> list[NestedField]:
     ]
 
 
-def schema_from_columns(columns: Sequence[PayloadColumn] | None, *, partitioned: bool = False) -> Schema:
+def schema_from_columns(
+    columns: Sequence[PayloadColumn] | None, *, partitioned: bool = False, raw_payload: bool = False
+) -> Schema:
     """The Iceberg schema: the metadata columns (field ids 1-9), ``_partition`` (field id 10)
-    when ``partitioned``, then the payload columns.
+    when ``partitioned``, then the payload columns, then ``_raw_payload`` and ``_key`` when
+    asked for.
 
     Args:
         columns: the payload columns (field ids from 10 on, 11 when partitioned), or ``None``
             for ``_payload``.
         partitioned: the table of a partitioned topic (``docs/etcd-layout.md`` §3.1).
+        raw_payload: add the optional binary column ``_raw_payload`` after the payload columns
+            (not with ``columns=None``, whose ``_payload`` already holds the exact bytes), then
+            the optional ``_key struct<value: string>`` (the layout's ``raw_payload``,
+            ``docs/etcd-layout.md`` §3.9).
 
     Returns:
         The schema.
     """
     fields = _metadata_fields()
     next_id = 10
-    nested_ids = itertools.count(10 + (1 if partitioned else 0) + (len(columns) if columns else 1))
+    raw = raw_payload and columns is not None
+    nested_ids = itertools.count(
+        10 + (1 if partitioned else 0) + (len(columns) if columns else 1) + (1 if raw else 0)
+        + (1 if raw_payload else 0)
+    )
     if partitioned:
         fields.append(
             NestedField(
@@ -304,7 +320,22 @@ def schema_from_columns(columns: Sequence[PayloadColumn] | None, *, partitioned:
                 NestedField(next_id, c.name, renumber_nested(c.iceberg_type, nested_ids), required=c.required, doc=c.doc)
             )
             next_id += 1
+    if raw:
+        fields.append(
+            NestedField(next_id, RAW_PAYLOAD_COLUMN, BinaryType(), required=False, doc="the payload exactly as published")
+        )
+        next_id += 1
+    if raw_payload:
+        fields.append(NestedField(next_id, KEY_COLUMN, key_type(next(nested_ids)), required=False, doc=KEY_DOC))
     return Schema(*fields)
+
+
+KEY_DOC = "the routing key; null: written before the column (key unknown)"
+
+
+def key_type(value_id: int) -> StructType:
+    """``_key``'s type, ``struct<value: string>`` (``value`` null: no key), its field id ``value_id``."""
+    return StructType(NestedField(value_id, KEY_VALUE_FIELD, StringType(), required=False))
 
 
 def renumber_nested(iceberg_type: IcebergType, ids: Iterator[int]) -> IcebergType:

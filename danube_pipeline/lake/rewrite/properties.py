@@ -1,7 +1,17 @@
 """The names a schema-evolved rewrite leaves in a table: the table properties it reads and
-keeps, the snapshot summary keys of its commits and the columns it reads and writes."""
+keeps, the snapshot summary keys of its commits and the columns it reads and writes.
+
+The columns are Danube's reserved ones (:mod:`danube_pipeline.storage.table_columns`):
+:data:`REWRITE_VERSION_COLUMN` (``_rewrite_version``), an optional int column added at staging,
+holds the version of the last rewrite that wrote the row (every row of a rewritten file:
+converted, already in shape, or left alone by ``where``), null in rows no rewrite has written;
+compaction keeps it, so a file whose metrics show it set to the version everywhere is known
+done without being read. Every other reserved column (``_raw_payload`` among them) is carried
+unchanged and verified by checksum."""
 
 from __future__ import annotations
+
+from danube_pipeline.storage.table_columns import PUBLISH_TIME_COLUMN, REWRITE_VERSION_COLUMN
 
 __all__ = [
     "PUBLISH_TIME_COLUMN",
@@ -25,9 +35,3 @@ SUMMARY_REWRITE_PARTITION = "danube.rewrite-partition"
 ``unpartitioned``) and the spec id it was read from, ``{partition}@spec-{id}``."""
 SUMMARY_REWRITE_GROUP = "danube.rewrite-group"
 """Snapshot summary property of every rewrite commit: a UUID naming the commit."""
-REWRITE_VERSION_COLUMN = "_rewrite_version"
-"""Optional int column added at staging: the version of the last rewrite that wrote the row
-(every row of a rewritten file: converted, already in shape, or left alone by ``where``); null
-in rows no rewrite has written. Compaction keeps it, so a file whose metrics show it set to the
-version everywhere is known done without being read."""
-PUBLISH_TIME_COLUMN = "_publish_time"

@@ -30,7 +30,8 @@ from pyiceberg.types import (
 )
 
 from danube_pipeline.lake.rewrite.errors import RewriteSpecError
-from danube_pipeline.lake.rewrite.properties import REWRITE_PROPERTY, REWRITE_VERSION_COLUMN
+from danube_pipeline.lake.rewrite.properties import REWRITE_PROPERTY
+from danube_pipeline.storage.table_columns import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -151,9 +152,10 @@ class RewriteSpec:
         """Parse and check a spec.
 
         Rules: ``version`` an int ≥ 1; ``columns`` an object of ``{name: {"type", "expr"?}}``
-        (at least one column or a ``partition_spec``), names top-level and not starting with
-        ``__danube``; ``type`` an Iceberg primitive type string; ``drop`` names not among
-        ``columns``; ``where`` a string; ``partition_spec`` a list of ``{"source",
+        (at least one column or a ``partition_spec``), names top-level, not starting with
+        ``__danube`` and not Danube's own (:data:`~danube_pipeline.storage.table_columns.RESERVED_COLUMNS`:
+        ``_offset``... ``_raw_payload``, ``_rewrite_version``, which a rewrite carries unchanged); ``type`` an Iceberg primitive type string; ``drop`` names not among
+        ``columns`` nor Danube's own; ``where`` a string; ``partition_spec`` a list of ``{"source",
         "transform", "name"?}`` with transforms pyiceberg parses. Unknown keys are refused.
 
         Args:
@@ -183,7 +185,7 @@ class RewriteSpec:
             raise RewriteSpecError(table, "columns must be an object {name: {type, expr}}")
         columns = []
         for name, body in raw_columns.items():
-            if not name or "." in name or name.startswith("__danube") or name == REWRITE_VERSION_COLUMN:
+            if not name or "." in name or name.startswith("__danube") or name in RESERVED_COLUMNS:
                 raise RewriteSpecError(table, f"columns.{name}: not a usable top-level column name")
             if not isinstance(body, dict) or set(body) - {"type", "expr"} or "type" not in body:
                 raise RewriteSpecError(table, f"columns.{name}: must be {{\"type\": ..., \"expr\": ...}}")
@@ -204,6 +206,9 @@ class RewriteSpec:
         drop = raw.get("drop", [])
         if not isinstance(drop, list) or not all(isinstance(d, str) and d for d in drop):
             raise RewriteSpecError(table, "drop must be a list of column names")
+        reserved = sorted(set(drop) & RESERVED_COLUMNS)
+        if reserved:
+            raise RewriteSpecError(table, f"drop: {reserved} are Danube's own columns")
         clash = sorted(set(drop) & {c.name for c in columns})
         if clash:
             raise RewriteSpecError(table, f"drop: {clash} are also target columns")

@@ -1,0 +1,440 @@
+"""Reading a topic's history back from its Iceberg table, message by message, byte for byte.
+
+The tiering pipeline commits every offset of a topic exactly once, as a row of its table
+``{ns}.{topic}`` or of its dead-letter table ``{ns}.{topic}__dlq``
+(:mod:`.table_columns`), and records the last one in the table property
+``danube.committed-end-offset`` (:mod:`.table_properties`). :class:`TableReader` turns those
+rows back into the :class:`~danube_pipeline.format.records.Record` values the WAL and the
+segment objects hold, so a broker can serve a subscription below its local WAL from the table.
+
+**What a read returns.** :meth:`TableReader.read` returns the records at offsets
+``from_offset, from_offset + 1, ...`` up to ``max_records`` of them and no further than the
+committed end offset, rows and dead letters merged by offset. It stops early, with
+``complete=False``, at the first offset it cannot serve byte for byte:
+
+* a row or dead letter written while the table layout's ``raw_payload`` was off
+  (``docs/etcd-layout.md`` §3.9): its ``_key`` is ``null`` (or the table has no ``_key``), so
+  the table does not know its routing key, nor, in a table with typed columns, its exact bytes
+  (kept in ``_raw_payload``; a table without a schema keeps them in ``_payload``), nor, for a
+  dead letter, its producer id and attributes;
+* an offset the table holds neither as a row nor as a dead letter (rows deleted by retention).
+
+The caller then serves that offset from segment objects.
+
+**Snapshots.** Each read also returns the id of a snapshot that holds no row at or above the
+returned ``next_offset`` (the table's current snapshot when the read reached its end). Passed
+back as ``after_snapshot_id`` with the next read, it lets that read plan only the data files
+of later snapshots: pyiceberg's incremental append scan, which reads the files that ``append``
+snapshots added and ignores ``replace`` snapshots (compaction, schema rewrites) and
+``overwrite`` or ``delete`` snapshots (retention's row deletes), which bring no new offsets
+(Iceberg spec, "Snapshots", ``operation``). A read whose snapshot has expired, that gets none,
+or whose snapshot does not fit its ``from_offset`` scans the whole table instead. Either way
+the scan is filtered on ``_offset`` (and ``_partition``), so pyiceberg skips every data file
+whose ``_offset`` bounds in the manifests lie outside the range (Iceberg spec, "Scan
+Planning"), and an offset found twice is returned once. Only the reserved columns are read,
+never the typed payload columns, so data files written before a ``schema_rewrite`` changed a
+column's type (which an incremental scan may still plan) read as well as the rewritten ones.
+
+**What the table does not keep.** A producer's sequence numbers are not columns of the table
+(the broker frames the records it reads in batches of its own).
+
+All calls block (catalog queries, Parquet reads): a broker runs them off its event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.conversions import from_bytes
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.table import DataScan, FileScanTask, IncrementalAppendScan, Table
+from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of, is_parent_ancestor_of
+from pyiceberg.types import LongType
+
+from danube_pipeline.errors import TableReadError
+from danube_pipeline.format.records import Record
+from danube_pipeline.storage.table_columns import (
+    ATTRIBUTES_COLUMN,
+    DEAD_LETTER_SUFFIX,
+    KEY_COLUMN,
+    KEY_VALUE_FIELD,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    PAYLOAD_COLUMN,
+    PRODUCER_ID_COLUMN,
+    PRODUCER_NAME_COLUMN,
+    PUBLISH_TIME_COLUMN,
+    RAW_PAYLOAD_COLUMN,
+    SCHEMA_ID_COLUMN,
+    SCHEMA_VERSION_COLUMN,
+)
+from danube_pipeline.storage.table_properties import SUMMARY_END_OFFSET, SUMMARY_PARTITION, committed_end_offset
+
+__all__ = ["TableRead", "TableReader"]
+
+_U64 = (1 << 64) - 1
+_READ_COLUMNS = (
+    OFFSET_COLUMN,
+    PUBLISH_TIME_COLUMN,
+    PRODUCER_ID_COLUMN,
+    PRODUCER_NAME_COLUMN,
+    SCHEMA_ID_COLUMN,
+    SCHEMA_VERSION_COLUMN,
+    ATTRIBUTES_COLUMN,
+    KEY_COLUMN,
+)
+"""The metadata columns a read selects, where the table has them."""
+
+_RETRIABLE = (OSError, TimeoutError)
+"""Failures a later try may not meet: a data file unreachable or deleted under the read
+(snapshot expiry after compaction), the object store timing out."""
+_RETRIABLE_NAMES = frozenset({"OperationalError", "CommitFailedException"})
+"""The same, matched by class name: the catalog database unreachable or locked
+(``sqlalchemy.exc.OperationalError``; sqlalchemy is the SQL catalog's dependency, not this
+module's)."""
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class TableRead:
+    """What :meth:`TableReader.read` found.
+
+    Attributes:
+        records: the records at ``from_offset`` and after, ascending and contiguous, dead
+            letters merged in; byte-exact: payload, attributes, producer name and id, publish
+            time, offset, routing key, schema id and version as in the WAL.
+        snapshot_id: a snapshot of the topic's table holding no row at or above
+            ``next_offset``; pass it back as ``after_snapshot_id`` with the next read. ``None``
+            when the table has no snapshot or none is known to qualify.
+        next_offset: where the next read starts: the offset after the last record, or
+            ``from_offset`` when there is none.
+        complete: ``False`` when the read stopped at ``next_offset`` although the table
+            commits it: its bytes or attributes are not in the table, or its row is gone (the
+            caller serves it from segment objects); ``True`` when it stopped at ``max_records``
+            or at the committed end offset.
+    """
+
+    records: list[Record]
+    snapshot_id: int | None
+    next_offset: int
+    complete: bool
+
+
+class TableReader:
+    """Reads one topic's (or one partition's) records from its Iceberg table (module docstring).
+
+    Every call loads the table's current metadata from the catalog, so it sees what tiering,
+    compaction, retention and rewrites committed since the previous call.
+
+    Args:
+        catalog: the shared catalog (:func:`danube_pipeline.storage.catalog.load_catalog`).
+        identifier: the topic's table, ``(namespace, topic)``; its dead letters are read from
+            ``(namespace, topic + "__dlq")``.
+        partition: the index ``i`` of the partition ``{topic}-part-{i}`` to read, for a
+            partitioned topic's table (``docs/etcd-layout.md`` §3.1); ``None`` for a plain
+            topic's table.
+    """
+
+    def __init__(self, catalog: Catalog, identifier: tuple[str, str], *, partition: int | None = None) -> None:
+        self._catalog = catalog
+        self._identifier = identifier
+        self._dead_letters = (identifier[0], identifier[1] + DEAD_LETTER_SUFFIX)
+        self._partition = partition
+        self._name = ".".join(identifier)
+
+    def read(self, from_offset: int, *, max_records: int, after_snapshot_id: int | None = None) -> TableRead:
+        """The records at ``from_offset`` and after (module docstring, "What a read returns").
+
+        Args:
+            from_offset: the first offset wanted.
+            max_records: at most this many records (>= 1).
+            after_snapshot_id: the ``snapshot_id`` of an earlier read, if any: only data files
+                appended after it are planned when it is still in the table's history and no
+                row at or above ``from_offset`` is at or before it; otherwise the whole table is
+                planned. Either gives the same records.
+
+        Returns:
+            The :class:`TableRead`; empty with ``complete=True`` when the table (or its
+            committed range) ends below ``from_offset`` or does not exist.
+
+        Raises:
+            ValueError: ``from_offset`` is negative or ``max_records`` below 1.
+            TableReadError: the table cannot be read (``retriable`` says whether a later try
+                may succeed).
+        """
+        if from_offset < 0 or max_records < 1:
+            raise ValueError(f"from_offset must be >= 0 and max_records >= 1, got {from_offset}, {max_records}")
+        table = self._load(self._identifier)
+        pinned = table.current_snapshot() if table is not None else None
+        if table is None or pinned is None:
+            return TableRead([], None, from_offset, True)
+        self._check_partitioning(table)
+        end = self._guard(lambda: committed_end_offset(table, partition=self._partition))
+        if end is None:  # nothing committed by the commit path (yet)
+            return TableRead([], None, from_offset, True)
+        if from_offset > end:
+            return TableRead([], pinned.snapshot_id, from_offset, True)
+        last = min(end, from_offset + max_records - 1)
+        window = self._with_partition(f"{OFFSET_COLUMN} >= {int(from_offset)} and {OFFSET_COLUMN} <= {int(last)}")
+        dead_letters = self._load(self._dead_letters)
+        dead: dict[int, Record | None] = {}
+        if dead_letters is not None and dead_letters.current_snapshot() is not None:
+            dead = self._dead_letter_rows(dead_letters, window)
+        start = after_snapshot_id if self._incremental_start_ok(table, pinned, after_snapshot_id) else None
+        found = self._rows(table, pinned, window, start)
+        if start is not None and from_offset not in found and from_offset not in dead:
+            # the start snapshot holds rows at or above from_offset, which the incremental
+            # scan cannot see: plan the whole table instead
+            start = None
+            found = self._rows(table, pinned, window, None)
+        found.update(dead)
+        records: list[Record] = []
+        offset = from_offset
+        while offset <= last:
+            record = found.get(offset)
+            if record is None:
+                break
+            records.append(record)
+            offset += 1
+        complete = offset > last
+        return TableRead(records, self._snapshot_below(table, pinned, offset, end, start), offset, complete)
+
+    def first_offset_at(self, publish_time_us: int) -> int | None:
+        """The first offset published at or after ``publish_time_us``: a subscription started
+        at a publish time starts there.
+
+        The scan is filtered on ``_publish_time``, so pyiceberg plans only the partitions of
+        that day and later (the table's partition transform of ``_publish_time``,
+        ``docs/etcd-layout.md`` §3.9) and, in them, only the data files whose ``_publish_time``
+        bounds in the manifests reach the time (Iceberg spec, "Scan Planning"). The files left
+        are read in the order of their lowest ``_offset`` (manifest bounds), and reading stops
+        at the first file that cannot hold a smaller offset than one already found, so with
+        publish times rising with offsets one file is read. Dead letters count too.
+
+        Args:
+            publish_time_us: microseconds since the Unix epoch.
+
+        Returns:
+            The smallest offset (of this reader's partition) whose publish time is at or
+            after ``publish_time_us``, or ``None`` when the table holds none (the table does
+            not exist, or every row was published earlier: the offset is above the table's
+            committed end).
+
+        Raises:
+            TableReadError: the table cannot be read.
+        """
+        since = self._with_partition(f"{PUBLISH_TIME_COLUMN} >= {int(publish_time_us)}")
+        found: list[int] = []
+        for identifier in (self._identifier, self._dead_letters):
+            table = self._load(identifier)
+            if table is None or table.current_snapshot() is None:
+                continue
+            if identifier == self._identifier:
+                self._check_partitioning(table)
+            first = self._guard(functools.partial(_first_offset, table, since))
+            if first is not None:
+                found.append(first)
+        return min(found, default=None)
+
+    def committed_end_offset(self) -> int | None:
+        """The last offset the table covers: every offset up to it is committed, as a row or as
+        a dead letter (unless retention deleted it since), read from the table property
+        ``danube.committed-end-offset`` (:func:`.table_properties.committed_end_offset`).
+
+        Returns:
+            The inclusive end offset of this reader's topic or partition, or ``None`` when the
+            table does not exist or holds nothing yet.
+
+        Raises:
+            TableReadError: the catalog cannot be read, or the property is not an integer.
+        """
+        table = self._load(self._identifier)
+        if table is None:
+            return None
+        return self._guard(lambda: committed_end_offset(table, partition=self._partition))
+
+    # ------------------------------------------------------------------ internals
+
+    def _load(self, identifier: tuple[str, str]) -> Table | None:
+        """The table's current metadata, or ``None`` when the catalog has no such table."""
+        try:
+            return self._catalog.load_table(identifier)
+        except NoSuchTableError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - any catalog failure is a table read failure
+            raise _read_error(".".join(identifier), exc) from exc
+
+    def _guard(self, call: Callable[[], _T]) -> _T:
+        """``call()``, its failures raised as :class:`TableReadError`."""
+        try:
+            return call()
+        except TableReadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the read is a table read failure
+            raise _read_error(self._name, exc) from exc
+
+    def _check_partitioning(self, table: Table) -> None:
+        """Refuse a partitioned topic's table without ``partition`` and the reverse."""
+        partitioned = PARTITION_COLUMN in _column_names(table)
+        if partitioned != (self._partition is not None):
+            raise TableReadError(
+                self._name,
+                "the table of a partitioned topic is read one partition at a time"
+                if partitioned
+                else f"the table has no {PARTITION_COLUMN} column to read partition {self._partition} from",
+            )
+
+    def _with_partition(self, row_filter: str) -> str:
+        """``row_filter`` (pyiceberg's filter syntax), of this reader's partition's rows only."""
+        if self._partition is None:
+            return row_filter
+        return f"{row_filter} and {PARTITION_COLUMN} = {int(self._partition)}"
+
+    def _incremental_start_ok(self, table: Table, pinned: Snapshot, after: int | None) -> bool:
+        """Whether pyiceberg's incremental append scan can start after ``after``: a snapshot
+        that is the parent of one of the pinned snapshot's ancestors (kept, or expired with its
+        child kept)."""
+        if after is None:
+            return False
+        if after == pinned.snapshot_id:
+            return True
+        return is_parent_ancestor_of(pinned.snapshot_id, after, table.metadata)
+
+    def _rows(self, table: Table, pinned: Snapshot, window: str, after: int | None) -> dict[int, Record | None]:
+        """The rows of the topic's table in ``window``, by offset (``None``: no bytes)."""
+        names = _column_names(table)
+        payload = PAYLOAD_COLUMN if PAYLOAD_COLUMN in names else RAW_PAYLOAD_COLUMN
+        selected = tuple(c for c in (*_READ_COLUMNS, payload) if c in names)
+        if after == pinned.snapshot_id:
+            return {}
+        if after is not None:
+            scan: DataScan | IncrementalAppendScan = table.incremental_append_scan(
+                from_snapshot_id_exclusive=after,
+                to_snapshot_id_inclusive=pinned.snapshot_id,
+                row_filter=window,
+                selected_fields=selected,
+            )
+        else:
+            scan = table.scan(row_filter=window, selected_fields=selected, snapshot_id=pinned.snapshot_id)
+        arrow: pa.Table = self._guard(scan.to_arrow)
+        return _records(arrow, payload)
+
+    def _dead_letter_rows(self, table: Table, window: str) -> dict[int, Record | None]:
+        """The dead letters in ``window``, by offset (``None``: written without ``raw_payload``)."""
+        names = _column_names(table)
+        selected = tuple(c for c in (*_READ_COLUMNS, PAYLOAD_COLUMN) if c in names)
+        arrow: pa.Table = self._guard(lambda: table.scan(row_filter=window, selected_fields=selected).to_arrow())
+        return _records(arrow, PAYLOAD_COLUMN)
+
+    def _snapshot_below(
+        self, table: Table, pinned: Snapshot, next_offset: int, end: int, after: int | None
+    ) -> int | None:
+        """A snapshot holding no row at or above ``next_offset``: the pinned one when the read
+        reached the committed end; else the newest append of this partition whose summary's
+        ``danube.end-offset`` is below ``next_offset`` (appends commit offsets in order, so
+        every older append of the partition holds lower ones, and ``replace``, ``overwrite``
+        and ``delete`` snapshots add none), or ``after`` when the walk reaches it first; an
+        append without that summary field is never taken."""
+        if next_offset > end:
+            return pinned.snapshot_id
+        wanted = None if self._partition is None else str(self._partition)
+        for snapshot in ancestors_of(pinned, table.metadata):
+            if snapshot.snapshot_id == after:
+                return after
+            summary = snapshot.summary
+            if summary is None or summary.operation != Operation.APPEND or summary[SUMMARY_PARTITION] != wanted:
+                continue
+            value = summary[SUMMARY_END_OFFSET]
+            if value is not None and int(value) < next_offset:
+                return snapshot.snapshot_id
+        return None
+
+
+def _read_error(table: str, exc: BaseException) -> TableReadError:
+    """``exc`` as a :class:`TableReadError`, retriable when a later try may not meet it."""
+    retriable = isinstance(exc, _RETRIABLE) or type(exc).__name__ in _RETRIABLE_NAMES
+    return TableReadError(table, f"{type(exc).__name__}: {exc}", retriable=retriable)
+
+
+def _column_names(table: Table) -> set[str]:
+    return {f.name for f in table.schema().fields}
+
+
+def _records(arrow: pa.Table, payload_column: str) -> dict[int, Record | None]:
+    """Rows read from a table as records by offset; ``None`` for a row written while
+    ``raw_payload`` was off (no ``_key``, or no payload bytes)."""
+    n = arrow.num_rows
+    if n == 0:
+        return {}
+
+    def column(name: str, default: Any) -> list[Any]:
+        if name not in arrow.column_names:
+            return [default] * n
+        return list(arrow.column(name).to_pylist())
+
+    offsets = column(OFFSET_COLUMN, None)
+    publish = (
+        pc.cast(arrow.column(PUBLISH_TIME_COLUMN), pa.int64()).to_pylist()
+        if PUBLISH_TIME_COLUMN in arrow.column_names
+        else [0] * n
+    )
+    producer_ids = column(PRODUCER_ID_COLUMN, 0)
+    producer_names = column(PRODUCER_NAME_COLUMN, "")
+    schema_ids = column(SCHEMA_ID_COLUMN, 0)
+    schema_versions = column(SCHEMA_VERSION_COLUMN, 0)
+    attributes = column(ATTRIBUTES_COLUMN, None)
+    keys = column(KEY_COLUMN, None)
+    payloads = column(payload_column, None)
+    out: dict[int, Record | None] = {}
+    for i in range(n):
+        offset = int(offsets[i])
+        if offset in out:
+            continue  # committed once; a second row of an offset is not served twice
+        payload = payloads[i]
+        attrs = attributes[i]
+        key = keys[i]
+        if payload is None or key is None:
+            out[offset] = None
+            continue
+        out[offset] = Record(
+            offset=offset,
+            publish_time_us=int(publish[i] or 0),
+            producer_id=int(producer_ids[i] or 0) & _U64,
+            producer_name=producer_names[i] or "",
+            schema_id=int(schema_ids[i] or 0),
+            schema_version=int(schema_versions[i] or 0),
+            payload=bytes(payload),
+            attributes=dict(attrs) if attrs else {},
+            key=key[KEY_VALUE_FIELD],
+        )
+    return out
+
+
+def _first_offset(table: Table, row_filter: str) -> int | None:
+    """The smallest ``_offset`` of the rows matching ``row_filter``, reading the planned files
+    in the order of their lowest ``_offset`` until none can hold a smaller one."""
+    scan = table.scan(row_filter=row_filter, selected_fields=(OFFSET_COLUMN, PUBLISH_TIME_COLUMN))
+    field_id = table.schema().find_field(OFFSET_COLUMN).field_id
+
+    def lowest(task: FileScanTask) -> int:
+        bound = (task.file.lower_bounds or {}).get(field_id)
+        return -1 if bound is None else int(from_bytes(LongType(), bound))  # offsets are >= 0
+
+    tasks = sorted(scan.plan_files(), key=lowest)
+    reader = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter)
+    best: int | None = None
+    for task in tasks:
+        if best is not None and lowest(task) >= best:
+            break
+        offsets = reader.to_table([task]).column(OFFSET_COLUMN)
+        if len(offsets):
+            low = int(pc.min(offsets).as_py())
+            best = low if best is None else min(best, low)
+    return best
