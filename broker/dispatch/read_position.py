@@ -133,9 +133,11 @@ class ReadPosition:
         ``records_from_object_storage``)."""
         return self._table.records_served if self._table is not None else 0
 
-    def _table_cursor(self) -> TableCursor | None:
+    def _table_cursor(self, *, only_source: bool = False) -> TableCursor | None:
+        """The subscription's table cursor, made on first use when the read path takes the
+        table, or when the table is the ``only_source`` of the offset wanted."""
         table = self.remote.table if self.remote is not None else None
-        if table is None or (self._table is None and not table.enabled):
+        if table is None or (self._table is None and not (table.enabled or only_source)):
             return None
         if self._table is None:
             self._table = TableCursor(table, name=f"{self.topic}/{self.name}", snapshot=self._table_snapshot)
@@ -145,8 +147,10 @@ class ReadPosition:
     def read(self, offset: int, max_records: int) -> list[StoredBatch] | None:
         """Batches from ``offset`` on: from the WAL when it holds ``offset``; below it, from the
         topic's table when the read path (``docs/etcd-layout.md`` §3.10) says so and the table
-        serves ``offset``, else from object storage. ``None`` while an object or the table is
-        being read (the read wakes the dispatcher).
+        serves ``offset``, else from object storage. An offset whose object was deleted once
+        the table held it (§5.1 ``object_deleted_at``) is read from the table whatever the read
+        path. ``None`` while an object or the table is being read (the read wakes the
+        dispatcher).
 
         A batch handed out is read again the same way for a redelivery (``offset`` is its base):
         a batch from the table is kept until it is acknowledged, since the table's batches are
@@ -157,17 +161,24 @@ class ReadPosition:
         remote = self.remote
         if remote is None:
             return []
-        cursor = self._table_cursor()
+        table_only = remote.in_table_only(offset)
+        cursor = self._table_cursor(only_source=table_only)
         if cursor is not None:
             handouts = self._ledger.handouts
             if offset in handouts:  # a redelivery (or a look at a batch handed out)
                 batch = cursor.handed_out(offset)
-                return [batch] if batch is not None else remote.read_cached(offset, max_records)
+                if batch is not None:
+                    return [batch]
+                if table_only:  # handed out from its object before the object was deleted
+                    return cursor.read(offset, max_records) or remote.read_cached(offset, max_records)
+                return remote.read_cached(offset, max_records)
             cursor.forget_handed(handouts)
-            if offset > self._objects_through and cursor.table.enabled:
+            if table_only or (offset > self._objects_through and cursor.table.enabled):
                 got = cursor.read(offset, max_records)
                 if got is None or got:
                     return got
+                if table_only:  # the table missed it: wait (the object is never fetched), never skip
+                    return remote.read_cached(offset, max_records)
                 descriptor = remote.descriptor_for(offset)  # the table does not serve it: objects
                 self._objects_through = descriptor.end_offset if descriptor is not None else offset
         return remote.read_cached(offset, max_records)

@@ -6,7 +6,9 @@ storage (:mod:`broker.storage.remote`). The oldest sealed segment is deleted whe
 
 1. a completed descriptor (``docs/etcd-layout.md`` §5.1) has exactly its offsets and size,
 2. its object exists in the object store with that size and MD5 etag (checked once per
-   object; on ``file://`` stores the MD5 is computed from the object), and
+   object; on ``file://`` stores the MD5 is computed from the object), or tiering deleted the
+   object after verifying that the topic's table holds its records (the descriptor's
+   ``object_deleted_at``, §5.1; the ``after-commit`` object lifecycle, §2.1), and
 3. it falls outside local retention: the WAL is larger than the retention bytes, or the segment
    was sealed longer ago than the retention time. The limits are the broker's
    (``--local-retention-bytes``, ``--local-retention-ms``), overridden per topic by
@@ -110,7 +112,10 @@ class LocalRetention:
 
     async def verified_in_store(self, remote: RemoteLog, descriptor: ObjectDescriptor) -> bool:
         """Whether ``descriptor``'s object exists with its size and MD5 etag (checked once per
-        object; a failure to reach the store counts as not verified)."""
+        object; a failure to reach the store counts as not verified), or was deleted once the
+        topic's table was verified to hold it (``object_deleted_at``, ``docs/etcd-layout.md`` §5.1)."""
+        if descriptor.in_table_only:
+            return True  # tiering verified the table holds it, then deleted the object (§5.1)
         path = segment_object_path(remote.topic, descriptor.object_id)
         key = (path, descriptor.etag or "", descriptor.size)
         if key in self._verified:

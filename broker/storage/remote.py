@@ -20,7 +20,10 @@ them to subscriptions as the same stored batches the WAL serves, as Kafka's tier
   returns ``None`` after starting the fetch, and wakes its listeners when the fetch ends.
 
 A failed fetch (object missing, store unreachable, bytes that fail a check) is logged once per
-episode and tried again after :data:`RETRY_AFTER_S`.
+episode and tried again after :data:`RETRY_AFTER_S`. An object whose descriptor says it was
+deleted once the topic's table held it (``object_deleted_at``, the ``after-commit`` object
+lifecycle) is never fetched: its offsets are read from the table
+(:mod:`broker.dispatch.read_position`).
 """
 
 from __future__ import annotations
@@ -348,6 +351,13 @@ class RemoteLog:
         d = self._descriptors[i]
         return d if offset <= d.end_offset else None
 
+    def in_table_only(self, offset: int) -> bool:
+        """Whether the descriptor holding ``offset`` says its object was deleted once the
+        topic's table held it (``object_deleted_at``, ``docs/etcd-layout.md`` §5.1): only the
+        table serves it."""
+        d = self.descriptor_for(offset)
+        return d is not None and d.in_table_only
+
     def next_start_after(self, offset: int) -> int | None:
         """The start of the first descriptor beginning after ``offset``, or ``None``."""
         i = bisect.bisect_right(self._starts, offset)
@@ -417,12 +427,16 @@ class RemoteLog:
         while i < len(self._descriptors) and budget > 0:
             d = self._descriptors[i]
             budget -= d.size
-            if self.object_cache.peek(segment_object_path(self.topic, d.object_id)) is None:
+            if not d.in_table_only and self.object_cache.peek(segment_object_path(self.topic, d.object_id)) is None:
                 self._start_fetch(d, d.start_offset)
             i += 1
 
     def _start_fetch(self, descriptor: ObjectDescriptor, offset: int) -> None:
         if self._closed or descriptor.object_id in self._fetching:
+            return
+        if descriptor.in_table_only:  # never fetched: only the table holds it (§5.1)
+            self._outage.failed(f"object {descriptor.object_id} was deleted once the table held it; read from the table")
+            asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._wake)
             return
         failed_at = self._failed_at.get(descriptor.object_id)
         if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_S:

@@ -19,7 +19,7 @@ Verbs and the JSON each prints:
     ``{"namespace": str, "changed": [str], "revision": int, "before": object, "policy": object}``:
     one option per ``NamespacePolicy`` field (``--max-message-size``,
     ``--retention-time-minutes``, ``--retention-size-mb``, ...; non-negative integers, 0 means
-    unlimited). Reads the policy, changes only the fields given, and writes it back with a
+    unlimited; ``--object-lifecycle keep|after-commit``). Reads the policy, changes only the fields given, and writes it back with a
     compare on the key's ``mod_revision`` (absent: must still be absent), so a concurrent change
     is never overwritten: the verb fails instead. The value written is the canonical
     ``NamespacePolicy`` (every field, snake-case names; camelCase aliases are folded in and
@@ -38,7 +38,7 @@ from danube_pipeline.admin.config import AdminError, Config, metadata_store, run
 from danube_pipeline.admin.output import Json, emit, field_lines, table
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.metadata.values import NamespacePolicy
+from danube_pipeline.metadata.values import OBJECT_LIFECYCLES, NamespacePolicy
 
 
 POLICY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NamespacePolicy))
@@ -54,6 +54,8 @@ _POLICY_HELP = {
     "max_subscriptions_per_topic": "Subscriptions per topic (recorded, not enforced yet).",
     "retention_size_mb": "Keep at most this many MiB of segment objects per topic (retention asset).",
     "retention_time_minutes": "Keep messages this many minutes (retention asset).",
+    "object_lifecycle": "keep: segment objects stay; after-commit: tiering deletes each one once the "
+    "topic's Iceberg table is verified to hold it (needs the table layout's raw_payload).",
 }
 
 
@@ -170,6 +172,11 @@ def limit_text(value: object) -> object:
     return "unlimited" if value == 0 and not isinstance(value, bool) else value
 
 
+def _field(policy: Json, name: str) -> object:
+    """A field of a policy's JSON; its default when the JSON leaves it out (``object_lifecycle``)."""
+    return policy[name] if name in policy else getattr(NamespacePolicy(), name)
+
+
 def _policy_text(d: Json) -> str:
     note = "" if d["stored"] else " (none stored: the defaults apply)"
     return f"policy of namespace {d['namespace']}{note}\n" + field_lines(
@@ -186,7 +193,7 @@ def namespaces_get_policy(cfg: Config, namespace: str) -> None:
     emit(cfg, run(_get_policy(cfg, namespace)), _policy_text)
 
 
-async def update_namespace_policy(store: MetadataStore, namespace: str, changes: dict[str, int]) -> Json:
+async def update_namespace_policy(store: MetadataStore, namespace: str, changes: dict[str, int | str]) -> Json:
     """Read the policy of ``namespace``, apply ``changes``, write it back iff unchanged since.
 
     The write is a compare on the key's ``mod_revision`` (on its absence when no policy was
@@ -195,7 +202,8 @@ async def update_namespace_policy(store: MetadataStore, namespace: str, changes:
     Args:
         store: a connected store.
         namespace: a valid namespace name.
-        changes: ``NamespacePolicy`` field -> new non-negative value.
+        changes: ``NamespacePolicy`` field -> new non-negative value (``object_lifecycle``: one
+            of ``OBJECT_LIFECYCLES``).
 
     Returns:
         ``{"namespace", "changed": [field], "revision": int, "before": policy, "policy": policy}``.
@@ -207,7 +215,7 @@ async def update_namespace_policy(store: MetadataStore, namespace: str, changes:
     """
     key = keys.namespace_policy(namespace)
     before, mod_revision = await _read_policy(store, namespace)
-    after = dataclasses.replace(before, **changes)
+    after = before.overridden(changes)
     revision = await store.compare_and_put_many([(key, after)], expected_mod_revisions={key: mod_revision})
     if revision is None:
         raise AdminError(
@@ -223,7 +231,7 @@ async def update_namespace_policy(store: MetadataStore, namespace: str, changes:
     }
 
 
-async def _set_policy(cfg: Config, namespace: str, changes: dict[str, int]) -> Json:
+async def _set_policy(cfg: Config, namespace: str, changes: dict[str, int | str]) -> Json:
     async with metadata_store(cfg) as store:
         return await update_namespace_policy(store, namespace, changes)
 
@@ -233,7 +241,7 @@ def _policy_options(command: Callable[..., None]) -> Callable[..., None]:
         command = click.option(
             "--" + name.replace("_", "-"),
             name,
-            type=click.IntRange(min=0),
+            type=click.Choice(OBJECT_LIFECYCLES) if name == "object_lifecycle" else click.IntRange(min=0),
             default=None,
             help=_POLICY_HELP.get(name, ""),
         )(command)
@@ -244,7 +252,7 @@ def _policy_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.argument("namespace", callback=parse_namespace)
 @_policy_options
 @click.pass_obj
-def namespaces_set_policy(cfg: Config, /, namespace: str, **fields: int | None) -> None:
+def namespaces_set_policy(cfg: Config, /, namespace: str, **fields: int | str | None) -> None:
     """Change only the given fields of NAMESPACE's policy (§2.1); 0 means unlimited.
 
     The policy is read, changed and written back with a compare on its mod revision: if
@@ -258,5 +266,5 @@ def namespaces_set_policy(cfg: Config, /, namespace: str, **fields: int | None) 
         cfg,
         doc,
         lambda d: f"updated policy of namespace {d['namespace']} at revision {d['revision']}\n"
-        + field_lines([(n, f"{limit_text(d['before'][n])} -> {limit_text(d['policy'][n])}") for n in d["changed"]]),
+        + field_lines([(n, f"{limit_text(_field(d['before'], n))} -> {limit_text(_field(d['policy'], n))}") for n in d["changed"]]),
     )

@@ -146,9 +146,20 @@ class UnassignedReason(JsonRecord):
     from_broker: int
 
 
+OBJECT_LIFECYCLES = ("keep", "after-commit")
+"""The values of :attr:`NamespacePolicy.object_lifecycle` (``docs/etcd-layout.md`` §2.1)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NamespacePolicy(JsonRecord):
-    """§2.1 ``/namespaces/{namespace}/policy``; 0 means unlimited. Sizes in bytes."""
+    """§2.1 ``/namespaces/{namespace}/policy``; 0 means unlimited. Sizes in bytes.
+
+    ``object_lifecycle`` (one of :data:`OBJECT_LIFECYCLES`) says what tiering does with a
+    segment object once the topic's Iceberg table holds its offsets: ``"keep"`` (the default)
+    keeps it; ``"after-commit"`` deletes it once the table is verified to hold every offset of
+    it, byte for byte (§5.1 ``object_deleted_at``). It is written only when not ``"keep"``, so a
+    default policy's JSON is Danube's.
+    """
 
     max_consumers_per_subscription: int = 0
     max_consumers_per_topic: int = 0
@@ -159,6 +170,7 @@ class NamespacePolicy(JsonRecord):
     max_subscriptions_per_topic: int = 0
     retention_size_mb: int = 0
     retention_time_minutes: int = 0
+    object_lifecycle: str = "keep"
 
     ALIASES: ClassVar[dict[str, str]] = {
         "retentionSizeInMB": "retention_size_mb",
@@ -186,7 +198,15 @@ class NamespacePolicy(JsonRecord):
             value = getattr(policy, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"NamespacePolicy: {name} must be a non-negative integer, got {value!r}")
+        _check_lifecycle(policy.object_lifecycle, "NamespacePolicy")
         return policy
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object; ``object_lifecycle`` only when not ``"keep"``."""
+        out = JsonRecord.to_json(self)
+        if self.object_lifecycle == "keep":
+            del out["object_lifecycle"]
+        return out
 
     COUNT_LIMITS: ClassVar[tuple[str, ...]] = (
         "max_producers_per_topic",
@@ -201,8 +221,8 @@ class NamespacePolicy(JsonRecord):
         ``/topics/{ns}/{topic}/policy``, §3.8) replacing its own; unknown fields are ignored.
 
         Raises:
-            ValueError: ``data`` is not an object, or a known field is not a non-negative
-                integer.
+            ValueError: ``data`` is not an object, a known field is not a non-negative
+                integer, or ``object_lifecycle`` is not one of :data:`OBJECT_LIFECYCLES`.
         """
         if not isinstance(data, dict):
             raise ValueError(f"topic policy: expected a JSON object, got {type(data).__name__}")
@@ -210,14 +230,17 @@ class NamespacePolicy(JsonRecord):
         for alias, name in self.ALIASES.items():
             if alias in data and name not in data:
                 data[name] = data[alias]
-        changes: dict[str, int] = {}
+        changes: dict[str, int | str] = {}
         for f in dataclasses.fields(self):
-            if f.name in data:
+            if f.name == "object_lifecycle":
+                if f.name in data:
+                    changes[f.name] = _check_lifecycle(data[f.name], "topic policy")
+            elif f.name in data:
                 value = data[f.name]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"topic policy: {f.name} must be a non-negative integer, got {value!r}")
                 changes[f.name] = value
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     @property
     def retention_bytes(self) -> int:
@@ -228,6 +251,17 @@ class NamespacePolicy(JsonRecord):
     def retention_ms(self) -> int:
         """``retention_time_minutes`` in milliseconds; 0 = kept forever."""
         return self.retention_time_minutes * 60_000
+
+
+def _check_lifecycle(value: Any, where: str) -> str:
+    """``value`` if it is one of :data:`OBJECT_LIFECYCLES`.
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not isinstance(value, str) or value not in OBJECT_LIFECYCLES:
+        raise ValueError(f"{where}: object_lifecycle must be one of {', '.join(OBJECT_LIFECYCLES)}, got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -289,6 +323,10 @@ class ObjectDescriptor(JsonRecord):
         offset_index: sparse ``[offset, byte_position]`` pairs within the object.
         size: object size in bytes.
         start_offset: first offset in the object.
+        object_deleted_at: set (seconds since the epoch) by tiering under the ``after-commit``
+            object lifecycle (§2.1) once the topic's Iceberg table was verified to hold every
+            offset of the object byte for byte: the object is deleted right after, and its
+            offsets are read from the table. ``None`` (left out of the JSON): the object is kept.
     """
 
     completed: bool
@@ -299,6 +337,19 @@ class ObjectDescriptor(JsonRecord):
     offset_index: list[list[int]]
     size: int
     start_offset: int
+    object_deleted_at: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object; ``object_deleted_at`` only when set (as descriptors written before it)."""
+        out = JsonRecord.to_json(self)
+        if self.object_deleted_at is None:
+            del out["object_deleted_at"]
+        return out
+
+    @property
+    def in_table_only(self) -> bool:
+        """Whether the object was deleted once the table held its offsets (``object_deleted_at``)."""
+        return self.object_deleted_at is not None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

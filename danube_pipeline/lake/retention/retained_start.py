@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
@@ -15,6 +15,7 @@ from pyiceberg.catalog import Catalog
 from danube_pipeline.format.segments import decode_segment
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.iceberg.layout import data_files_by_day
+from danube_pipeline.lake.object_lifecycle import first_offset_published_since
 from danube_pipeline.lake.tiering import completed_descriptors
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.descriptors import read_descriptors
@@ -92,19 +93,44 @@ def size_start_offset(completed: Sequence[ObjectDescriptor], retention_bytes: in
     return start
 
 
+TableLookup = Callable[[ObjectDescriptor, int], int | None]
+"""For a descriptor whose object was deleted once the table held it (``object_deleted_at``,
+``docs/etcd-layout.md`` §5.1) and a cutoff in µs since the epoch: the first offset of its range
+published at or after the cutoff, read from the table, or ``None``
+(:func:`danube_pipeline.lake.object_lifecycle.first_offset_published_since`)."""
+
+
+def table_lookup(catalog: Catalog, table_topic: TopicName, partition: int | None) -> TableLookup:
+    """The :data:`TableLookup` of a topic's table (the partitioned topic's, for a partition)."""
+    identifier = iceberg.table_identifier(table_topic)
+
+    def lookup(descriptor: ObjectDescriptor, cutoff_us: int) -> int | None:
+        return first_offset_published_since(catalog, identifier, descriptor, cutoff_us, partition=partition)
+
+    return lookup
+
+
 def time_start_offset(
-    topic: TopicName, completed: Sequence[ObjectDescriptor], objects: ObjectStore, cutoff_ms: int
+    topic: TopicName,
+    completed: Sequence[ObjectDescriptor],
+    objects: ObjectStore,
+    cutoff_ms: int,
+    *,
+    from_table: TableLookup | None = None,
 ) -> int:
     """The first offset whose record was published at or after ``cutoff_ms``.
 
     Reads the objects oldest first and stops in the first one holding such a record (so it
-    reads the objects about to expire, and one more).
+    reads the objects about to expire, and one more). A descriptor whose object was deleted
+    once the table held it (``object_deleted_at``, §5.1) is looked up in the table instead.
 
     Args:
         topic: the topic.
         completed: its completed descriptors in offset order, at least one.
         objects: the object store holding their objects.
         cutoff_ms: ms since the Unix epoch.
+        from_table: reads a marked descriptor's range from the table; without it such a
+            descriptor's object is read (and is missing).
 
     Returns:
         That offset, or the newest descriptor's end offset + 1 when every record expired.
@@ -118,6 +144,11 @@ def time_start_offset(
         raise ValueError("no completed descriptor")
     cutoff_us = cutoff_ms * 1000
     for d in completed:
+        if d.in_table_only and from_table is not None:
+            first = from_table(d, cutoff_us)
+            if first is not None:
+                return first
+            continue
         data = objects.get_bytes(segment_object_path(topic, d.object_id))
         for record in decode_segment(data, where=f"{topic.path}/{d.object_id}").records:
             if record.publish_time_us >= cutoff_us:
@@ -131,6 +162,8 @@ def retained_start_offset(
     objects: ObjectStore,
     policy: NamespacePolicy,
     now_ms: int,
+    *,
+    from_table: TableLookup | None = None,
 ) -> int | None:
     """The first offset retention keeps: the larger of :func:`time_start_offset` (for
     ``now_ms - policy.retention_ms``) and :func:`size_start_offset` (for
@@ -142,6 +175,7 @@ def retained_start_offset(
         objects: the object store holding their objects.
         policy: the namespace's policy.
         now_ms: ms since the Unix epoch.
+        from_table: as for :func:`time_start_offset`.
 
     Returns:
         The offset; ``None`` when the policy sets no limit or there is no completed descriptor.
@@ -155,7 +189,7 @@ def retained_start_offset(
     if policy.retention_bytes > 0:
         starts.append(size_start_offset(completed, policy.retention_bytes))
     if policy.retention_ms > 0:
-        starts.append(time_start_offset(topic, completed, objects, now_ms - policy.retention_ms))
+        starts.append(time_start_offset(topic, completed, objects, now_ms - policy.retention_ms, from_table=from_table))
     return max(starts) if starts else None
 
 
@@ -213,11 +247,13 @@ async def days_with_expired_rows(
         return [], False
     descriptors, _ = await read_descriptors(store, topic)
     completed = completed_descriptors(descriptors)
-    retained = retained_start_offset(topic, completed, objects, policy, now)
+    part = await partition_of(store, topic)
+    table_topic = part.parent if part is not None else topic
+    lookup = table_lookup(catalog, table_topic, part.index if part is not None else None)
+    retained = retained_start_offset(topic, completed, objects, policy, now, from_table=lookup)
     if retained is None:
         return [], False
-    part = await partition_of(store, topic)
-    ident = iceberg.table_identifier(part.parent if part is not None else topic)
+    ident = iceberg.table_identifier(table_topic)
     days: list[dt.date] = []
     if catalog.table_exists(ident):
         by_day = data_files_by_day(catalog.load_table(ident))

@@ -24,6 +24,7 @@ from danube_pipeline.lake.retention.retained_start import (
     expired_descriptors,
     read_policy,
     retained_start_offset,
+    table_lookup,
 )
 from danube_pipeline.lake.retention.expiry import finish_recorded_expiry, record_expiring_files
 from danube_pipeline.lake.spark.procedures import (
@@ -284,7 +285,12 @@ async def apply_retention(
         report.cutoff_ms = now - policy.retention_ms
     descriptors, _ = await read_descriptors(store, topic)
     completed = completed_descriptors(descriptors)
-    retained = retained_start_offset(topic, completed, objects, policy, now)
+    part = await partition_of(store, topic)
+    table_topic = part.parent if part is not None else topic
+    partition = part.index if part is not None else None
+    retained = retained_start_offset(
+        topic, completed, objects, policy, now, from_table=table_lookup(catalog, table_topic, partition)
+    )
     report.retained_start = retained
     log.info(
         "%s: retention %s ms / %s bytes, retained start %s",
@@ -294,9 +300,6 @@ async def apply_retention(
         retained,
     )
 
-    part = await partition_of(store, topic)
-    table_topic = part.parent if part is not None else topic
-    partition = part.index if part is not None else None
     ident = iceberg.table_identifier(table_topic)
     # a table of an earlier incarnation of the topic is retired first, never cut by this
     # incarnation's retained start (lake/tiering/incarnation.py)

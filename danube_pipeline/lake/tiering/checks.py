@@ -108,7 +108,8 @@ def object_mismatches(
 ) -> list[ObjectMismatch]:
     """Completed descriptors whose object is missing or has another size than recorded.
 
-    Incomplete descriptors are ignored: their object may legitimately not be written yet.
+    Incomplete descriptors are ignored: their object may legitimately not be written yet; so
+    are those marked ``object_deleted_at`` (§5.1): the table holds their offsets instead.
 
     Args:
         topic: the topic the descriptors belong to.
@@ -123,6 +124,8 @@ def object_mismatches(
     """
     found: list[ObjectMismatch] = []
     for d in completed_descriptors(descriptors):
+        if d.in_table_only:
+            continue
         info = objects.info(segment_object_path(topic, d.object_id))
         stored = info.size_bytes if info is not None else None
         if stored != d.size:

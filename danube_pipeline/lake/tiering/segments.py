@@ -211,8 +211,9 @@ async def tier_sealed_segments(
     from there (the other writer did that work; it is not counted in the report).
 
     Idempotent: a segment whose completed descriptor exists and whose object exists with the
-    stated size is skipped; one whose object is missing or the wrong size is uploaded again,
-    once its bytes match the descriptor's size and MD5 etag. Offsets are never registered
+    stated size is skipped, as is one whose descriptor says the object was deleted once the
+    table held it (``object_deleted_at``, §5.1); one whose object is missing or the wrong size
+    is uploaded again, once its bytes match the descriptor's size and MD5 etag. Offsets are never registered
     twice: a segment with other bytes than the completed descriptor of its offsets, or one that
     overlaps a completed descriptor without matching it, is refused (``docs/etcd-layout.md``
     §5.1).
@@ -312,6 +313,9 @@ async def _tier_round(
                     f"the broker's segment is {seg.size_bytes} bytes, the completed descriptor says {existing.size}: "
                     "different content for the same offsets",
                 )
+            if existing.in_table_only:
+                report.objects_skipped += 1  # the table holds it; its object was deleted (§5.1)
+                continue
             info = objects.info(path)
             if info is not None and info.size_bytes == existing.size:
                 report.objects_skipped += 1

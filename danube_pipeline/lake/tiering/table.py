@@ -25,6 +25,7 @@ from pyiceberg.table import Table
 from danube_pipeline.errors import OffsetRangeError
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.iceberg.layout import apply_layout, describe_spec, read_table_layout
+from danube_pipeline.lake.object_lifecycle import retire_committed_objects
 from danube_pipeline.lake.schema_lookup import (
     SchemaLookup,
     SchemaParser,
@@ -83,6 +84,9 @@ class TableReport:
             appended, microseconds since the Unix epoch; ``None`` when it appended none.
         committed_at_ms: when the table's current snapshot afterwards was committed, ms since
             the Unix epoch; ``None`` without a table.
+        objects_deleted: segment objects this call deleted under the ``after-commit`` object
+            lifecycle (:mod:`danube_pipeline.lake.object_lifecycle`).
+        object_bytes_deleted: their sizes, bytes.
     """
 
     table: str
@@ -107,6 +111,8 @@ class TableReport:
     last_offset: int | None = None
     oldest_publish_time_us: int | None = None
     committed_at_ms: int | None = None
+    objects_deleted: int = 0
+    object_bytes_deleted: int = 0
 
     @property
     def publish_to_queryable_s(self) -> float | None:
@@ -156,6 +162,12 @@ async def commit_objects_to_table(
     :func:`danube_pipeline.partitions.partition_of`) appends to the partitioned topic's table,
     with ``_partition = i`` and its own committed end offset
     (``danube.committed-end-offset.part-{i}``; :mod:`danube_pipeline.lake.iceberg.append`).
+
+    Under the ``after-commit`` object lifecycle (``docs/etcd-layout.md`` §2.1), the objects the
+    table then holds are verified in it and deleted, their descriptors marked
+    ``object_deleted_at`` (§5.1; :mod:`danube_pipeline.lake.object_lifecycle`). A marked
+    descriptor lies at or below the committed end offset, so a later call never reads its
+    object.
 
     Args:
         topic: the topic whose objects to append.
@@ -274,6 +286,12 @@ async def commit_objects_to_table(
                 incarnation=incarnation,
             )
             await record_table_commit(store, topic, commit)
+        retired = await retire_committed_objects(
+            topic, store=store, objects=objects, catalog=catalog, table_topic=table_topic, partition=partition,
+            committed_end_offset=report.committed_end_offset, layout=layout,
+        )  # fmt: skip
+        report.objects_deleted = retired.objects_deleted
+        report.object_bytes_deleted = retired.bytes_deleted
     return report
 
 
