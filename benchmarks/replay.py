@@ -1,4 +1,4 @@
-"""Replay from the WAL and from object storage, in one run: the cost of a cold read.
+"""Replay from the WAL, from object storage and from the Iceberg table, in one run: the cost of a cold read.
 
 Starts its own etcd and broker (real processes in a temporary directory), publishes N messages
 of S bytes, seals and tiers every segment (the tiering step of the ``segment_objects`` asset:
@@ -10,17 +10,29 @@ everything):
    broker's disk;
 2. **cold replay**: local retention deletes every sealed segment from the broker's disk
    (``Admin.ApplyLocalRetention`` with 0 bytes), and another new subscription reads the same N
-   messages, now served from the segment objects through their descriptors.
+   messages, now served from the segment objects through their descriptors;
+3. **table replay**: the objects are committed to the topic's Iceberg table (the continuous
+   writer's step ``commit_objects_to_table``, a SQLite catalog and a ``file://`` warehouse, the
+   table layout's ``raw_payload`` on: ``docs/etcd-layout.md`` §3.9), the topic's read path is
+   set to ``iceberg`` (§3.10; the broker's own ``--cold-read-path`` stays ``objects``), and,
+   after ``--table-open-s`` seconds (the broker opens its table reader as soon as the read path
+   names the table: imports, catalog, table metadata; not counted, as the WAL replay does not
+   count the broker's start), a third new subscription reads the N messages from the table.
 
 Each replay's rate is messages received per second from the subscribe call to the last
-message. The broker's own count of records served from object storage is checked to be N for
-the cold replay and 0 for the WAL replay.
+message; every message is checked (offset and payload). The broker's count of records served
+from object storage (the table's records included) is checked to be 0, N and N; that the table
+served all of the third replay is checked on the broker's metrics (``--metrics-listen``): the
+object cache neither fetched a byte nor answered a read meanwhile.
 
     .venv/bin/python benchmarks/replay.py                       # 500,000 x 100 B, file://
+    .venv/bin/python benchmarks/replay.py --messages 200000 --size 100
     .venv/bin/python benchmarks/replay.py --size 1024 --s3
 
 It ends with one line, figures of that run:
-``replay: wal_msgs_per_s=X cold_msgs_per_s=X ratio=X`` (target: ratio >= 0.8).
+``replay: wal_msgs_per_s=X cold_msgs_per_s=X iceberg_msgs_per_s=X iceberg_ratio=X``, where
+``iceberg_ratio`` is the table replay's rate over the WAL replay's (target: >= 0.8; the cold
+replay's own ratio is printed above it).
 """
 
 from __future__ import annotations
@@ -30,16 +42,25 @@ import asyncio
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, free_port
+from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
+from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import TableLayout, TopicReadPath
 from danube_pipeline.names import TopicName
+from danube_pipeline.schemas.registry import SchemaRegistry
+from danube_pipeline.storage.catalog import load_catalog
 from danube_pipeline.storage.objectstore import ObjectStore
-from danube_pipeline.lake.tiering import tier_sealed_segments
 
 TOPIC = "/bench/replay"
+CATALOG = "replay"
+OBJECT_CACHE_COUNTERS = ("danube_tiered_fetched_bytes", "danube_tiered_cache_hits", "danube_tiered_cache_misses")
 
 
 async def _publish(client: DanubeClient, count: int, size: int) -> float:
@@ -71,14 +92,32 @@ async def _replay(client: DanubeClient, subscription: str, count: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-async def _run(args: argparse.Namespace, broker: BrokerProcess, etcd: EtcdServer, objects: ObjectStore) -> int:
-    async with DanubeClient([broker.address]) as client:
+def _object_cache_counters(metrics_address: str) -> dict[str, float]:
+    """The broker's object-cache counters (``broker.metrics``), summed over their labels."""
+    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    out = dict.fromkeys(OBJECT_CACHE_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in out and not sample.name.endswith("_created"):
+                out[name] += sample.value
+    return out
+
+
+async def _run(
+    args: argparse.Namespace, broker: BrokerProcess, etcd: EtcdServer, objects: ObjectStore, catalog_env: dict[str, str],
+    metrics_address: str,
+) -> int:
+    topic = TopicName.parse(TOPIC)
+    async with DanubeClient([broker.address]) as client, await MetadataStore.connect(etcd.endpoints) as meta:
+        # the table keeps every message's exact bytes and key (§3.9): the table path can serve it
+        await meta.put(keys.topic_table(topic), TableLayout(raw_payload=True))
         publish_s = await _publish(client, args.messages, args.size)
         print(f"  published {args.messages:,} x {args.size} B in {publish_s:.1f} s", flush=True)
         await client.admin.seal_active_segment(TOPIC)
         start = time.perf_counter()
-        async with await MetadataStore.connect(etcd.endpoints) as meta:
-            report = await tier_sealed_segments(TopicName.parse(TOPIC), store=meta, admin=client.admin, objects=objects)
+        report = await tier_sealed_segments(topic, store=meta, admin=client.admin, objects=objects)
         print(
             f"  tiered {report.objects_written} objects, {report.bytes_written:,} bytes in {time.perf_counter() - start:.1f} s",
             flush=True,
@@ -91,15 +130,50 @@ async def _run(args: argparse.Namespace, broker: BrokerProcess, etcd: EtcdServer
             flush=True,
         )
         cold_rate = await _replay(client, "replay-cold", args.messages)
+
+        start = time.perf_counter()
+        catalog = load_catalog(
+            uri=catalog_env["DANUBE_CATALOG_URI"], warehouse=catalog_env["DANUBE_WAREHOUSE"],
+            name=catalog_env["DANUBE_CATALOG_NAME"],
+        )
+        committed = await commit_objects_to_table(
+            topic, store=meta, objects=objects, catalog=catalog, registry=SchemaRegistry(meta)
+        )
+        print(
+            f"  committed {committed.objects_appended} objects ({committed.rows_appended:,} rows, "
+            f"{committed.data_files} data files) to {committed.table} in {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
+        retained = await client.admin.apply_local_retention(TOPIC, retention_bytes=0)
+        if retained.first_local_offset != args.messages:
+            print(f"  the WAL still holds offsets from {retained.first_local_offset:,}; expected none below {args.messages:,}")
+            return 1
+        await meta.put(keys.topic_read_path(topic), TopicReadPath(cold_read_path="iceberg"))
+        # the broker opens the table reader as soon as the read path names the table (imports,
+        # catalog, table metadata): not counted, as the WAL replay does not count the broker's start
+        await asyncio.sleep(args.table_open_s)
+        before = _object_cache_counters(metrics_address)
+        iceberg_rate = await _replay(client, "replay-iceberg", args.messages)
+        after = _object_cache_counters(metrics_address)
         described = await client.admin.describe_topic(TOPIC)
     served = {s.name: s.records_from_object_storage for s in described.subscriptions}
-    if served.get("replay-wal") != 0 or served.get("replay-cold") != args.messages:
-        print(f"  records from object storage per subscription: {served}; expected 0 and {args.messages}")
+    expected = {"replay-wal": 0, "replay-cold": args.messages, "replay-iceberg": args.messages}
+    if any(served.get(name) != n for name, n in expected.items()):
+        print(f"  records from object storage per subscription: {served}; expected {expected}")
         return 1
-    print(f"  WAL replay   {wal_rate:>10,.0f} msg/s  {wal_rate * args.size / 1e6:7.1f} MB/s")
-    print(f"  cold replay  {cold_rate:>10,.0f} msg/s  {cold_rate * args.size / 1e6:7.1f} MB/s   "
-          f"(all {served['replay-cold']:,} from object storage; target >= 80% of the WAL replay)")
-    print(f"replay: wal_msgs_per_s={wal_rate:.0f} cold_msgs_per_s={cold_rate:.0f} ratio={cold_rate / wal_rate:.2f}")
+    touched = {name: after[name] - before[name] for name in OBJECT_CACHE_COUNTERS if after[name] != before[name]}
+    if touched:
+        print(f"  the table replay read segment objects too ({touched}): the table did not serve it all")
+        return 1
+    print(f"  WAL replay      {wal_rate:>10,.0f} msg/s  {wal_rate * args.size / 1e6:7.1f} MB/s")
+    print(f"  cold replay     {cold_rate:>10,.0f} msg/s  {cold_rate * args.size / 1e6:7.1f} MB/s   "
+          f"(all {served['replay-cold']:,} from segment objects; {cold_rate / wal_rate:.2f} of the WAL replay)")
+    print(f"  table replay    {iceberg_rate:>10,.0f} msg/s  {iceberg_rate * args.size / 1e6:7.1f} MB/s   "
+          f"(all {served['replay-iceberg']:,} from the Iceberg table, no object read; target >= 80% of the WAL replay)")
+    print(
+        f"replay: wal_msgs_per_s={wal_rate:.0f} cold_msgs_per_s={cold_rate:.0f} "
+        f"iceberg_msgs_per_s={iceberg_rate:.0f} iceberg_ratio={iceberg_rate / wal_rate:.2f}"
+    )
     return 0
 
 
@@ -109,6 +183,8 @@ def main() -> int:
     p.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
     p.add_argument("--segment-max-bytes", type=int, default=8 * 1024 * 1024, help="WAL segment size (default 8 MiB)")
     p.add_argument("--s3", action="store_true", help="tier to S3 (moto's server) instead of file://")
+    p.add_argument("--table-open-s", type=float, default=3.0,
+                   help="seconds the broker gets to open the table reader before the table replay (default 3)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="danube-replay-") as tmp:
         root = Path(tmp)
@@ -133,20 +209,30 @@ def main() -> int:
         else:
             url = (root / "objects").as_uri()
             objects = ObjectStore(url)
+        # the table's warehouse is local either way (the table path's cost is the reader's, not S3's)
+        catalog_env = {
+            "DANUBE_CATALOG_URI": f"sqlite:///{root / 'catalog.db'}",
+            "DANUBE_WAREHOUSE": (root / "warehouse").as_uri(),
+            "DANUBE_CATALOG_NAME": CATALOG,
+        }
+        metrics_address = f"127.0.0.1:{free_port()}"
         print(f"replay: {args.messages:,} messages x {args.size} B, segments of {args.segment_max_bytes:,} B, "
-              f"objects in {'S3 (moto)' if args.s3 else 'file://'}", flush=True)
+              f"objects in {'S3 (moto)' if args.s3 else 'file://'}, table in a file:// warehouse", flush=True)
         try:
             with EtcdServer(root / "etcd") as etcd:
                 broker = BrokerProcess(
                     etcd_endpoints=etcd.endpoints,
                     data_dir=root / "broker",
                     segment_max_bytes=args.segment_max_bytes,
-                    extra_args=["--object-store-url", url, "--local-retention-check-s", "3600", *broker_args],
-                    env=env,
+                    extra_args=[
+                        "--object-store-url", url, "--local-retention-check-s", "3600",
+                        "--metrics-listen", metrics_address, *broker_args,
+                    ],
+                    env={**env, **catalog_env},
                 )
                 broker.start()
                 try:
-                    return asyncio.run(_run(args, broker, etcd, objects))
+                    return asyncio.run(_run(args, broker, etcd, objects, catalog_env, metrics_address))
                 finally:
                     broker.stop()
         finally:

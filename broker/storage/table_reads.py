@@ -9,9 +9,12 @@ below the local WAL reads from the topic's table through
 * :class:`TopicTable` (one per topic, held by its :class:`~broker.storage.remote.RemoteLog`)
   follows the read path through the broker's etcd cache and opens the reader lazily, in a worker
   thread (pyiceberg is imported only then: a broker whose topics all read ``objects`` never
-  loads it);
-* :class:`TableCursor` (one per subscription) reads ahead in a worker thread and serves the
-  records as stored batches, so dispatch never blocks the event loop. It keeps the batches it
+  loads it), as soon as the read path names the table, so the first read does not wait for
+  the imports;
+* :class:`TableCursor` (one per subscription) reads ahead in a worker thread (windows of
+  :data:`TABLE_READ_RECORDS` records and at most :data:`TABLE_READ_BYTES`) and serves the
+  records as stored batches, framed from the table's Arrow columns (:func:`rows_to_batches`: no
+  Python object per record), so dispatch never blocks the event loop. It keeps the batches it
   handed out until they are acknowledged, so a redelivery re-reads the very same batch, and the
   subscription's table snapshot (§3.5.1): each read gives a snapshot that holds no row at or
   above where the read ended, and the next read from there on passes it as
@@ -35,8 +38,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from danube_pipeline import settings
-from danube_pipeline.format.batches import BatchBuilder, set_base_offset
-from danube_pipeline.format.records import Record
 from danube_pipeline.format.segments import StoredBatch
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.values import COLD_READ_PATHS, TableSnapshot, TopicReadPath
@@ -44,6 +45,7 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.partitions import partition_count, split_partition_name
 
+from broker.storage.table_batches import BATCH_BYTES, BATCH_RECORDS, records_to_batches, rows_to_batches
 from broker.tasks import spawn
 
 if TYPE_CHECKING:
@@ -51,21 +53,29 @@ if TYPE_CHECKING:
 
     from danube_pipeline.storage.table_reader import TableReader
 
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_RECORDS",
+    "TableChunk",
+    "TableCursor",
+    "TopicTable",
+    "records_to_batches",
+    "rows_to_batches",
+    "shared_catalog",
+]
+
 log = logging.getLogger(__name__)
 
 OBJECTS, ICEBERG, AUTO = COLD_READ_PATHS
-TABLE_READ_RECORDS = 10_000
+TABLE_READ_RECORDS = 50_000
 """Records one table read asks for, at most (a subscription's read-ahead)."""
-BATCH_RECORDS = 100
-"""Records per batch built from table rows, at most."""
-BATCH_BYTES = 1024 * 1024
-"""Payload bytes per batch built from table rows, at most (one record always fits)."""
+TABLE_READ_BYTES = 16 * 1024 * 1024
+"""Payload bytes one table read asks for, at most (but always one record)."""
 RETRY_AFTER_S = 1.0
 """A failed table read is tried again after this many seconds (``iceberg``)."""
 OBJECTS_AFTER_FAILURE_S = 10.0
 """After a table read failed in ``auto`` (or for good), cold reads go to the objects without
 asking the table for this many seconds."""
-_MAX_DELTA_US = 0xFFFFFFFF
 
 
 class MetadataView(Protocol):
@@ -112,7 +122,7 @@ class TableChunk:
             known), as :attr:`danube_pipeline.storage.table_reader.TableRead.snapshot_id`.
         complete: ``False`` when the read stopped at an offset the table cannot serve byte for
             byte (no raw bytes, row gone).
-        asked: how many records were asked for.
+        full: the read stopped at its size limits: the table may hold more from ``next_offset``.
     """
 
     from_offset: int
@@ -120,45 +130,7 @@ class TableChunk:
     next_offset: int
     snapshot_id: int | None
     complete: bool
-    asked: int
-
-
-def records_to_batches(records: list[Record]) -> list[StoredBatch]:
-    """Frame ``records`` (ascending, contiguous offsets) as stored batches at their offsets.
-
-    Consecutive records of one producer and schema version go into one batch (at most
-    :data:`BATCH_RECORDS` records and :data:`BATCH_BYTES` of payload), as the producer framed
-    them (``danube_pipeline.format.batches``); the fields a consumer sees are the records'.
-
-    Raises:
-        MalformedRequestError: a record breaks a limit of the batch format.
-    """
-    out: list[StoredBatch] = []
-    i = 0
-    while i < len(records):
-        first = records[i]
-        builder = BatchBuilder(first.publish_time_us)
-        size = 0
-        j = i
-        while j < len(records) and j - i < BATCH_RECORDS:
-            r = records[j]
-            same = (r.producer_id, r.producer_name, r.schema_id, r.schema_version) == (
-                first.producer_id, first.producer_name, first.schema_id, first.schema_version
-            )
-            delta = r.publish_time_us - first.publish_time_us
-            if j > i and (not same or not 0 <= delta <= _MAX_DELTA_US or size + len(r.payload) > BATCH_BYTES):
-                break
-            builder.append(r.payload, timestamp_us=r.publish_time_us, key=r.key, attributes=r.attributes or None)
-            size += len(r.payload)
-            j += 1
-        data = builder.build(
-            producer_id=first.producer_id, producer_name=first.producer_name,
-            schema_id=first.schema_id, schema_version=first.schema_version,
-        )
-        base, rest = set_base_offset(data, first.offset)
-        out.append(StoredBatch(first.offset, j - i, base + bytes(rest)))
-        i = j
-    return out
+    full: bool
 
 
 class TopicTable:
@@ -207,6 +179,16 @@ class TopicTable:
         if path != self.read_path:
             log.info("%s: cold reads come from %s", self.topic.path, path)
         self.read_path = path
+        if path != OBJECTS and self._reader is None:
+            threading.Thread(target=self._warm, name=f"table-open:{self.topic.path}", daemon=True).start()
+
+    def _warm(self) -> None:
+        """Open the reader ahead of the first read (imports, catalog connection, the table's
+        metadata); a failure is left to that read to meet and report."""
+        try:
+            self._open().committed_end_offset()  # the catalog connected, the table's metadata read
+        except Exception as exc:  # noqa: BLE001 - reported by the read that meets it
+            log.debug("%s: opening the table reader ahead of reads failed: %s", self.topic.path, exc)
 
     @property
     def enabled(self) -> bool:
@@ -243,12 +225,15 @@ class TopicTable:
         Raises:
             TableReadError: the table cannot be read (``retriable`` as the reader says).
             CatalogNotFoundError, DatabaseUrlError, OSError: the catalog cannot be opened.
+            MalformedRequestError: a record breaks a limit of the batch format.
         """
-        read = self._open().read(from_offset, max_records=max_records, after_snapshot_id=after_snapshot_id)
-        records = [r for r in read.records if r.offset >= from_offset]
-        return TableChunk(
-            from_offset, records_to_batches(records), read.next_offset, read.snapshot_id, read.complete, max_records
+        rows = self._open().read_rows(
+            from_offset, max_records=max_records, max_bytes=TABLE_READ_BYTES, after_snapshot_id=after_snapshot_id
         )
+        return TableChunk(
+            from_offset, rows_to_batches(rows.columns), rows.next_offset, rows.snapshot_id, rows.complete,
+            rows.complete and rows.at_limit,
+        )  # fmt: skip
 
     def first_offset_at_blocking(self, publish_time_us: int) -> int | None:
         """The first offset the table holds published at or after ``publish_time_us`` (µs since
@@ -295,6 +280,7 @@ class TableCursor:
         self.records_served = 0
         self._ahead: dict[int, StoredBatch] = {}  # read and not handed out yet, by base offset
         self._ahead_next: int | None = None  # where the batches read end
+        self._ahead_records = 0  # records in _ahead
         self._read_ahead = False  # the last read was full: the table may hold more
         self._miss: int | None = None  # an offset the table did not serve
         self._fetching: int | None = None
@@ -317,11 +303,8 @@ class TableCursor:
         if offset in self._ahead:
             out = self._serve(offset, max_records)
             nxt = self._ahead_next
-            if (
-                self._fetching is None and self._read_ahead and nxt is not None
-                and len(self._ahead) * BATCH_RECORDS <= TABLE_READ_RECORDS // 2
-            ):
-                self._start(nxt)  # read ahead
+            if self._fetching is None and self._read_ahead and nxt is not None and self._ahead_records <= TABLE_READ_RECORDS:
+                self._start(nxt)  # read ahead: at most two reads' records are held
             return out
         if self._miss == offset:
             self._miss = None
@@ -347,6 +330,7 @@ class TableCursor:
             out.append(batch)
             self._handed[batch.base_offset] = batch
             records += batch.record_count
+            self._ahead_records -= batch.record_count
             base = batch.last_offset + 1
         self.records_served += records
         return out
@@ -381,7 +365,7 @@ class TableCursor:
             # not retried; anything else without a flag (the database unreachable) is.
             retriable = getattr(exc, "retriable", not isinstance(exc, FileNotFoundError | ValueError))
             if table.read_path == AUTO or not retriable:
-                chunk = TableChunk(offset, [], offset, None, False, TABLE_READ_RECORDS)
+                chunk = TableChunk(offset, [], offset, None, False, False)
                 self._objects_until = time.monotonic() + OBJECTS_AFTER_FAILURE_S
             else:
                 self._failed_at = time.monotonic()
@@ -402,13 +386,16 @@ class TableCursor:
         else:
             if offset != self._ahead_next:
                 self._ahead = {}
+                self._ahead_records = 0
             self._ahead.update((b.base_offset, b) for b in chunk.batches)
+            self._ahead_records += chunk.next_offset - chunk.from_offset
             self._ahead_next = chunk.batches[-1].last_offset + 1
-            self._read_ahead = chunk.complete and sum(b.record_count for b in chunk.batches) >= chunk.asked
+            self._read_ahead = chunk.full
         self.wake()
 
     def close(self) -> None:
         """Drop what was read; reads under way are dropped when they end."""
         self._closed = True
         self._ahead = {}
+        self._ahead_records = 0
         self._handed = {}

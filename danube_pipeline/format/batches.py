@@ -374,6 +374,26 @@ class BatchBuilder:
         self.first_timestamp_us = first_timestamp_us
         self.record_count = 0
 
+    @classmethod
+    def of_framed(cls, first_timestamp_us: int, records: bytes | bytearray | memoryview, record_count: int) -> BatchBuilder:
+        """A builder holding ``record_count`` records already framed in this format (each
+        ``record_length | timestamp_delta_us | key_length | attribute_count | ...`` as
+        :meth:`append` writes them, deltas from ``first_timestamp_us``), e.g. by a columnar
+        encoder. The bytes are copied, not checked: :func:`validate_batch` checks a built batch.
+
+        Args:
+            first_timestamp_us: publish time of the first record, µs since the Unix epoch.
+            records: the framed records.
+            record_count: how many records ``records`` holds.
+
+        Returns:
+            The builder, ready to :meth:`build`.
+        """
+        builder = cls(first_timestamp_us)
+        builder._records = bytearray(records)
+        builder.record_count = record_count
+        return builder
+
     @property
     def size_bytes(self) -> int:
         """Bytes of the records framed so far."""

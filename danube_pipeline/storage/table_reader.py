@@ -35,6 +35,15 @@ Planning"), and an offset found twice is returned once. Only the reserved column
 never the typed payload columns, so data files written before a ``schema_rewrite`` changed a
 column's type (which an incremental scan may still plan) read as well as the rewritten ones.
 
+**Reading in windows.** A read plans the data files of its pinned snapshot once (kept for the
+next reads of that snapshot) and picks the files whose ``_offset`` bounds meet its window. A
+data file of at most :data:`FILE_CACHE_MAX_BYTES` is decoded whole, once (only the reserved
+columns), and kept while later windows read it (Iceberg data files never change; the key names
+the file, its delete files and the projection): a subscription reading a file in ten windows
+decodes it once. :meth:`TableReader.read_rows` returns a window as Arrow columns
+(:class:`TableRows`), no Python object per row, for a caller that frames them again (the
+broker's batches); :meth:`TableReader.read` turns them into records.
+
 **What the table does not keep.** A producer's sequence numbers are not columns of the table
 (the broker frames the records it reads in batches of its own).
 
@@ -43,17 +52,23 @@ All calls block (catalog queries, Parquet reads): a broker runs them off its eve
 
 from __future__ import annotations
 
+import bisect
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
+from pyiceberg.expressions.parser import parse
 from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.schema import Schema
 from pyiceberg.table import DataScan, FileScanTask, IncrementalAppendScan, Table
 from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of, is_parent_ancestor_of
 from pyiceberg.types import LongType
@@ -64,7 +79,6 @@ from danube_pipeline.storage.table_columns import (
     ATTRIBUTES_COLUMN,
     DEAD_LETTER_SUFFIX,
     KEY_COLUMN,
-    KEY_VALUE_FIELD,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     PAYLOAD_COLUMN,
@@ -75,11 +89,16 @@ from danube_pipeline.storage.table_columns import (
     SCHEMA_ID_COLUMN,
     SCHEMA_VERSION_COLUMN,
 )
+from danube_pipeline.storage.table_rows import TableRows, contiguous_rows, empty_rows, holds_offset, normalized_rows
 from danube_pipeline.storage.table_properties import SUMMARY_END_OFFSET, SUMMARY_PARTITION, committed_end_offset
 
-__all__ = ["TableRead", "TableReader"]
+__all__ = ["TableRead", "TableReader", "TableRows"]
 
-_U64 = (1 << 64) - 1
+FILE_CACHE_MAX_BYTES = 64 * 1024 * 1024
+"""A data file of at most this many bytes is decoded whole and kept for the next windows; a
+larger one (a compacted file) is read window by window, filtered on ``_offset``."""
+FILE_CACHE_BUDGET_BYTES = 128 * 1024 * 1024
+"""Decoded files a reader keeps, at most (Arrow bytes; the least recently used go first)."""
 _READ_COLUMNS = (
     OFFSET_COLUMN,
     PUBLISH_TIME_COLUMN,
@@ -148,6 +167,10 @@ class TableReader:
         self._dead_letters = (identifier[0], identifier[1] + DEAD_LETTER_SUFFIX)
         self._partition = partition
         self._name = ".".join(identifier)
+        self._lock = threading.Lock()  # the caches below (a broker reads in several threads)
+        self._plans: OrderedDict[tuple[object, ...], _Plan] = OrderedDict()
+        self._files: OrderedDict[tuple[object, ...], tuple[pa.Table, int | None]] = OrderedDict()
+        self._files_bytes = 0
 
     def read(self, from_offset: int, *, max_records: int, after_snapshot_id: int | None = None) -> TableRead:
         """The records at ``from_offset`` and after (module docstring, "What a read returns").
@@ -169,42 +192,73 @@ class TableReader:
             TableReadError: the table cannot be read (``retriable`` says whether a later try
                 may succeed).
         """
-        if from_offset < 0 or max_records < 1:
-            raise ValueError(f"from_offset must be >= 0 and max_records >= 1, got {from_offset}, {max_records}")
+        rows = self.read_rows(from_offset, max_records=max_records, after_snapshot_id=after_snapshot_id)
+        return TableRead(rows.records(), rows.snapshot_id, rows.next_offset, rows.complete)
+
+    def read_rows(
+        self,
+        from_offset: int,
+        *,
+        max_records: int,
+        max_bytes: int | None = None,
+        after_snapshot_id: int | None = None,
+    ) -> TableRows:
+        """:meth:`read` as Arrow columns (module docstring, "Reading in windows").
+
+        Args:
+            from_offset: the first offset wanted.
+            max_records: at most this many records (>= 1).
+            max_bytes: at most this many payload bytes, but always the first record; ``None``:
+                no limit. A read stopped by it is complete, as one stopped by ``max_records``.
+            after_snapshot_id: as for :meth:`read`.
+
+        Returns:
+            The :class:`TableRows`; empty with ``complete=True`` when the table (or its
+            committed range) ends below ``from_offset`` or does not exist.
+
+        Raises:
+            ValueError: ``from_offset`` is negative, ``max_records`` below 1 or ``max_bytes``
+                below 1.
+            TableReadError: the table cannot be read (``retriable`` says whether a later try
+                may succeed).
+        """
+        if from_offset < 0 or max_records < 1 or (max_bytes is not None and max_bytes < 1):
+            raise ValueError(
+                f"from_offset must be >= 0, max_records and max_bytes >= 1, got {from_offset}, {max_records}, {max_bytes}"
+            )
         table = self._load(self._identifier)
         pinned = table.current_snapshot() if table is not None else None
         if table is None or pinned is None:
-            return TableRead([], None, from_offset, True)
+            return TableRows(empty_rows(), None, from_offset, True)
         self._check_partitioning(table)
         end = self._guard(lambda: committed_end_offset(table, partition=self._partition))
         if end is None:  # nothing committed by the commit path (yet)
-            return TableRead([], None, from_offset, True)
+            return TableRows(empty_rows(), None, from_offset, True)
         if from_offset > end:
-            return TableRead([], pinned.snapshot_id, from_offset, True)
+            return TableRows(empty_rows(), pinned.snapshot_id, from_offset, True)
         last = min(end, from_offset + max_records - 1)
         window = self._with_partition(f"{OFFSET_COLUMN} >= {int(from_offset)} and {OFFSET_COLUMN} <= {int(last)}")
         dead_letters = self._load(self._dead_letters)
-        dead: dict[int, Record | None] = {}
+        dead = empty_rows()
         if dead_letters is not None and dead_letters.current_snapshot() is not None:
             dead = self._dead_letter_rows(dead_letters, window)
         start = after_snapshot_id if self._incremental_start_ok(table, pinned, after_snapshot_id) else None
-        found = self._rows(table, pinned, window, start)
-        if start is not None and from_offset not in found and from_offset not in dead:
+        found = self._rows(table, pinned, from_offset, last, start)
+        if start is not None and not holds_offset(found, from_offset) and not holds_offset(dead, from_offset):
             # the start snapshot holds rows at or above from_offset, which the incremental
             # scan cannot see: plan the whole table instead
             start = None
-            found = self._rows(table, pinned, window, None)
-        found.update(dead)
-        records: list[Record] = []
-        offset = from_offset
-        while offset <= last:
-            record = found.get(offset)
-            if record is None:
-                break
-            records.append(record)
-            offset += 1
-        complete = offset > last
-        return TableRead(records, self._snapshot_below(table, pinned, offset, end, start), offset, complete)
+            found = self._rows(table, pinned, from_offset, last, None)
+        columns, served = contiguous_rows(pa.concat_tables([dead, found]) if dead.num_rows else found, from_offset)
+        count = served
+        if max_bytes is not None and count > 1:
+            sizes = pc.cumulative_sum(pc.binary_length(columns.column("payload"))).to_pylist()
+            count = max(1, bisect.bisect_right(sizes, max_bytes))
+        offset = from_offset + count
+        complete = offset > last or count < served
+        columns = columns.slice(0, count) if count < columns.num_rows else columns
+        at_limit = count == max_records or count < served
+        return TableRows(columns, self._snapshot_below(table, pinned, offset, end, start), offset, complete, at_limit)
 
     def first_offset_at(self, publish_time_us: int) -> int | None:
         """The first offset published at or after ``publish_time_us``: a subscription started
@@ -307,31 +361,100 @@ class TableReader:
             return True
         return is_parent_ancestor_of(pinned.snapshot_id, after, table.metadata)
 
-    def _rows(self, table: Table, pinned: Snapshot, window: str, after: int | None) -> dict[int, Record | None]:
-        """The rows of the topic's table in ``window``, by offset (``None``: no bytes)."""
+    def _rows(self, table: Table, pinned: Snapshot, first: int, last: int, after: int | None) -> pa.Table:
+        """The rows of the topic's table at offsets ``first..last`` (:func:`.table_rows.normalized_rows`),
+        from the data files of the snapshots after ``after`` (all when ``None``)."""
         names = _column_names(table)
         payload = PAYLOAD_COLUMN if PAYLOAD_COLUMN in names else RAW_PAYLOAD_COLUMN
         selected = tuple(c for c in (*_READ_COLUMNS, payload) if c in names)
         if after == pinned.snapshot_id:
-            return {}
+            return empty_rows()
+        plan = self._plan(table, pinned, after, selected)
+        pieces = [
+            self._file_rows(table, plan, task, first, last)
+            for task, low, high in plan.tasks
+            if (low is None or low <= last) and (high is None or high >= first)
+        ]
+        if not pieces:
+            return empty_rows()
+        arrow = pa.concat_tables(pieces, promote_options="default") if len(pieces) > 1 else pieces[0]
+        return normalized_rows(arrow, payload)
+
+    def _plan(self, table: Table, pinned: Snapshot, after: int | None, selected: tuple[str, ...]) -> _Plan:
+        """The data files of the pinned snapshot (of the snapshots after ``after``), with their
+        ``_offset`` bounds from the manifests: planned once per snapshot and kept."""
+        key = (pinned.snapshot_id, after, selected, table.metadata.current_schema_id, table.metadata.default_spec_id)
+        with self._lock:
+            found = self._plans.get(key)
+        if found is not None:
+            return found
+        row_filter: str | BooleanExpression = (
+            AlwaysTrue() if self._partition is None else f"{PARTITION_COLUMN} = {int(self._partition)}"
+        )
         if after is not None:
             scan: DataScan | IncrementalAppendScan = table.incremental_append_scan(
                 from_snapshot_id_exclusive=after,
                 to_snapshot_id_inclusive=pinned.snapshot_id,
-                row_filter=window,
+                row_filter=row_filter,
                 selected_fields=selected,
             )
         else:
-            scan = table.scan(row_filter=window, selected_fields=selected, snapshot_id=pinned.snapshot_id)
-        arrow: pa.Table = self._guard(scan.to_arrow)
-        return _records(arrow, payload)
+            scan = table.scan(row_filter=row_filter, selected_fields=selected, snapshot_id=pinned.snapshot_id)
+        field_id = table.schema().find_field(OFFSET_COLUMN).field_id
+        tasks = self._guard(lambda: list(scan.plan_files()))
+        plan = _Plan(
+            projection=scan.projection(),
+            row_filter=scan.row_filter,
+            tasks=sorted(((t, _bound(t, field_id, True), _bound(t, field_id, False)) for t in tasks), key=_lowest),
+        )
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > 4:
+                self._plans.popitem(last=False)
+        return plan
 
-    def _dead_letter_rows(self, table: Table, window: str) -> dict[int, Record | None]:
-        """The dead letters in ``window``, by offset (``None``: written without ``raw_payload``)."""
+    def _file_rows(self, table: Table, plan: _Plan, task: FileScanTask, first: int, last: int) -> pa.Table:
+        """The rows of one planned data file at offsets ``first..last``: from the file decoded
+        whole and kept (module docstring, "Reading in windows"), or, for a file over
+        :data:`FILE_CACHE_MAX_BYTES`, read filtered on the window."""
+        window = parse(f"{OFFSET_COLUMN} >= {int(first)} and {OFFSET_COLUMN} <= {int(last)}")
+        if task.file.file_size_in_bytes > FILE_CACHE_MAX_BYTES:
+            reader = ArrowScan(table.metadata, table.io, plan.projection, And(plan.row_filter, window))
+            return self._guard(lambda: reader.to_table([task]))
+        key = (
+            task.file.file_path,
+            tuple(sorted(d.file_path for d in task.delete_files)),
+            tuple(f.field_id for f in plan.projection.fields),
+            str(plan.row_filter),
+        )
+        with self._lock:
+            found = self._files.get(key)
+            if found is not None:
+                self._files.move_to_end(key)
+        if found is None:
+            reader = ArrowScan(table.metadata, table.io, plan.projection, plan.row_filter)
+            decoded: pa.Table = self._guard(lambda: reader.to_table([task]))
+            found = decoded, _contiguous_from(decoded.column(OFFSET_COLUMN))
+            with self._lock:
+                if key not in self._files:
+                    self._files[key] = found
+                    self._files_bytes += decoded.nbytes
+                while self._files_bytes > FILE_CACHE_BUDGET_BYTES and len(self._files) > 1:
+                    _, (dropped, _low) = self._files.popitem(last=False)
+                    self._files_bytes -= dropped.nbytes
+        whole, low = found
+        if low is not None:  # offsets low, low + 1, ...: the window is a slice, no copy
+            start = min(max(first - low, 0), whole.num_rows)
+            return whole.slice(start, max(0, min(last - low + 1, whole.num_rows) - start))
+        offsets = whole.column(OFFSET_COLUMN)
+        return whole.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
+
+    def _dead_letter_rows(self, table: Table, window: str) -> pa.Table:
+        """The dead letters in ``window`` (:func:`.table_rows.normalized_rows`)."""
         names = _column_names(table)
         selected = tuple(c for c in (*_READ_COLUMNS, PAYLOAD_COLUMN) if c in names)
         arrow: pa.Table = self._guard(lambda: table.scan(row_filter=window, selected_fields=selected).to_arrow())
-        return _records(arrow, PAYLOAD_COLUMN)
+        return normalized_rows(arrow, PAYLOAD_COLUMN)
 
     def _snapshot_below(
         self, table: Table, pinned: Snapshot, next_offset: int, end: int, after: int | None
@@ -367,54 +490,37 @@ def _column_names(table: Table) -> set[str]:
     return {f.name for f in table.schema().fields}
 
 
-def _records(arrow: pa.Table, payload_column: str) -> dict[int, Record | None]:
-    """Rows read from a table as records by offset; ``None`` for a row written while
-    ``raw_payload`` was off (no ``_key``, or no payload bytes)."""
-    n = arrow.num_rows
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The data files one snapshot (range) plans: ``(task, lowest _offset, highest _offset)``
+    in the order of their lowest offsets, and the projection and filter to read them with."""
+
+    projection: Schema
+    row_filter: BooleanExpression
+    tasks: list[tuple[FileScanTask, int | None, int | None]]
+
+
+def _bound(task: FileScanTask, field_id: int, lower: bool) -> int | None:
+    """The file's lower or upper ``_offset`` bound from its manifest entry, if recorded."""
+    bounds = task.file.lower_bounds if lower else task.file.upper_bounds
+    raw = (bounds or {}).get(field_id)
+    return None if raw is None else int(from_bytes(LongType(), raw))
+
+
+def _contiguous_from(offsets: pa.ChunkedArray) -> int | None:
+    """The first offset when ``offsets`` are ``first, first + 1, ...`` in row order, else
+    ``None``."""
+    n = len(offsets)
     if n == 0:
-        return {}
+        return None
+    low = offsets[0].as_py()
+    if n > 1 and not pc.all(pc.equal(pc.subtract(offsets.slice(1), offsets.slice(0, n - 1)), 1)).as_py():
+        return None
+    return int(low)
 
-    def column(name: str, default: Any) -> list[Any]:
-        if name not in arrow.column_names:
-            return [default] * n
-        return list(arrow.column(name).to_pylist())
 
-    offsets = column(OFFSET_COLUMN, None)
-    publish = (
-        pc.cast(arrow.column(PUBLISH_TIME_COLUMN), pa.int64()).to_pylist()
-        if PUBLISH_TIME_COLUMN in arrow.column_names
-        else [0] * n
-    )
-    producer_ids = column(PRODUCER_ID_COLUMN, 0)
-    producer_names = column(PRODUCER_NAME_COLUMN, "")
-    schema_ids = column(SCHEMA_ID_COLUMN, 0)
-    schema_versions = column(SCHEMA_VERSION_COLUMN, 0)
-    attributes = column(ATTRIBUTES_COLUMN, None)
-    keys = column(KEY_COLUMN, None)
-    payloads = column(payload_column, None)
-    out: dict[int, Record | None] = {}
-    for i in range(n):
-        offset = int(offsets[i])
-        if offset in out:
-            continue  # committed once; a second row of an offset is not served twice
-        payload = payloads[i]
-        attrs = attributes[i]
-        key = keys[i]
-        if payload is None or key is None:
-            out[offset] = None
-            continue
-        out[offset] = Record(
-            offset=offset,
-            publish_time_us=int(publish[i] or 0),
-            producer_id=int(producer_ids[i] or 0) & _U64,
-            producer_name=producer_names[i] or "",
-            schema_id=int(schema_ids[i] or 0),
-            schema_version=int(schema_versions[i] or 0),
-            payload=bytes(payload),
-            attributes=dict(attrs) if attrs else {},
-            key=key[KEY_VALUE_FIELD],
-        )
-    return out
+def _lowest(entry: tuple[FileScanTask, int | None, int | None]) -> int:
+    return -1 if entry[1] is None else entry[1]
 
 
 def _first_offset(table: Table, row_filter: str) -> int | None:
@@ -424,8 +530,8 @@ def _first_offset(table: Table, row_filter: str) -> int | None:
     field_id = table.schema().find_field(OFFSET_COLUMN).field_id
 
     def lowest(task: FileScanTask) -> int:
-        bound = (task.file.lower_bounds or {}).get(field_id)
-        return -1 if bound is None else int(from_bytes(LongType(), bound))  # offsets are >= 0
+        bound = _bound(task, field_id, True)
+        return -1 if bound is None else bound  # offsets are >= 0
 
     tasks = sorted(scan.plan_files(), key=lowest)
     reader = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter)
