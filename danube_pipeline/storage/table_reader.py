@@ -76,18 +76,14 @@ from pyiceberg.types import LongType
 from danube_pipeline.errors import TableReadError
 from danube_pipeline.format.records import Record
 from danube_pipeline.storage.table_columns import (
-    ATTRIBUTES_COLUMN,
     DEAD_LETTER_SUFFIX,
     KEY_COLUMN,
+    METADATA_COLUMNS,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     PAYLOAD_COLUMN,
-    PRODUCER_ID_COLUMN,
-    PRODUCER_NAME_COLUMN,
     PUBLISH_TIME_COLUMN,
     RAW_PAYLOAD_COLUMN,
-    SCHEMA_ID_COLUMN,
-    SCHEMA_VERSION_COLUMN,
 )
 from danube_pipeline.storage.table_rows import TableRows, contiguous_rows, empty_rows, holds_offset, normalized_rows
 from danube_pipeline.storage.table_properties import SUMMARY_END_OFFSET, SUMMARY_PARTITION, committed_end_offset
@@ -99,16 +95,7 @@ FILE_CACHE_MAX_BYTES = 64 * 1024 * 1024
 larger one (a compacted file) is read window by window, filtered on ``_offset``."""
 FILE_CACHE_BUDGET_BYTES = 128 * 1024 * 1024
 """Decoded files a reader keeps, at most (Arrow bytes; the least recently used go first)."""
-_READ_COLUMNS = (
-    OFFSET_COLUMN,
-    PUBLISH_TIME_COLUMN,
-    PRODUCER_ID_COLUMN,
-    PRODUCER_NAME_COLUMN,
-    SCHEMA_ID_COLUMN,
-    SCHEMA_VERSION_COLUMN,
-    ATTRIBUTES_COLUMN,
-    KEY_COLUMN,
-)
+_READ_COLUMNS = (*METADATA_COLUMNS, KEY_COLUMN)
 """The metadata columns a read selects, where the table has them."""
 
 _RETRIABLE = (OSError, TimeoutError)

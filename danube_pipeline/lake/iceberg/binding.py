@@ -27,12 +27,10 @@ A table created here records the incarnation of the topic it is for
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, IcebergType
 
@@ -44,6 +42,7 @@ from danube_pipeline.lake.iceberg.evolution import (
     SCHEMA_SUBJECT_PROPERTY,
     SCHEMA_VERSION_PROPERTY,
     SchemaChange,
+    add_optional_columns,
     evolve_table,
 )
 from danube_pipeline.lake.iceberg.rows import BoundWriter
@@ -330,51 +329,23 @@ def bind_writers(
     return binding
 
 
-def ensure_raw_payload_columns(
-    table: Table, *, max_attempts: int = 5, retry_backoff_s: float = 0.05
-) -> list[SchemaChange]:
+def ensure_raw_payload_columns(table: Table) -> list[SchemaChange]:
     """Add the optional columns ``_raw_payload binary`` (not to a ``_payload`` table) and ``_key
     struct<value: string>`` where missing (``docs/etcd-layout.md`` §3.9, ``raw_payload``). Rows
-    written before read ``null`` there (Iceberg spec, "Schema Evolution": an added optional
-    column), which is how a reader tells them from rows written since.
-
-    One schema commit, which the catalog accepts only if the schema is still the one read; a
-    commit that loses is tried again after a refresh (another writer may have added it).
+    written before read ``null`` there, which is how a reader tells them from rows written since.
 
     Args:
         table: the topic's table; refreshed afterwards.
-        max_attempts: commit attempts on ``CommitFailedException``.
-        retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
 
     Returns:
         The columns added (``[add optional column _raw_payload binary, ...]``), ``[]`` when
         both were there.
 
     Raises:
-        CommitFailedException: still conflicting after ``max_attempts`` attempts.
+        CommitFailedException: the schema commit kept conflicting
+            (:func:`~danube_pipeline.lake.iceberg.evolution.add_optional_columns`).
     """
-    for attempt in range(1, max_attempts + 1):
-        names = {f.name for f in table.schema().fields}
-        added: list[tuple[str, IcebergType, str]] = []
-        if RAW_PAYLOAD_COLUMN not in names and PAYLOAD_COLUMN not in names:
-            added.append((RAW_PAYLOAD_COLUMN, BinaryType(), "the payload exactly as published"))
-        if KEY_COLUMN not in names:
-            added.append((KEY_COLUMN, key_type(0), KEY_DOC))
-        if not added:
-            return []
-        changes = [SchemaChange("add", (name,), field_type, doc=doc) for name, field_type, doc in added]
-        try:
-            with table.update_schema() as update:
-                for name, field_type, doc in added:  # pyiceberg assigns the field ids, nested ones too
-                    update.add_column(name, field_type, doc=doc, required=False)
-        except CommitFailedException:
-            if attempt == max_attempts:
-                raise
-            time.sleep(retry_backoff_s * attempt)
-            table.refresh()
-            continue
-        table.refresh()
-        for change in changes:
-            log.info("%s: %s", ".".join(table.name()), change)
-        return changes
-    raise AssertionError("unreachable")  # pragma: no cover
+    columns: list[tuple[str, IcebergType, str]] = [(KEY_COLUMN, key_type(0), KEY_DOC)]
+    if PAYLOAD_COLUMN not in {f.name for f in table.schema().fields}:
+        columns.insert(0, (RAW_PAYLOAD_COLUMN, BinaryType(), "the payload exactly as published"))
+    return add_optional_columns(table, columns)

@@ -81,6 +81,7 @@ from danube_pipeline.lake.iceberg.append import (
     without_commit_retries,
 )
 from danube_pipeline.lake.iceberg.catalog import WRITE_PROPERTIES
+from danube_pipeline.lake.iceberg.evolution import add_optional_columns
 from danube_pipeline.lake.iceberg.schema import KEY_DOC, PARTITION_COLUMN, PAYLOAD_COLUMN, key_type
 from danube_pipeline.names import TopicName
 from danube_pipeline.format.records import Record
@@ -268,34 +269,18 @@ def ensure_dead_letter_table(
     return table
 
 
-def _add_message_columns(table: Table, max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> None:
-    """Add ``_producer_id``, ``_attributes`` and ``_key`` (optional) where missing, in one schema commit,
-    tried again after a refresh when another writer changed the schema meanwhile."""
-    for attempt in range(1, max_attempts + 1):
-        names = {f.name for f in table.schema().fields}
-        if PRODUCER_ID_COLUMN in names and ATTRIBUTES_COLUMN in names and KEY_COLUMN in names:
-            return
-        try:
-            with table.update_schema() as update:
-                if PRODUCER_ID_COLUMN not in names:
-                    update.add_column(
-                        PRODUCER_ID_COLUMN, LongType(), doc="u64 producer id, stored as the int64 with the same bits"
-                    )
-                if ATTRIBUTES_COLUMN not in names:
-                    update.add_column(
-                        ATTRIBUTES_COLUMN,
-                        MapType(key_id=1, key_type=StringType(), value_id=2, value_type=StringType(), value_required=False),
-                    )
-                if KEY_COLUMN not in names:
-                    update.add_column(KEY_COLUMN, key_type(0), doc=KEY_DOC)
-        except CommitFailedException:
-            if attempt == max_attempts:
-                raise
-            time.sleep(0.05 * attempt)
-            table.refresh()
-            continue
-        table.refresh()
-        return
+def _add_message_columns(table: Table) -> None:
+    """Add ``_producer_id``, ``_attributes`` and ``_key`` (optional) where missing, in one schema
+    commit (:func:`~danube_pipeline.lake.iceberg.evolution.add_optional_columns`)."""
+    add_optional_columns(table, [
+        (PRODUCER_ID_COLUMN, LongType(), "u64 producer id, stored as the int64 with the same bits"),
+        (
+            ATTRIBUTES_COLUMN,
+            MapType(key_id=1, key_type=StringType(), value_id=2, value_type=StringType(), value_required=False),
+            "the record's attributes",
+        ),
+        (KEY_COLUMN, key_type(0), KEY_DOC),
+    ])  # fmt: skip
 
 
 def dead_letter_offsets(

@@ -49,7 +49,7 @@ import dataclasses
 import decimal
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,7 @@ __all__ = [
     "SCHEMA_VERSION_PROPERTY",
     "EvolutionPlan",
     "SchemaChange",
+    "add_optional_columns",
     "evolve_table",
     "incompatible_changes",
     "is_identity",
@@ -488,4 +489,51 @@ def evolve_table(
         if plan.changes:
             log.info("%s: schema evolved in place: %s", where, "; ".join(str(c) for c in plan.changes))
         return plan.changes
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def add_optional_columns(
+    table: Table,
+    columns: Sequence[tuple[str, IcebergType, str]],
+    *,
+    max_attempts: int = DEFAULT_EVOLVE_ATTEMPTS,
+    retry_backoff_s: float = 0.05,
+) -> list[SchemaChange]:
+    """Add the optional top-level ``columns`` the table lacks, in one schema commit (Iceberg
+    spec, "Schema Evolution": rows written before read ``null`` there). pyiceberg assigns the
+    field ids, nested ones included. A commit that loses to another writer is tried again after
+    a refresh (the other writer may have added them).
+
+    Args:
+        table: the table; refreshed afterwards.
+        columns: ``(name, type, doc)`` of each column wanted.
+        max_attempts: commit attempts on ``CommitFailedException``.
+        retry_backoff_s: sleep before the n-th retry is ``n * retry_backoff_s`` seconds.
+
+    Returns:
+        An ``add`` :class:`SchemaChange` per column added, ``[]`` when the table had them all.
+
+    Raises:
+        CommitFailedException: still conflicting after ``max_attempts`` attempts.
+    """
+    for attempt in range(1, max_attempts + 1):
+        names = {f.name for f in table.schema().fields}
+        missing = [c for c in columns if c[0] not in names]
+        if not missing:
+            return []
+        try:
+            with table.update_schema() as update:
+                for name, field_type, doc in missing:
+                    update.add_column(name, field_type, doc=doc, required=False)
+        except CommitFailedException:
+            if attempt == max_attempts:
+                raise
+            time.sleep(retry_backoff_s * attempt)
+            table.refresh()
+            continue
+        table.refresh()
+        changes = [SchemaChange("add", (name,), field_type, doc=doc) for name, field_type, doc in missing]
+        for change in changes:
+            log.info("%s: %s", ".".join(table.name()), change)
+        return changes
     raise AssertionError("unreachable")  # pragma: no cover
