@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tiering_helpers import TableStorage
 
 from danube_pipeline.client import AvroSchema, Consumer, DanubeClient, InitialPosition, Message
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
@@ -36,8 +37,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor, TableLayout, TableSnapshot
 from danube_pipeline.names import TopicName
 from danube_pipeline.schemas.registry import SchemaRegistry
-from danube_pipeline.storage.catalog import load_catalog
-from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.storage.objectstore import segment_object_path
 from danube_pipeline.storage.table_properties import committed_end_offset
 
 if TYPE_CHECKING:
@@ -80,24 +80,19 @@ async def test_a_subscription_hands_off_without_gaps_through_maintenance_and_a_m
     from danube_pipeline.lake import rewrite
     from danube_pipeline.lake.spark.procedures import compact_table, delete_rows_below, expire_snapshots
 
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
+    storage = TableStorage(tmp_path, CATALOG)
+    objects = storage.objects
     options: dict[str, Any] = {
         "segment_max_bytes": 1 << 20,
-        "extra_args": [
-            "--object-store-url", objects_url, "--cold-read-path", "iceberg",
-            "--local-retention-check-s", "3600", "--object-cache-bytes", "1",
-        ],
-        "env": {"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": CATALOG},
-    }  # fmt: skip
+        "extra_args": storage.broker_args("--cold-read-path", "iceberg", "--object-cache-bytes", "1"),
+        "env": storage.broker_env(),
+    }
     brokers = [start_broker(**options), start_broker(**options)]
     topic = TopicName.parse(TOPIC)
     ident = (topic.namespace, topic.topic)
     flights = list(iter_flights(TOTAL))
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name=CATALOG)
-    spark = spark_on_catalog(name=CATALOG, uri=catalog_uri, warehouse=warehouse)
+    catalog = storage.catalog()
+    spark = spark_on_catalog(name=CATALOG, uri=storage.catalog_uri, warehouse=storage.warehouse)
     schema = AvroSchema(subject="handoff", raw_schema=FLIGHT_AVRO_SCHEMA_JSON)
     got: list[Message] = []
     async with DanubeClient([b.address for b in brokers]) as client, await MetadataStore.connect(etcd_endpoints) as meta:

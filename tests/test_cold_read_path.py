@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tiering_helpers import TableStorage
 
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, Message
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
@@ -28,7 +29,6 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import ObjectDescriptor, TableLayout, TableSnapshot
 from danube_pipeline.names import TopicName
 from danube_pipeline.schemas.registry import SchemaRegistry
-from danube_pipeline.storage.catalog import load_catalog
 from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.storage.table_properties import committed_end_offset
 
@@ -84,21 +84,16 @@ async def read_all(
 async def test_a_subscription_reads_the_table_then_the_objects_then_the_wal(
     tmp_path: Path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
 ) -> None:
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
+    storage = TableStorage(tmp_path, CATALOG)
+    objects = storage.objects
     broker = start_broker(
         segment_max_bytes=4096,
-        extra_args=[
-            "--object-store-url", objects_url, "--cold-read-path", "iceberg",
-            "--local-retention-check-s", "3600", "--object-cache-bytes", "1",
-        ],
-        env={"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": CATALOG},
-    )  # fmt: skip
+        extra_args=storage.broker_args("--cold-read-path", "iceberg", "--object-cache-bytes", "1"),
+        env=storage.broker_env(),
+    )
     topic = TopicName.parse(TOPIC)
     flights = list(iter_flights(TOTAL))
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name=CATALOG)
+    catalog = storage.catalog()
     schema = AvroSchema(subject="cold-read", raw_schema=FLIGHT_AVRO_SCHEMA_JSON)
     async with DanubeClient([broker.address]) as client, await MetadataStore.connect(etcd_endpoints) as meta:
 
@@ -172,17 +167,13 @@ async def test_batches_read_from_the_table_are_redelivered_from_the_table(
     """A raw topic (its table keeps the bytes in ``_payload``, and with ``raw_payload`` on the
     routing keys) whose objects are all deleted: messages a consumer left unacknowledged are
     redelivered as the very batches the table gave."""
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
+    storage = TableStorage(tmp_path, CATALOG)
+    objects = storage.objects
     broker = start_broker(
-        segment_max_bytes=4096,
-        extra_args=["--object-store-url", objects_url, "--cold-read-path", "auto", "--local-retention-check-s", "3600"],
-        env={"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": CATALOG},
+        segment_max_bytes=4096, extra_args=storage.broker_args("--cold-read-path", "auto"), env=storage.broker_env()
     )
     topic = TopicName.parse(TOPIC)
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name=CATALOG)
+    catalog = storage.catalog()
     count = 200
     async with DanubeClient([broker.address]) as client, await MetadataStore.connect(etcd_endpoints) as meta:
         async with client.producer(TOPIC, producer_name="raw", max_batch_messages=7) as producer:
@@ -249,17 +240,13 @@ async def test_a_subscription_resumes_in_the_table_after_a_move_from_its_snapsho
 ) -> None:
     """The stored snapshot (§3.5.1) survives an unload: the reloaded subscription reads what the
     table gained since with ``after_snapshot_id``, then the WAL, every offset once."""
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
+    storage = TableStorage(tmp_path, CATALOG)
+    objects = storage.objects
     broker = start_broker(
-        segment_max_bytes=4096,
-        extra_args=["--object-store-url", objects_url, "--cold-read-path", "iceberg", "--local-retention-check-s", "3600"],
-        env={"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": CATALOG},
+        segment_max_bytes=4096, extra_args=storage.broker_args("--cold-read-path", "iceberg"), env=storage.broker_env()
     )
     topic = TopicName.parse(TOPIC)
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name=CATALOG)
+    catalog = storage.catalog()
 
     def payload(i: int) -> bytes:
         return f"moved {i}".encode()
@@ -312,18 +299,14 @@ async def test_compaction_between_reads_neither_skips_nor_repeats(
     read from its snapshot sees the appends, never the rewritten files twice."""
     from danube_pipeline.lake.spark.procedures import compact_table
 
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
+    storage = TableStorage(tmp_path, CATALOG)
+    objects = storage.objects
     broker = start_broker(
-        segment_max_bytes=1024,
-        extra_args=["--object-store-url", objects_url, "--cold-read-path", "iceberg", "--local-retention-check-s", "3600"],
-        env={"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": CATALOG},
+        segment_max_bytes=1024, extra_args=storage.broker_args("--cold-read-path", "iceberg"), env=storage.broker_env()
     )
     topic = TopicName.parse(COMPACTED)  # Spark's procedures take no "-" in a name
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name=CATALOG)
-    spark = spark_on_catalog(name=CATALOG, uri=catalog_uri, warehouse=warehouse)
+    catalog = storage.catalog()
+    spark = spark_on_catalog(name=CATALOG, uri=storage.catalog_uri, warehouse=storage.warehouse)
     async with DanubeClient([broker.address]) as client, await MetadataStore.connect(etcd_endpoints) as meta:
 
         async def publish_and_tier(first: int, count: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers import RegisterCatalog
-from tiering_helpers import PUBLISH_TIME_US, Env, avro, avro_payload, make_env
+from tiering_helpers import PUBLISH_TIME_US, Env, TableStorage, avro, avro_payload, make_env
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.localcluster import BrokerProcess
@@ -36,8 +36,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import NamespacePolicy, ObjectDescriptor, TableLayout
 from danube_pipeline.names import TopicName
 from danube_pipeline.schemas.registry import SchemaRegistry
-from danube_pipeline.storage.catalog import load_catalog
-from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
+from danube_pipeline.storage.objectstore import segment_object_path
 from danube_pipeline.storage.table_reader import TableReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -158,18 +157,12 @@ async def test_without_raw_payload_the_objects_are_kept(tmp_path: Path, etcd_end
 async def test_a_broker_on_the_objects_path_reads_deleted_objects_from_the_table(
     tmp_path: Path, etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess]
 ) -> None:
-    catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
-    warehouse = (tmp_path / "warehouse").as_uri()
-    objects_url = (tmp_path / "objects").as_uri()
-    objects = ObjectStore(objects_url)
-    broker = start_broker(
-        segment_max_bytes=2048,
-        extra_args=["--object-store-url", objects_url, "--local-retention-check-s", "3600"],
-        env={"DANUBE_CATALOG_URI": catalog_uri, "DANUBE_WAREHOUSE": warehouse, "DANUBE_CATALOG_NAME": "lifecycle"},
-    )
+    storage = TableStorage(tmp_path, "lifecycle")
+    objects = storage.objects
+    broker = start_broker(segment_max_bytes=2048, extra_args=storage.broker_args(), env=storage.broker_env())
     name = "/default/one-copy"
     topic = TopicName.parse(name)
-    catalog = load_catalog(uri=catalog_uri, warehouse=warehouse, name="lifecycle")
+    catalog = storage.catalog()
     tiered, total = 200, 250
 
     def message(i: int) -> tuple[bytes, dict[str, str], str | None]:

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import fastavro
+from pyiceberg.catalog import Catalog
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.descriptor import Descriptor
 
@@ -223,3 +224,43 @@ def make_env(endpoints: list[str], root: Path) -> Env:
         name="danube", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri()
     )
     return Env(endpoints, catalog, ObjectStore((root / "objects").as_uri()), FakeRegistry(), Protos())
+
+
+@dataclass
+class TableStorage:
+    """A test's object store (``file://``) and SQLite Iceberg catalog under ``root``, and the
+    broker flags and environment that point a broker at both (the table read path's catalog
+    comes from ``DANUBE_CATALOG_*``)."""
+
+    root: Path
+    catalog_name: str = "danube"
+
+    @property
+    def catalog_uri(self) -> str:
+        return f"sqlite:///{self.root / 'catalog.db'}"
+
+    @property
+    def warehouse(self) -> str:
+        return (self.root / "warehouse").as_uri()
+
+    @property
+    def objects_url(self) -> str:
+        return (self.root / "objects").as_uri()
+
+    @property
+    def objects(self) -> ObjectStore:
+        return ObjectStore(self.objects_url)
+
+    def broker_args(self, *extra: str) -> list[str]:
+        """``--object-store-url`` of this store, local retention only when asked, then ``extra``."""
+        return ["--object-store-url", self.objects_url, "--local-retention-check-s", "3600", *extra]
+
+    def broker_env(self) -> dict[str, str]:
+        return {
+            "DANUBE_CATALOG_URI": self.catalog_uri, "DANUBE_WAREHOUSE": self.warehouse,
+            "DANUBE_CATALOG_NAME": self.catalog_name,
+        }  # fmt: skip
+
+    def catalog(self) -> Catalog:
+        """The catalog (pyiceberg's ``SqlCatalog``)."""
+        return iceberg.load_catalog(uri=self.catalog_uri, warehouse=self.warehouse, name=self.catalog_name)
