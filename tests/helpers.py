@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from danube_pipeline.metadata import keys
 
@@ -95,3 +99,50 @@ async def topic_owners(meta: MetadataStore) -> dict[str, int]:
         if len(parts) == 3 and parts[0].isdigit():
             found[f"/{parts[1]}/{parts[2]}"] = int(parts[0])
     return found
+
+
+ADMIN = Path(sys.executable).parent / "danube-admin"
+"""The ``danube-admin`` script of this virtualenv."""
+
+
+@dataclass
+class AdminRun:
+    """One ``danube-admin`` run: exit code, stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+    def ok(self) -> Any:
+        """The JSON document of a successful run."""
+        assert self.code == 0, self.err
+        assert "Traceback" not in self.err, self.err
+        return json.loads(self.out)
+
+
+async def run_admin(
+    *args: str,
+    etcd: Sequence[str],
+    brokers: Sequence[str] | None = None,
+    output: str | None = "json",
+    stdin: bytes | None = None,
+    timeout_s: float = 60.0,
+) -> AdminRun:
+    """Run ``danube-admin --etcd-endpoints ... [--brokers ...] [--output OUTPUT] ARGS``.
+
+    Raises:
+        TimeoutError: it did not finish within ``timeout_s`` seconds.
+    """
+    command = [str(ADMIN), "--etcd-endpoints", ",".join(etcd)]
+    if brokers is not None:
+        command += ["--brokers", ",".join(brokers)]
+    if output is not None:
+        command += ["--output", output]
+    proc = await asyncio.create_subprocess_exec(
+        *command, *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    assert proc.returncode is not None
+    return AdminRun(proc.returncode, out.decode(), err.decode())

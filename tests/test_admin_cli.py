@@ -5,11 +5,7 @@ the client library."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -24,35 +20,15 @@ from danube_pipeline.metadata.store import KeyValue, MetadataStore
 from danube_pipeline.metadata.values import NamespacePolicy, TableCommit
 from danube_pipeline.names import TopicName
 
-from helpers import eventually
+from helpers import AdminRun, eventually, run_admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-ADMIN = Path(sys.executable).parent / "danube-admin"
 DEFAULTS = NamespacePolicy().to_json()
 
 
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-    def ok(self) -> Any:
-        """The JSON document of a successful run."""
-        assert self.code == 0, self.err
-        assert "Traceback" not in self.err, self.err
-        return json.loads(self.out)
-
-
-async def admin(etcd: Sequence[str], brokers: Sequence[str], *args: str, output: str = "json") -> Run:
-    proc = await asyncio.create_subprocess_exec(
-        str(ADMIN), "--etcd-endpoints", ",".join(etcd), "--brokers", ",".join(brokers), "--output", output, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return Run(proc.returncode, out.decode(), err.decode())
+async def admin(etcd: Sequence[str], brokers: Sequence[str], *args: str, output: str = "json") -> AdminRun:
+    return await run_admin(*args, etcd=etcd, brokers=brokers, output=output)
 
 
 async def owners(meta: MetadataStore, topic: str) -> list[int]:
@@ -74,7 +50,7 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
 ) -> None:
     broker = start_broker()
 
-    async def run(*args: str, output: str = "json") -> Run:
+    async def run(*args: str, output: str = "json") -> AdminRun:
         return await admin(etcd_endpoints, [broker.address], *args, output=output)
 
     me = {"broker_id": broker.broker_id, "address": broker.address}

@@ -5,14 +5,11 @@ command writes."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from helpers import eventually
+from helpers import AdminRun, eventually, run_admin
 from test_auth import SecureBroker
 from test_tokens import hmac_signed
 
@@ -35,34 +32,13 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-ADMIN = Path(sys.executable).parent / "danube-admin"
 SECRET = b"admin-security-secret-admin-security-secret"
 ISSUER = "danube-test"
 AUDIENCE = "danube"
 
 
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-    def ok(self) -> Any:
-        """The JSON document of a successful run."""
-        assert self.code == 0, self.err
-        assert "Traceback" not in self.err, self.err
-        return json.loads(self.out)
-
-
-async def admin(etcd: list[str], *args: str, output: str = "json", stdin: bytes | None = None) -> Run:
-    proc = await asyncio.create_subprocess_exec(
-        str(ADMIN), "--etcd-endpoints", ",".join(etcd), "--output", output, *args,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
-    assert proc.returncode is not None
-    return Run(proc.returncode, out.decode(), err.decode())
+async def admin(etcd: list[str], *args: str, output: str = "json", stdin: bytes | None = None) -> AdminRun:
+    return await run_admin(*args, etcd=etcd, output=output, stdin=stdin)
 
 
 async def stored(meta: MetadataStore, key: str) -> Any:
@@ -71,7 +47,7 @@ async def stored(meta: MetadataStore, key: str) -> Any:
 
 
 async def test_roles_and_bindings_write_exactly_the_keys_of_section_7(etcd_endpoints: list[str]) -> None:
-    async def run(*args: str, output: str = "json") -> Run:
+    async def run(*args: str, output: str = "json") -> AdminRun:
         return await admin(etcd_endpoints, "security", *args, output=output)
 
     writer = keys.security_role("writer")
@@ -178,7 +154,7 @@ def _jwks_entry(public: ec.EllipticCurvePublicKey, kid: str) -> dict[str, str]:
 
 
 async def test_tokens_create_and_inspect_agree_with_the_brokers_verifier(tmp_path: Path) -> None:
-    async def run(*args: str, output: str = "json", stdin: bytes | None = None) -> Run:
+    async def run(*args: str, output: str = "json", stdin: bytes | None = None) -> AdminRun:
         return await admin(["127.0.0.1:1"], "security", "tokens", *args, output=output, stdin=stdin)
 
     secret = tmp_path / "jwt.secret"
@@ -291,7 +267,7 @@ async def test_a_broker_follows_what_danube_admin_security_writes(
     broker = secure_broker(auth_jwt_secret_file=str(secret), auth_jwt_issuer=ISSUER, auth_jwt_audience=AUDIENCE,
                            authorization=True, super_admins=["root"])
 
-    async def run(*args: str) -> Run:
+    async def run(*args: str) -> AdminRun:
         return await admin(etcd_endpoints, "security", *args)
 
     async def token_of(subject: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,24 +25,18 @@ from danube_pipeline.metadata.values import BrokerRegistration, TableCommit
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 
-from helpers import eventually
+from helpers import eventually, run_admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-ADMIN = Path(sys.executable).parent / "danube-admin"
 TOPIC = "/default/stats"
 PAYLOAD = b"s" * 100
 
 
 async def admin(etcd: Sequence[str], broker: str, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        str(ADMIN), "--etcd-endpoints", ",".join(etcd), "--brokers", broker, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    assert "Traceback" not in err.decode(), err.decode()
-    return proc.returncode, out.decode(), err.decode()
+    run = await run_admin(*args, etcd=etcd, brokers=[broker], output=None)
+    assert "Traceback" not in run.err, run.err
+    return run.code, run.out, run.err
 
 
 async def stats_json(etcd: Sequence[str], broker: str, *args: str) -> Any:

@@ -12,12 +12,12 @@ does. The objects of 150..299 are deleted before that read, so only the table ca
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import run_admin
 from tiering_helpers import TableStorage
 
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, Message
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-ADMIN = Path(sys.executable).parent / "danube-admin"
 TOPIC = "/default/cold-read"
 COMPACTED = "/default/coldcompacted"
 CATALOG = "coldread"
@@ -58,13 +57,9 @@ def fields(m: Message) -> tuple[Any, ...]:
 
 
 async def admin(etcd: list[str], *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        str(ADMIN), "--etcd-endpoints", ",".join(etcd), "--output", "json", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
+    run = await run_admin(*args, etcd=etcd)
+    assert run.code == 0, run.err
+    return run.out
 
 
 async def read_all(

@@ -9,17 +9,14 @@ policy, the run's Spark session for retention's row delete, and a real broker on
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import RegisterCatalog
+from helpers import RegisterCatalog, run_admin
 from tiering_helpers import PUBLISH_TIME_US, Env, TableStorage, avro, avro_payload, make_env
 
 from danube_pipeline.client import DanubeClient, InitialPosition
@@ -41,19 +38,12 @@ from danube_pipeline.storage.table_reader import TableReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-ADMIN = Path(sys.executable).parent / "danube-admin"
 DAY_US = 86_400_000_000
 SCHEMA = avro({"name": "flight", "type": "int"}, {"name": "carrier", "type": "string"})
 
 
 async def admin(etcd: list[str], *args: str) -> Any:
-    proc = await asyncio.create_subprocess_exec(
-        str(ADMIN), "--etcd-endpoints", ",".join(etcd), "--output", "json", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return json.loads(out)
+    return (await run_admin(*args, etcd=etcd)).ok()
 
 
 def _record(offset: int, *, schema_id: int = 1) -> Record:
