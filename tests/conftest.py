@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import RegisterCatalog
+from helpers import RegisterCatalog, broker_config_args
 
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, etcdctl_binary
 
@@ -103,6 +103,18 @@ def start_broker(
     finally:
         for broker in reversed(started):
             broker.stop()
+
+
+@pytest.fixture
+def start_secure(start_broker: Callable[..., BrokerProcess], tmp_path: Path) -> Callable[..., BrokerProcess]:
+    """``start_secure(name="broker", **settings)``: a broker in ``tmp_path / name`` whose
+    configuration file holds ``settings`` (``BrokerConfig`` field names: TLS, tokens,
+    authorization, etcd security); stopped at teardown like every ``start_broker`` broker."""
+
+    def factory(name: str = "broker", **settings: Any) -> BrokerProcess:
+        return start_broker(data_dir=tmp_path / name, extra_args=broker_config_args(tmp_path / f"{name}.yml", settings))
+
+    return factory
 
 
 # --------------------------------------------------------------------------- tier markers

@@ -13,7 +13,7 @@ import inspect
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -101,6 +101,21 @@ async def topic_owners(meta: MetadataStore) -> dict[str, int]:
     return found
 
 
+async def owners_of_all(meta: MetadataStore, topics: Sequence[str], *, timeout_s: float = 20.0) -> dict[str, int]:
+    """:func:`topic_owners` once every one of ``topics`` has an owner.
+
+    Raises:
+        AssertionError: some topic still had none after ``timeout_s`` seconds.
+    """
+
+    async def assigned() -> bool:
+        owners = await topic_owners(meta)
+        return all(t in owners for t in topics)
+
+    await eventually(assigned, timeout_s=timeout_s, what="every topic has an owner")
+    return await topic_owners(meta)
+
+
 ADMIN = Path(sys.executable).parent / "danube-admin"
 """The ``danube-admin`` script of this virtualenv."""
 
@@ -146,3 +161,18 @@ async def run_admin(
     out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
     assert proc.returncode is not None
     return AdminRun(proc.returncode, out.decode(), err.decode())
+
+
+def broker_config_args(path: Path, settings: Mapping[str, Any]) -> list[str]:
+    """``["--config", path]`` for a broker, after writing ``settings`` there as its YAML
+    configuration file (``BrokerConfig`` field names, ``docs/danube_broker.example.yml``; a
+    ``Path`` value is written as its string). The broker reads them the way an operator's file
+    is read, below the flags ``BrokerProcess`` gives.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import yaml
+
+    path.write_text(yaml.safe_dump({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}))
+    return ["--config", str(path)]

@@ -9,7 +9,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from helpers import AdminRun, eventually, run_admin
-from test_auth import SecureBroker
 from test_tokens import hmac_signed
 
 from danube_pipeline.admin.security import _replace
 from danube_pipeline.auth import TokenVerifier, mint_token
 from danube_pipeline.client import DanubeClient
+from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import PermissionDeniedError
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import KeyValue, MetadataStore
@@ -241,30 +241,13 @@ async def test_tokens_create_and_inspect_agree_with_the_brokers_verifier(tmp_pat
         assert refused.code == 2 and refused.out == "" and "Traceback" not in refused.err, (options, refused.err)
 
 
-@pytest.fixture
-def secure_broker(etcd_endpoints: list[str], tmp_path: Path) -> Iterator[Callable[..., SecureBroker]]:
-    started: list[SecureBroker] = []
-
-    def factory(**security: Any) -> SecureBroker:
-        broker = SecureBroker(security=security, etcd_endpoints=etcd_endpoints, data_dir=tmp_path / "broker")
-        started.append(broker)
-        broker.start()
-        return broker
-
-    try:
-        yield factory
-    finally:
-        for broker in reversed(started):
-            broker.stop()
-
-
 async def test_a_broker_follows_what_danube_admin_security_writes(
-    secure_broker: Callable[..., SecureBroker], etcd_endpoints: list[str], tmp_path: Path
+    start_secure: Callable[..., BrokerProcess], etcd_endpoints: list[str], tmp_path: Path
 ) -> None:
     secret = tmp_path / "jwt.secret"
     secret.write_bytes(SECRET)
     secret.chmod(0o600)
-    broker = secure_broker(auth_jwt_secret_file=str(secret), auth_jwt_issuer=ISSUER, auth_jwt_audience=AUDIENCE,
+    broker = start_secure(auth_jwt_secret_file=str(secret), auth_jwt_issuer=ISSUER, auth_jwt_audience=AUDIENCE,
                            authorization=True, super_admins=["root"])
 
     async def run(*args: str) -> AdminRun:

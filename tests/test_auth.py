@@ -1,7 +1,7 @@
 """Authentication and authorization against real brokers (``broker/rpc/auth.py``): a refusal
 per known flaw, roles and bindings in etcd followed live, and the audit line.
 
-The brokers are started by :class:`SecureBroker`: ``python -m broker``'s own parsing and
+The brokers are started by :class:`BrokerProcess`: ``python -m broker``'s own parsing and
 ``run``, with the security settings applied to the :class:`~broker.config.BrokerConfig` it
 builds (the launcher below), so the test does not depend on how they are spelt on the command
 line.
@@ -15,10 +15,9 @@ import json
 import random
 import string
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,53 +48,9 @@ AUDIENCE = "danube"
 SALES = "/sales/orders"
 OTHER = "/other/events"
 
-LAUNCHER = """
-import asyncio, dataclasses, json, sys
-from pathlib import Path
-from broker.__main__ import parse_args, run
-security = json.loads(sys.argv[1])
-config = parse_args(sys.argv[2:])
-for name, value in security.items():
-    if name.endswith("_file") and value is not None:
-        security[name] = Path(value)
-    elif name == "super_admins":
-        security[name] = tuple(value)
-asyncio.run(run(dataclasses.replace(config, **security)))
-"""
-
-
-class SecureBroker(BrokerProcess):
-    """A broker whose :class:`~broker.config.BrokerConfig` gets ``security`` on top of its
-    command line."""
-
-    def __init__(self, *, security: dict[str, Any], **kwargs: Any) -> None:
-        self.security = security
-        super().__init__(**kwargs)
-
-    def command(self) -> list[str]:
-        plain = super().command()
-        return [sys.executable, "-c", LAUNCHER, json.dumps(self.security), *plain[3:]]
-
 
 @pytest.fixture
-def start_secure(etcd_endpoints: list[str], tmp_path: Path) -> Iterator[Callable[..., SecureBroker]]:
-    started: list[SecureBroker] = []
-
-    def factory(name: str = "broker", **security: Any) -> SecureBroker:
-        broker = SecureBroker(security=security, etcd_endpoints=etcd_endpoints, data_dir=tmp_path / name)
-        started.append(broker)
-        broker.start()
-        return broker
-
-    try:
-        yield factory
-    finally:
-        for broker in reversed(started):
-            broker.stop()
-
-
-@pytest.fixture
-def hs256_broker(start_secure: Callable[..., SecureBroker], tmp_path: Path) -> SecureBroker:
+def hs256_broker(start_secure: Callable[..., BrokerProcess], tmp_path: Path) -> BrokerProcess:
     secret_file = tmp_path / "jwt.secret"
     secret_file.write_bytes(SECRET)
     secret_file.chmod(0o600)
@@ -151,7 +106,7 @@ def audit_lines(broker: BrokerProcess) -> list[dict[str, Any]]:
     return out
 
 
-async def test_every_bad_token_is_unauthenticated_and_leaks_nothing(hs256_broker: SecureBroker) -> None:
+async def test_every_bad_token_is_unauthenticated_and_leaks_nothing(hs256_broker: BrokerProcess) -> None:
     address = hs256_broker.address
     now = time.time()
     none_alg = unsigned({"sub": "root", "iss": ISSUER, "aud": AUDIENCE, "exp": int(now) + 60})
@@ -192,7 +147,7 @@ async def test_every_bad_token_is_unauthenticated_and_leaks_nothing(hs256_broker
     assert SECRET.decode() not in hs256_broker.log_path.read_text()
 
 
-async def test_public_key_used_as_hmac_secret_is_refused(start_secure: Callable[..., SecureBroker], tmp_path: Path) -> None:
+async def test_public_key_used_as_hmac_secret_is_refused(start_secure: Callable[..., BrokerProcess], tmp_path: Path) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
@@ -237,7 +192,7 @@ def batch_request(producer_id: int, payload: bytes, sequence_id: int = 0) -> pb.
     return pb.SendBatchRequest(producer_id=producer_id, batch=batch, sequence_id=sequence_id)
 
 
-async def test_roles_and_bindings_decide_every_rpc(hs256_broker: SecureBroker, etcd_endpoints: list[str]) -> None:
+async def test_roles_and_bindings_decide_every_rpc(hs256_broker: BrokerProcess, etcd_endpoints: list[str]) -> None:
     address = hs256_broker.address
     grant(etcd_endpoints)
     async with DanubeClient([address], token=token("root")) as root:
@@ -293,7 +248,7 @@ async def test_roles_and_bindings_decide_every_rpc(hs256_broker: SecureBroker, e
 
 
 async def test_open_streams_and_later_calls_follow_a_removed_binding(
-    hs256_broker: SecureBroker, etcd_endpoints: list[str]
+    hs256_broker: BrokerProcess, etcd_endpoints: list[str]
 ) -> None:
     address = hs256_broker.address
     grant(etcd_endpoints)
@@ -336,7 +291,7 @@ async def test_open_streams_and_later_calls_follow_a_removed_binding(
         assert error_class(info.value) == "PermissionDeniedError"
 
 
-async def test_a_spoofed_internal_header_grants_nothing(hs256_broker: SecureBroker, etcd_endpoints: list[str]) -> None:
+async def test_a_spoofed_internal_header_grants_nothing(hs256_broker: BrokerProcess, etcd_endpoints: list[str]) -> None:
     address = hs256_broker.address
     grant(etcd_endpoints)
     async with DanubeClient([address], token=token("root")) as root:
@@ -360,7 +315,7 @@ async def test_a_spoofed_internal_header_grants_nothing(hs256_broker: SecureBrok
 
 
 async def test_certificates_name_principals_and_only_a_brokers_certificate_is_a_broker(
-    start_secure: Callable[..., SecureBroker], etcd_endpoints: list[str], tmp_path: Path
+    start_secure: Callable[..., BrokerProcess], etcd_endpoints: list[str], tmp_path: Path
 ) -> None:
     ca = CertAuthority(tmp_path / "pki")
     server = ca.issue("broker")
@@ -408,7 +363,7 @@ async def test_certificates_name_principals_and_only_a_brokers_certificate_is_a_
                for a in lines)
 
 
-async def test_fuzzed_authorization_metadata_is_always_unauthenticated(hs256_broker: SecureBroker) -> None:
+async def test_fuzzed_authorization_metadata_is_always_unauthenticated(hs256_broker: BrokerProcess) -> None:
     rng = random.Random(23)
     alphabet = string.ascii_letters + string.digits + "-_.=+/ "
     values = ["Bearer " + "".join(rng.choices(alphabet, k=rng.randint(0, 400))) for _ in range(30)]

@@ -25,7 +25,7 @@ import jwt
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from helpers import eventually, eventually_sync
+from helpers import eventually_sync, owners_of_all
 
 from danube_pipeline.client import DanubeClient, InitialPosition
 from danube_pipeline.dev.cli import security_banner
@@ -165,21 +165,7 @@ async def _forwarded_delete(stack: DevStack, parent: TopicName) -> None:
             await MetadataStore.connect(stack.etcd_endpoints, security=stack.etcd_security) as meta:
         assert await client.admin.create_topic(parent.path, partitions=len(parts))
 
-        async def owners() -> dict[str, int]:
-            kvs, _ = await meta.get_prefix(keys.BROKERS_PREFIX)
-            found = {}
-            for kv in kvs:
-                segments = kv.key[len(keys.BROKERS_PREFIX):].split("/")
-                if len(segments) == 3 and segments[0].isdigit():
-                    found[f"/{segments[1]}/{segments[2]}"] = int(segments[0])
-            return found
-
-        async def assigned() -> bool:
-            found = await owners()
-            return all(p in found for p in parts)
-
-        await eventually(assigned, timeout_s=20, what="every partition has an owner")
-        found = await owners()
+        found = await owners_of_all(meta, parts)
         assert {found[p] for p in parts} == {b.broker_id for b in stack.brokers}, found  # on both brokers
         assert sorted(await client.admin.delete_topic(parent.path)) == sorted(parts)
 

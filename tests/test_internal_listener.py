@@ -39,7 +39,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.rebalance import ClientUnloader
 from broker.config import BrokerConfig
-from helpers import eventually, topic_owners
+from helpers import eventually, owners_of_all, topic_owners
 from tls_certs import CertAuthority, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -120,12 +120,7 @@ async def test_a_deletion_is_forwarded_to_the_owners_internal_port(
         assert all(internal[b.broker_id] not in ("", b.address) for b in brokers), internal
         assert await client.admin.create_topic(parent.path, partitions=len(parts))
 
-        async def assigned() -> bool:
-            owners = await topic_owners(meta)
-            return all(p in owners for p in parts)
-
-        await eventually(assigned, timeout_s=20, what="every partition has an owner")
-        owners = await topic_owners(meta)
+        owners = await owners_of_all(meta, parts)
         assert {owners[p] for p in parts} == {b.broker_id for b in brokers}, owners
         # The first broker deletes the second broker's partitions through its internal port.
         assert sorted(await client.admin.delete_topic(parent.path)) == sorted(parts)

@@ -1,7 +1,7 @@
 """TLS on the broker's gRPC port, against real etcd and real broker processes.
 
 A broker is started by the usual command line plus TLS settings applied to its
-:class:`~broker.config.BrokerConfig` (:class:`TlsBroker`), with certificates made by
+:class:`~broker.config.BrokerConfig` (:class:`BrokerProcess`), with certificates made by
 :mod:`tls_certs`. Covered: a client with the CA bundle is served (unary and streaming calls);
 a plaintext client, or one trusting another CA, fails at once with ``BrokerUnavailableError``;
 with ``tls_require_client_cert`` a client certificate from another CA (or none) is refused; a
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -45,36 +43,10 @@ from danube_pipeline.partitions import partition_names
 from danube_pipeline.proto import danube_pb2 as pb
 
 from broker.cluster.rebalance import ClientUnloader
-from helpers import eventually, topic_owners
+from helpers import broker_config_args, eventually, owners_of_all, topic_owners
 from tls_certs import CertAuthority, Pair
 
 pytestmark = pytest.mark.integration
-
-_LAUNCHER = """
-import asyncio, dataclasses, json, os, sys
-from pathlib import Path
-from broker.__main__ import parse_args, run
-config = parse_args(sys.argv[1:])
-extra = json.loads(os.environ["DANUBE_TEST_BROKER_SETTINGS"])
-config = dataclasses.replace(config, **{k: Path(v) if k.endswith("_file") else v for k, v in extra.items()})
-asyncio.run(run(config))
-"""
-
-
-class TlsBroker(BrokerProcess):
-    """A broker process whose configuration gets ``settings`` (BrokerConfig field names; a
-    ``*_file`` value is a path) on top of its command line."""
-
-    def __init__(self, *, settings: dict[str, Any], **kwargs: Any) -> None:
-        env = {"DANUBE_TEST_BROKER_SETTINGS": json.dumps({k: str(v) if isinstance(v, Path) else v
-                                                          for k, v in settings.items()})}
-        super().__init__(env=env, **kwargs)
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        assert cmd[1:3] == ["-m", "broker"], cmd
-        return [sys.executable, "-c", _LAUNCHER, *cmd[3:]]
-
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Any]:
@@ -93,27 +65,20 @@ def pki(tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def start_tls_broker(etcd_endpoints: list[str], tmp_path: Path) -> Iterator[Callable[..., TlsBroker]]:
+def start_tls_broker(start_secure: Callable[..., BrokerProcess]) -> Callable[..., BrokerProcess]:
     """``start_tls_broker(pair, ca, **settings)``: a TLS broker serving ``pair`` and verifying
     client certificates with ``ca``; stopped at teardown."""
-    started: list[TlsBroker] = []
+    started = 0
 
-    def factory(pair: Pair, ca: CertAuthority, **settings: Any) -> TlsBroker:
-        broker = TlsBroker(
-            etcd_endpoints=etcd_endpoints,
-            data_dir=tmp_path / f"broker-{len(started) + 1}",
-            settings={"tls_cert_file": pair.cert_file, "tls_key_file": pair.key_file,
-                      "tls_ca_file": ca.cert_file, **settings},
+    def factory(pair: Pair, ca: CertAuthority, **settings: Any) -> BrokerProcess:
+        nonlocal started
+        started += 1
+        return start_secure(
+            f"broker-{started}", tls_cert_file=pair.cert_file, tls_key_file=pair.key_file, tls_ca_file=ca.cert_file,
+            **settings,
         )
-        started.append(broker)
-        broker.start()
-        return broker
 
-    try:
-        yield factory
-    finally:
-        for broker in reversed(started):
-            broker.stop()
+    return factory
 
 
 def _peer_certificate(address: str, ca_file: Path, *, client: Pair | None = None) -> x509.Certificate:
@@ -143,7 +108,7 @@ async def _refused(client: DanubeClient, *, within_s: float = 10.0) -> BrokerUna
 
 @pytest.mark.asyncio
 async def test_a_tls_broker_serves_a_client_that_trusts_its_ca(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]
 ) -> None:
     broker = start_tls_broker(pki["broker1"], pki["ca"])
     assert _peer_certificate(broker.address, pki["ca"].cert_file).serial_number == pki["broker1"].serial
@@ -161,7 +126,7 @@ async def test_a_tls_broker_serves_a_client_that_trusts_its_ca(
 
 @pytest.mark.asyncio
 async def test_a_plaintext_client_or_one_trusting_another_ca_is_refused_at_once(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]
 ) -> None:
     broker = start_tls_broker(pki["broker1"], pki["ca"])
     options: dict[str, Any] = {"request_timeout_ms": 3_000, "metadata_retries": 0}
@@ -175,7 +140,7 @@ async def test_a_plaintext_client_or_one_trusting_another_ca_is_refused_at_once(
 
 @pytest.mark.asyncio
 async def test_a_client_certificate_from_another_ca_is_refused(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]
 ) -> None:
     broker = start_tls_broker(pki["broker1"], pki["ca"], tls_require_client_cert=True)
     ca_file = pki["ca"].cert_file
@@ -198,7 +163,7 @@ def _replace(path: Path, data: bytes) -> None:
 
 @pytest.mark.asyncio
 async def test_a_certificate_replaced_on_disk_is_served_to_new_connections_without_a_restart(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]
 ) -> None:
     ca: CertAuthority = pki["ca"]
     other: CertAuthority = pki["other"]
@@ -231,7 +196,7 @@ async def test_a_certificate_replaced_on_disk_is_served_to_new_connections_witho
 
 @pytest.mark.asyncio
 async def test_a_deletion_is_forwarded_between_two_brokers_over_mutual_tls(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker], etcd_endpoints: list[str]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess], etcd_endpoints: list[str]
 ) -> None:
     brokers = [start_tls_broker(pki[name], pki["ca"], tls_require_client_cert=True) for name in ("broker1", "broker2")]
     mine: Pair = pki["client"]
@@ -244,12 +209,7 @@ async def test_a_deletion_is_forwarded_between_two_brokers_over_mutual_tls(
         assert len((await client.admin.cluster_metadata()).brokers) == 2
         assert await client.admin.create_topic(parent.path, partitions=len(parts))
 
-        async def assigned() -> bool:
-            owners = await topic_owners(meta)
-            return all(p in owners for p in parts)
-
-        await eventually(assigned, timeout_s=20, what="every partition has an owner")
-        owners = await topic_owners(meta)
+        owners = await owners_of_all(meta, parts)
         assert {owners[p] for p in parts} == {b.broker_id for b in brokers}, owners  # on both brokers
         # One broker receives the call and deletes the other broker's partitions on it.
         assert sorted(await client.admin.delete_topic(parent.path)) == sorted(parts)
@@ -259,7 +219,7 @@ async def test_a_deletion_is_forwarded_between_two_brokers_over_mutual_tls(
 
 @pytest.mark.asyncio
 async def test_the_rebalancers_unloader_calls_over_mutual_tls(
-    pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]
+    pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]
 ) -> None:
     own: Pair = pki["broker1"]
     broker = start_tls_broker(own, pki["ca"], tls_require_client_cert=True)
@@ -317,7 +277,7 @@ def _old_tls_server(pair: Pair) -> str:
     return f"127.0.0.1:{listener.getsockname()[1]}"
 
 
-def test_tls_before_1_2_is_refused(pki: dict[str, Any], start_tls_broker: Callable[..., TlsBroker]) -> None:
+def test_tls_before_1_2_is_refused(pki: dict[str, Any], start_tls_broker: Callable[..., BrokerProcess]) -> None:
     ca_file = pki["ca"].cert_file
     broker = start_tls_broker(pki["broker1"], pki["ca"])
     for version in (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1):
@@ -458,11 +418,13 @@ async def test_the_metadata_store_reaches_etcd_over_mutual_tls(tls_etcd: EtcdSer
 
 def test_a_broker_uses_its_etcd_tls_settings(tls_etcd: EtcdServer, pki: dict[str, Any], tmp_path: Path) -> None:
     mine: Pair = pki["client"]
-    broker = TlsBroker(
+    broker = BrokerProcess(
         etcd_endpoints=tls_etcd.endpoints, data_dir=tmp_path / "broker-etcd-tls",
-        settings={"etcd_tls_ca_file": pki["ca"].cert_file, "etcd_tls_cert_file": mine.cert_file,
-                  "etcd_tls_key_file": mine.key_file},
-    )
+        extra_args=broker_config_args(tmp_path / "broker-etcd-tls.yml", {
+            "etcd_tls_ca_file": pki["ca"].cert_file, "etcd_tls_cert_file": mine.cert_file,
+            "etcd_tls_key_file": mine.key_file,
+        }),
+    )  # fmt: skip
     broker.start()
     try:
         assert broker.broker_id > 0  # registered in etcd over TLS, then ready
@@ -494,8 +456,12 @@ async def test_etcd_user_authentication(
     password_file = tmp_path / "etcd-password"
     password_file.write_text("s3cret-pw\n")
     # A broker with etcd_user and etcd_password_file: its cache's watch and its lease work.
-    broker = TlsBroker(etcd_endpoints=own_etcd.endpoints, data_dir=tmp_path / "broker-etcd-auth",
-                       settings={"etcd_user": "root", "etcd_password_file": password_file})
+    broker = BrokerProcess(
+        etcd_endpoints=own_etcd.endpoints, data_dir=tmp_path / "broker-etcd-auth",
+        extra_args=broker_config_args(
+            tmp_path / "broker-etcd-auth.yml", {"etcd_user": "root", "etcd_password_file": password_file}
+        ),
+    )
     await broker.start_async()
     try:
         async with DanubeClient([broker.address]) as client:
