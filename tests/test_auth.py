@@ -376,5 +376,10 @@ async def test_fuzzed_authorization_metadata_is_always_unauthenticated(hs256_bro
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await discovery.ClusterMetadata(pb.ClusterMetadataRequest(), metadata=(("authorization", value),),
                                                 timeout=10)
-            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, value
+            # Past 8 KiB of metadata grpc itself may refuse the call first (its soft limit drops a
+            # random share of such calls); either way the token never authenticates.
+            allowed = {grpc.StatusCode.UNAUTHENTICATED}
+            if len(value) > 8000:
+                allowed.add(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert info.value.code() in allowed, value
     assert (await cluster_metadata(hs256_broker.address, bearer(token("root")))).cluster_name == "danube"

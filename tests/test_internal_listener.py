@@ -39,7 +39,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.rebalance import ClientUnloader
 from broker.config import BrokerConfig
-from helpers import eventually, owners_of_all, topic_owners
+from helpers import eventually, eventually_sync, owners_of_all, topic_owners
 from tls_certs import CertAuthority, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -150,9 +150,12 @@ async def test_the_leaders_unloads_go_to_the_internal_port(
             return counts == [2, 2]
 
         await eventually(even, timeout_s=30, what="the leader moved two topics to the second broker")
-    # The leader (the first broker) released its topics through its own internal port.
+    # The leader (the first broker) released its topics through its own internal port. The new
+    # owner may claim a topic before the unload's handler returns and writes its line: wait for both.
+    eventually_sync(lambda: len(_audit_lines(first, "/danube.v1.Admin/UnloadTopic")) >= 2, timeout_s=10,
+                    what="two unloads in the leader's audit log")
     unloads = _audit_lines(first, "/danube.v1.Admin/UnloadTopic")
-    assert len(unloads) >= 2 and all(e["via"] == "broker" and e["result"] == "ok" for e in unloads), unloads
+    assert all(e["via"] == "broker" and e["result"] == "ok" for e in unloads), unloads
 
 
 async def _metadata_call(address: str, credentials: grpc.ChannelCredentials, token: str | None) -> pb.ClusterMetadataResponse:

@@ -40,7 +40,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from cryptography import x509
@@ -211,6 +211,29 @@ def _certificate_identity(pem: bytes) -> tuple[str, str]:
     value = names[0].value if names else None
     principal = value if isinstance(value, str) and value else subject.rfc4514_string()
     return principal, format(certificate.serial_number, "x")
+
+
+class _AuditedContext:
+    """A handler's context whose ``abort`` writes the audit line before the status reaches the client.
+
+    grpc.aio sends the status inside ``abort``, so a line written once the exception comes back
+    could appear after the caller has already seen the failure.
+    """
+
+    def __init__(self, context: Any, on_abort: Callable[[str], None]) -> None:
+        self._context = context
+        self._on_abort = on_abort
+        self.aborted = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> NoReturn:
+        if not self.aborted:
+            self.aborted = True
+            self._on_abort(code.name)
+        await self._context.abort(code, details, trailing_metadata)
+        raise AssertionError("grpc.aio's abort returned")  # it always raises
 
 
 def audit(principal: str, rpc: str, resource: str, result: str, **extra: str) -> None:
@@ -393,14 +416,11 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             resource = exc.resource if isinstance(exc, PermissionDeniedError) else "-"
             await self._refuse(context, method, caller.principal, resource, exc)
 
-    def _audited(self, method: str, caller: Caller, resource: str, context: Any, error: BaseException | None) -> None:
+    def _audited(self, method: str, caller: Caller, resource: str, failure: str | None) -> None:
+        """The audit line of an admin change; ``failure`` is the status code's or the exception's name."""
         if method not in ADMIN_CHANGES:
             return
-        if error is None:
-            result = "ok"
-        else:
-            code = context.code() if hasattr(context, "code") else None
-            result = f"failed: {getattr(code, 'name', None) or type(error).__name__}"
+        result = "ok" if failure is None else f"failed: {failure}"
         extra = {"cert_serial": caller.cert_serial} if self._brokers_only and caller.cert_serial else {}
         audit(caller.principal, method, resource, result, via=caller.via, **extra)
 
@@ -413,12 +433,14 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 caller, resource = await self._admit(context, method, request)
+                audited = _AuditedContext(context, lambda code: self._audited(method, caller, resource, code))
                 try:
-                    response = await inner_uu(request, context)
+                    response = await inner_uu(request, audited if method in ADMIN_CHANGES else context)
                 except BaseException as exc:
-                    self._audited(method, caller, resource, context, exc)
+                    if not audited.aborted:
+                        self._audited(method, caller, resource, type(exc).__name__)
                     raise
-                self._audited(method, caller, resource, context, None)
+                self._audited(method, caller, resource, None)
                 return response
 
             return grpc.unary_unary_rpc_method_handler(unary_unary, **options)
