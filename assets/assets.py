@@ -163,6 +163,7 @@ def iceberg_table(
     context.log.info(
         f"{report.table}: {report.rows_appended} rows in {report.objects_appended} snapshots "
         f"({report.row_count} rows in the table), committed through offset {report.committed_end_offset}"
+        + (f"; {report.objects_deleted} segment objects deleted after commit" if report.objects_deleted else "")
     )
     return MaterializeResult(metadata=iceberg_table_metadata(report, iceberg_catalog.catalog_name()))
 

@@ -136,5 +136,8 @@ def iceberg_table_metadata(report: TableReport, catalog_name: str) -> dict[str, 
             "dead_letter_records": MetadataValue.int(report.dead_letter_records),
             "dead_letter_table": report.dead_letter_table,
             "schema_changes": MetadataValue.json(report.schema_changes),
+            # the after-commit object lifecycle (docs/etcd-layout.md §2.1); left out under keep
+            "objects_deleted": report.objects_deleted or None,
+            "object_bytes_deleted": MetadataValue.int(report.object_bytes_deleted) if report.object_bytes_deleted else None,
         }
     )

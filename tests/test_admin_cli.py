@@ -135,8 +135,8 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             "buffered_bytes": d.buffered_bytes,
             "subscriptions": [{
                 "name": "audit", "type": "Exclusive", "cursor": 1, "read_position": sub.read_position,
-                "consumers": 0, "records_from_object_storage": 0, "skipped_below_retention": 0,
-                "skipped_unavailable": 0, "dispatch_throttled_ms": 0,
+                "consumers": 0, "records_from_object_storage": 0, "records_from_table": 0,
+                "skipped_below_retention": 0, "skipped_unavailable": 0, "dispatch_throttled_ms": 0,
             }],
         }  # fmt: skip
         async with client.producer("/default/other", producer_name="live") as live:
@@ -165,7 +165,7 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
                 "name": "audit", "type": "Exclusive", "active_consumer_id": sub_meta["consumer_id"],
                 "consumer_name": sub_meta["consumer_name"], "stored_cursor": await value(meta, cursor_key),
                 "loaded": True, "cursor": 1, "read_position": sub.read_position, "consumers": 0,
-                "records_from_object_storage": 0, "skipped_below_retention": 0,
+                "records_from_object_storage": 0, "records_from_table": 0, "skipped_below_retention": 0,
             }],
         }  # fmt: skip
 

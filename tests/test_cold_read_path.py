@@ -136,6 +136,10 @@ async def test_a_subscription_reads_the_table_then_the_objects_then_the_wal(
         by_table = await read_all(client, "by-table", TOTAL, initial_position=InitialPosition.EARLIEST)
         assert [m.offset for m in by_table] == list(range(TOTAL))  # each offset once, in order
         assert [fields(m) for m in by_table] == [fields(m) for m in by_objects]  # byte for byte
+        served = {s.name: s for s in (await client.admin.describe_topic(TOPIC)).subscriptions}
+        assert served["by-table"].records_from_table == TABLE_END - RAW_FROM  # only the raw rows
+        assert served["by-table"].records_from_object_storage == OBJECTS_END  # everything below the WAL
+        assert served["by-objects"].records_from_table == 0
 
         # the table snapshot beside the cursor (§3.5.1): the table's last snapshot, and an offset
         # at or past its end (the table was asked again at each object past its end)

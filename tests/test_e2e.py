@@ -45,6 +45,12 @@ def test_demo_on_a_slice_of_flights(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert summary.sealed_segments >= 5
     assert summary.objects == summary.sealed_segments == summary.descriptors
     assert summary.wal_syncs < LIMIT  # group commit: fewer syncs than messages
+    # after-commit: every segment object verified against the table and deleted; the table alone
+    # then served every message, dead letters included (the demo checked each payload)
+    assert summary.read_from_object_storage == summary.read_from_iceberg == LIMIT + malformed
+    assert summary.objects_deleted == summary.objects
+    assert summary.storage_before["segment objects"] > 0 and summary.storage_after["segment objects"] == 0
+    assert summary.storage_after["Iceberg table"] == summary.storage_before["Iceberg table"]
     # The schema rewrite already merged the v1 files it rewrote; compaction merges the rest.
     assert 1 <= summary.data_files_after_compaction <= summary.data_files_before_compaction
     assert summary.asset_checks == [

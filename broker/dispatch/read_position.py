@@ -105,6 +105,7 @@ class ReadPosition:
         self.wake: Callable[[], None] = lambda: None
         self._table_snapshot = table_snapshot
         self._table: TableCursor | None = None
+        self._records_from_closed_tables = 0  # served by table cursors closed since (a close, a reset)
         self._objects_through = -1  # offsets up to here come from the objects (the table missed)
 
     @property
@@ -131,7 +132,8 @@ class ReadPosition:
     def records_from_table(self) -> int:
         """Records handed out from the topic's Iceberg table (part of
         ``records_from_object_storage``)."""
-        return self._table.records_served if self._table is not None else 0
+        current = self._table.records_served if self._table is not None else 0
+        return self._records_from_closed_tables + current
 
     def _table_cursor(self, *, only_source: bool = False) -> TableCursor | None:
         """The subscription's table cursor, made on first use when the read path takes the
@@ -187,6 +189,7 @@ class ReadPosition:
         """Drop what was read from the table (the subscription closes or is reset)."""
         if self._table is not None:
             self._table_snapshot = self._table.snapshot
+            self._records_from_closed_tables += self._table.records_served
             self._table.close()
             self._table = None
 

@@ -184,6 +184,11 @@ class Subscription:
         return self.position.records_from_object_storage
 
     @property
+    def records_from_table(self) -> int:
+        """Records handed out from the topic's Iceberg table (part of :attr:`records_from_object_storage`)."""
+        return self.position.records_from_table
+
+    @property
     def skipped_below_retention(self) -> int:
         """Offsets jumped over because they expired."""
         return self.position.skipped_below_retention

@@ -276,6 +276,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 read_position=sub.read_position,
                 consumers=len(sub.consumers),
                 records_from_object_storage=sub.records_from_object_storage,
+                records_from_table=sub.records_from_table,
                 skipped_below_retention=sub.skipped_below_retention,
                 skipped_unavailable=sub.skipped_unavailable,
             )

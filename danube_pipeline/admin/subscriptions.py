@@ -6,7 +6,8 @@ Verbs and the JSON each prints:
     ``{"topic": str, "owner_answered": bool, "subscriptions": [{"name": str, "type": str |
     null, "active_consumer_id": int | null, "consumer_name": str | null, "stored_cursor": int |
     null, "loaded": bool, "cursor": int | null, "read_position": int | null, "consumers": int |
-    null, "records_from_object_storage": int | null, "skipped_below_retention": int | null}]}``:
+    null, "records_from_object_storage": int | null, "records_from_table": int | null,
+    "skipped_below_retention": int | null}]}``:
     the subscription keys (§3.4) and stored cursors (§3.5) from etcd, merged with the loaded
     state ``Admin.DescribeTopic`` reports (``cursor`` is the live one; it runs ahead of the
     stored cursor between flushes). When the owner cannot be reached, ``owner_answered`` is
@@ -81,6 +82,7 @@ async def _subscriptions_list(cfg: Config, topic: TopicName) -> Json:
                 "read_position": live.read_position if live else None,
                 "consumers": live.consumers if live else None,
                 "records_from_object_storage": live.records_from_object_storage if live else None,
+                "records_from_table": live.records_from_table if live else None,
                 "skipped_below_retention": live.skipped_below_retention if live else None,
             }
         )

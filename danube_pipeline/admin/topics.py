@@ -22,7 +22,8 @@ Verbs and the JSON each prints (``owner`` objects are ``{"broker_id": int, "addr
     "first_local_offset": int, "wal_bytes": int, "sealed_segments": int, "remote_first_offset":
     int | null, "remote_end_offset": int | null, "earliest_offset": int, "cache_bytes": int,
     "subscriptions": [{"name": str, "type": str, "cursor": int | null, "read_position": int,
-    "consumers": int, "records_from_object_storage": int, "skipped_below_retention": int}]}``:
+    "consumers": int, "records_from_object_storage": int, "records_from_table": int,
+    "skipped_below_retention": int}]}``:
     the owner from a lookup; ``table`` the Iceberg table the topic is committed to (a
     partition's is its topic's); the schema subject (§3.7) and the open producers (§3.3) from
     etcd; ``committed_end_offset`` and ``committed_at_ms`` the table's last commit for the topic
@@ -324,6 +325,7 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
                 "read_position": s.read_position,
                 "consumers": s.consumers,
                 "records_from_object_storage": s.records_from_object_storage,
+                "records_from_table": s.records_from_table,
                 "skipped_below_retention": s.skipped_below_retention,
                 "skipped_unavailable": s.skipped_unavailable,
                 "dispatch_throttled_ms": s.dispatch_throttled_ms,

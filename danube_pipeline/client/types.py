@@ -299,6 +299,8 @@ class SubscriptionInfo:
             skip``, or the range was abandoned).
         dispatch_throttled_ms: milliseconds dispatch waited for the topic's
             ``max_subscription_dispatch_rate`` (``docs/etcd-layout.md`` §2.1).
+        records_from_table: of ``records_from_object_storage``, records served from the
+            topic's Iceberg table (the cold read path, ``docs/etcd-layout.md`` §3.10).
     """
 
     name: str
@@ -310,6 +312,7 @@ class SubscriptionInfo:
     skipped_below_retention: int
     skipped_unavailable: int = 0
     dispatch_throttled_ms: int = 0
+    records_from_table: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +489,7 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
                 skipped_below_retention=s.skipped_below_retention,
                 skipped_unavailable=s.skipped_unavailable,
                 dispatch_throttled_ms=s.dispatch_throttled_ms,
+                records_from_table=s.records_from_table,
             )
             for s in r.subscriptions
         ],

@@ -66,7 +66,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that stop ``danube-pipeline dev`` as Ctrl-C does (with the full clean-up)."""
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from danube_pipeline.dev.demo import DemoError, run_demo
+    from danube_pipeline.dev.demo import run_demo
+    from danube_pipeline.dev.demo_summary import DemoError
 
     home = Path(args.home).resolve() if args.home else settings.danube_home() / "demo"
     started = time.perf_counter()

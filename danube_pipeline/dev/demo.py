@@ -5,7 +5,7 @@ Stages, each timed:
 1. start etcd and one broker (real processes, state under ``DANUBE_HOME``);
 2. publish the flights before December to ``/default/flights`` as Avro messages of schema
    version 1 (registered under ``/schemas/``, ``docs/etcd-layout.md`` §4), acks awaited;
-3. seal the active WAL segment, then run the Dagster assets ``segment_objects`` and
+3. seal the active WAL segment, turn the table's ``raw_payload`` layout on, then run the Dagster assets ``segment_objects`` and
    ``iceberg_table`` with their asset checks (``dg launch``) on an instance configured by
    ``dagster_home/dagster.yaml`` whose storage is ``<home>/dagster``, so the runs show in the UI
    (``danube-pipeline dev --home <home>``);
@@ -21,7 +21,12 @@ Stages, each timed:
 9. apply local WAL retention so the broker's disk keeps only the newest segment, then consume
    every message again from the earliest offset through the broker, now served from object
    storage, and check each payload against what was sent;
-10. answer a question with Spark SQL on the table: mean departure delay per carrier.
+10. turn the ``after-commit`` object lifecycle on (``docs/etcd-layout.md`` §2.1) and run
+    ``iceberg_table`` again: it verifies each segment object against the table and deletes it.
+    With the topic's cold read path set to ``iceberg`` (§3.10), every message is consumed once
+    more, now served by the table alone (its ``raw_payload`` layout, §3.9, on since step 3),
+    and checked; the bytes per storage tier are measured before and after;
+11. answer a question with Spark SQL on the table: mean departure delay per carrier.
 
 It prints a summary and returns it; any failed check raises :class:`DemoError`.
 """
@@ -36,7 +41,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,92 +49,15 @@ from tqdm import tqdm
 from danube_pipeline import settings
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, Producer, SubscriptionType
 from danube_pipeline.dev import flights
+from danube_pipeline.dev import demo_reads
+from danube_pipeline.dev.demo_summary import DemoError, DemoSummary
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer
-from danube_pipeline.errors import DanubeError
 from danube_pipeline.metadata.descriptors import read_descriptors
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
 TOPIC = TopicName.parse(flights.FLIGHTS_TOPIC)
 SUBSCRIPTION = "demo-check"
-
-
-class DemoError(DanubeError):
-    """A check of the demo failed (count, content, offsets, or a stage's exit status)."""
-
-    def __init__(self, stage: str, reason: str) -> None:
-        self.stage = stage
-        self.reason = reason
-        super().__init__(f"demo stage {stage!r} failed: {reason}")
-
-
-@dataclass
-class DemoSummary:
-    """What the demo measured. Times in seconds, sizes in bytes."""
-
-    messages_published: int = 0
-    publish_started_day: dt.date | None = None
-    flights_v1: int = 0
-    flights_v2: int = 0
-    malformed: int = 0
-    payload_bytes: int = 0
-    messages_consumed: int = 0
-    wal_syncs: int = 0
-    sealed_segments: int = 0
-    objects: int = 0
-    object_bytes: int = 0
-    descriptors: int = 0
-    snapshots: int = 0
-    table_rows: int = 0
-    schema_versions: int = 0
-    dead_letter_rows: int = 0
-    rewritten_data_files: int = 0
-    data_files_before_compaction: int = 0
-    data_files_after_compaction: int = 0
-    wal_bytes_after_retention: int = 0
-    read_from_object_storage: int = 0
-    cold_read_msgs_per_s: float = 0.0
-    carrier_delays: list[tuple[str, float, int]] = field(default_factory=list)
-    asset_checks: list[tuple[str, str, bool]] = field(default_factory=list)
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-
-    def render(self) -> str:
-        """A human-readable multi-line summary."""
-        lines = [
-            "",
-            "Danube Pipeline demo summary",
-            "----------------------------",
-            f"messages published      {self.messages_published:>12,}"
-            f"   ({self.flights_v1:,} flights v1, {self.flights_v2:,} flights v2, {self.malformed:,} malformed)",
-            f"payload bytes           {self.payload_bytes:>12,}",
-            f"messages consumed       {self.messages_consumed:>12,}",
-            f"WAL fdatasyncs          {self.wal_syncs:>12,}"
-            f"   ({self.messages_published / max(self.wal_syncs, 1):,.1f} messages per sync)",
-            f"sealed segments         {self.sealed_segments:>12,}",
-            f"objects uploaded        {self.objects:>12,}   ({self.object_bytes:,} bytes)",
-            f"object descriptors      {self.descriptors:>12,}",
-            f"Iceberg snapshots       {self.snapshots:>12,}",
-            f"Iceberg rows            {self.table_rows:>12,}",
-            f"schema versions   {self.schema_versions}",
-            f"dead-letter rows   {self.dead_letter_rows:,}",
-            f"rewritten data files   {self.rewritten_data_files:,}",
-            f"data files before/after {self.data_files_before_compaction:>5} -> {self.data_files_after_compaction}"
-            "   (Spark rewrite_data_files)",
-            f"local WAL bytes after retention   {self.wal_bytes_after_retention:,}",
-            f"read from object storage   {self.read_from_object_storage:,}   ({self.cold_read_msgs_per_s:,.0f} msg/s)",
-            "",
-            "asset checks (run of segment_objects + iceberg_table):",
-            *(f"  {asset:<16} {check:<34} {'passed' if ok else 'FAILED'}" for asset, check, ok in self.asset_checks),
-            "",
-            "mean departure delay per carrier (Spark SQL on the Iceberg table):",
-        ]
-        for carrier, delay, n in self.carrier_delays:
-            lines.append(f"  {carrier:<3} {delay:7.2f} min  over {n:>7,} flights")
-        lines.append("")
-        lines.append("stage times:")
-        for stage, seconds in self.stage_seconds.items():
-            lines.append(f"  {stage:<42} {seconds:8.2f} s")
-        return "\n".join(lines)
 
 
 @contextmanager
@@ -266,47 +193,6 @@ async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: D
     summary.messages_consumed = seen
 
 
-COLD_SUBSCRIPTION = "demo-cold-read"
-
-
-async def _retain_and_read_cold(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
-    """Local retention down to the newest segment, then every message again from the earliest
-    offset, served from the segment objects, each checked against what was sent."""
-    async with DanubeClient([broker_addr]) as client:
-        result = await client.admin.apply_local_retention(flights.FLIGHTS_TOPIC, retention_bytes=0)
-        if result.first_local_offset != summary.messages_published:
-            raise DemoError("local retention", f"the WAL still starts at offset {result.first_local_offset}")
-        summary.wal_bytes_after_retention = result.wal_bytes
-        seen = 0
-        start = time.perf_counter()
-        async with client.consumer(
-            flights.FLIGHTS_TOPIC,
-            subscription=COLD_SUBSCRIPTION,
-            consumer_name="demo-cold-reader",
-            initial_position=InitialPosition.EARLIEST,
-        ) as consumer:
-            with tqdm(total=len(payloads), unit="msg", disable=not progress, desc="cold read") as bar:
-                while seen < len(payloads):
-                    message = await consumer.receive(timeout_ms=30_000)
-                    if message.offset != seen:
-                        raise DemoError("cold read", f"offset {message.offset}, expected {seen}")
-                    if message.payload != payloads[seen]:
-                        raise DemoError("cold read", f"payload of offset {seen} differs from what was sent")
-                    await consumer.ack(message)
-                    seen += 1
-                    if seen % 5000 == 0:
-                        bar.update(5000)
-                bar.update(seen % 5000)
-        elapsed = time.perf_counter() - start
-        described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
-    sub = next((s for s in described.subscriptions if s.name == COLD_SUBSCRIPTION), None)
-    from_objects = sub.records_from_object_storage if sub is not None else 0
-    if from_objects != seen:
-        raise DemoError("cold read", f"{from_objects} of {seen} messages came from object storage")
-    summary.read_from_object_storage = from_objects
-    summary.cold_read_msgs_per_s = seen / elapsed if elapsed > 0 else 0.0
-
-
 async def _seal_and_count(broker_addr: str, summary: DemoSummary) -> None:
     async with DanubeClient([broker_addr]) as client:
         await client.admin.seal_active_segment(flights.FLIGHTS_TOPIC)
@@ -435,6 +321,7 @@ def _run_stages(
         payloads = asyncio.run(_publish_v1(broker_addr, limit, summary, progress))
     with _stage(summary, "seal active segment (v1)"):
         asyncio.run(_seal_and_count(broker_addr, summary))
+    asyncio.run(demo_reads.keep_exact_bytes(etcd_endpoints))  # before the table's first commit
     with _stage(summary, "dagster: objects + iceberg (v1)"):
         _dagster_launch("segment_objects,iceberg_table")
     _check_assets(summary)
@@ -464,7 +351,15 @@ def _run_stages(
             _dagster_launch("compacted_table", partition=_rewrite_partition(day))
     summary.snapshots, summary.data_files_after_compaction, _ = _table_stats(env)
     with _stage(summary, "local retention + cold read"):
-        asyncio.run(_retain_and_read_cold(broker_addr, payloads, summary, progress))
+        asyncio.run(demo_reads.retain_and_read_cold(broker_addr, payloads, summary, progress))
+    home = Path(env["DANUBE_HOME"])
+    with _stage(summary, "after-commit: delete objects, read Iceberg"):
+        summary.storage_before = asyncio.run(demo_reads.storage_per_tier(broker_addr, home))
+        asyncio.run(demo_reads.turn_on_after_commit(etcd_endpoints))
+        _dagster_launch("segment_objects,iceberg_table")
+        _check_assets(summary)  # the checks hold without the objects
+        summary.storage_after = asyncio.run(demo_reads.storage_per_tier(broker_addr, home))
+        asyncio.run(demo_reads.read_from_table(broker_addr, etcd_endpoints, payloads, summary, progress))
     del payloads
     with _stage(summary, "spark sql question"):
         _spark_question(env, summary)
@@ -574,12 +469,14 @@ def run_demo(
         etcd = EtcdServer(home / "etcd")
         etcd.start()
     try:
+        catalog = settings.environment(home, etcd_endpoints=etcd.endpoints, broker_addresses=[])
         broker = BrokerProcess(
             etcd_endpoints=etcd.endpoints,
             data_dir=home / "broker",
             segment_max_bytes=segment_max_bytes,
             segment_max_age_s=60.0,
             extra_args=["--object-store-url", (home / "objects").as_uri()],
+            env={k: v for k, v in catalog.items() if k.startswith("DANUBE_CATALOG_") or k == "DANUBE_WAREHOUSE"},
         )
         broker.start()
         try:

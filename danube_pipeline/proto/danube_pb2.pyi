@@ -434,7 +434,7 @@ class DescribeTopicRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class SubscriptionState(_message.Message):
-    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention", "skipped_unavailable", "dispatch_throttled_ms")
+    __slots__ = ("name", "type", "cursor", "read_position", "consumers", "records_from_object_storage", "skipped_below_retention", "skipped_unavailable", "dispatch_throttled_ms", "records_from_table")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +444,7 @@ class SubscriptionState(_message.Message):
     SKIPPED_BELOW_RETENTION_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_THROTTLED_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FROM_TABLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: SubscriptionType
     cursor: int
@@ -453,7 +454,8 @@ class SubscriptionState(_message.Message):
     skipped_below_retention: int
     skipped_unavailable: int
     dispatch_throttled_ms: int
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ..., dispatch_throttled_ms: _Optional[int] = ...) -> None: ...
+    records_from_table: int
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ..., dispatch_throttled_ms: _Optional[int] = ..., records_from_table: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
     __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges", "delivery", "publish_throttled_ms", "dropped_messages", "buffered_messages", "buffered_bytes")
