@@ -194,6 +194,49 @@ async def test_cursor_advances_when_start_is_below_the_wal_start(tmp_path: Path)
         await wal.close()
 
 
+async def test_acks_counted_during_a_cursor_write_start_the_next_one(tmp_path: Path) -> None:
+    """``cursor_flush_acks`` acknowledgements made while the previous cursor write is under way
+    are stored once it ends, not only at the next acknowledgement."""
+    from broker.dispatch.subscription import Subscription
+    from broker.storage.wal import WriteAheadLog
+
+    wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
+    stored: list[int] = []
+    writing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def persist(cursor: int) -> None:
+        writing.set()
+        await release.wait()
+        stored.append(cursor)
+
+    sub = Subscription(
+        topic="/ns/t", name="s", subscription_type=SubscriptionType.EXCLUSIVE, wal=wal,
+        start_offset=0, persisted_cursor=None, persist_cursor=persist, cursor_flush_acks=10,
+    )
+    consumer = sub.add_consumer(1, "c", SubscriptionType.EXCLUSIVE, 1000)
+    try:
+        for i in range(20):
+            await wal.append(*_batch(f"m{i}".encode()))
+        deliveries = consumer.deliveries()
+        got: list[tuple[int, int]] = []
+        while len(got) < 20:
+            got.extend((d.handout.first, d.handout.last) for d in await anext(deliveries))
+        sub.ack_ranges(got[:10])  # 10 acks: a write of cursor 9 starts and blocks
+        await asyncio.wait_for(writing.wait(), 5)
+        sub.ack_ranges(got[10:])  # 10 more while it writes
+        release.set()
+        for _ in range(200):
+            if stored[-1:] == [19]:
+                break
+            await asyncio.sleep(0.01)
+        assert stored == [9, 19]
+    finally:
+        release.set()
+        await sub.close()
+        await wal.close()
+
+
 async def test_subscribe_with_cursor_below_the_wal_start_starts_at_the_wal_start(tmp_path: Path) -> None:
     from broker.topics.topic import Topic
     from broker.storage.wal import WriteAheadLog

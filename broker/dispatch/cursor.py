@@ -51,7 +51,8 @@ class CursorWriter:
 
     def acked(self, count: int, flush: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Count ``count`` new acknowledgements; once ``cursor_flush_acks`` are counted, run
-        ``flush()`` in the background (unless one runs already).
+        ``flush()`` in the background (unless one runs already: that one stores again when
+        ``cursor_flush_acks`` more were counted while it wrote).
 
         Args:
             count: acknowledgements just made.
@@ -61,7 +62,14 @@ class CursorWriter:
         self._acks_since_flush += count
         if self._acks_since_flush >= self.cursor_flush_acks and (self._flush_task is None or self._flush_task.done()):
             # A failure is counted by the cursor writer and retried at the next flush.
-            self._flush_task = spawn(flush(), name=self._task_name, on_error=lambda _exc: None)
+            self._flush_task = spawn(self._flush_while_due(flush), name=self._task_name, on_error=lambda _exc: None)
+
+    async def _flush_while_due(self, flush: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """``flush()``, then again as long as the acknowledgements counted meanwhile reach
+        ``cursor_flush_acks`` and the cursor moved (they were not lost, only not stored yet)."""
+        await flush()
+        while self._acks_since_flush >= self.cursor_flush_acks and self.dirty:
+            await flush()
 
     def forget_acks(self) -> None:
         """Start counting acknowledgements again from 0 (a cursor reset)."""
