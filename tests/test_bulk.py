@@ -97,6 +97,18 @@ def test_plan_refuses_gaps() -> None:
 
 
 @pytest.mark.unit
+def test_plan_refuses_objects_deleted_after_commit() -> None:
+    """Under ``after-commit`` (§5.1 ``object_deleted_at``) only the table holds those offsets:
+    a load that needs them says so and where it could start instead."""
+    topic = TopicName("default", "t")
+    descs = [dataclasses.replace(_descriptor(0, 9), object_deleted_at=5), _descriptor(10, 19)]
+    with pytest.raises(BulkLoadError, match=r"data-0-9\.dnb1.*from_offset 10"):
+        plan_objects(topic, descs, [], committed=None)
+    assert plan_objects(topic, descs, [], committed=None, from_offset=10)[0] == 10
+    assert plan_objects(topic, descs, [], committed=9)[0] == 10  # the topic's own table goes on
+
+
+@pytest.mark.unit
 def test_spark_master_is_configurable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     uri, warehouse = f"sqlite:///{tmp_path}/c.db", tmp_path.as_uri()
     monkeypatch.delenv("DANUBE_SPARK_MASTER", raising=False)

@@ -87,7 +87,8 @@ def plan_objects(
     Raises:
         OffsetRangeError: the objects leave a gap, the first one does not continue the table,
             or ``from_offset`` lies past the committed end offset + 1 (that would skip offsets).
-        BulkLoadError: ``from_offset`` is negative.
+        BulkLoadError: ``from_offset`` is negative, or an object to load was deleted under the
+            ``after-commit`` lifecycle (its offsets live only in the topic's table).
     """
     if from_offset is not None and from_offset < 0:
         raise BulkLoadError(topic.path, f"from_offset must be >= 0, got {from_offset}")
@@ -110,6 +111,14 @@ def plan_objects(
     if not chosen:
         return None, []
     start = max(start, chosen[0].start_offset)
+    deleted = [d for d in chosen if d.object_deleted_at is not None]
+    if deleted:
+        raise BulkLoadError(
+            topic.path,
+            f"{len(deleted)} of the objects to load ({deleted[0].object_id} first) were deleted once the topic's "
+            f"table held their offsets (object_lifecycle after-commit, docs/etcd-layout.md §5.1); a load into "
+            f"another table can start at from_offset {deleted[-1].end_offset + 1}",
+        )
     if committed is not None and chosen[0].start_offset > committed + 1:
         expired = committed + 1 < completed[0].start_offset
         if not expired and not passable(ranges, committed + 1, chosen[0].start_offset - 1):
