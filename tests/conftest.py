@@ -171,6 +171,9 @@ def spark_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     conf = spark_conf(
         catalog_name="session", catalog_uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri()
     )
+    # the tests' jobs are small and many: the C1 compiler alone (and the serial collector)
+    # cost the two cores less than C2's compiling
+    conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     try:
         yield conf
     finally:

@@ -20,6 +20,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+KINDS = re.compile(r" kinds (.+)$", re.M)  # the kinds this run injects (disk-full needs a tmpfs)
+BY_KIND = re.compile(r"^== faults: \d+ \(\d+ failed to inject or heal\): (.+)$", re.M)
 CLOSING = re.compile(
     r"^chaos: acked=(\d+) lost=(\d+) duplicated=(\d+) unavailable_at_end=(\d+) faults=(\d+) seed=(\d+)$"
 )
@@ -51,9 +53,12 @@ def test_verdict_counts_lost_duplicated_and_unavailable() -> None:
 
 
 def test_chaos_short_run_loses_and_duplicates_nothing() -> None:
+    """60 s of faults under load, every kind the run can inject at least once. The verdict
+    comes from the read-back alone; the live consumers' catch-up at the end (``--drain-s``,
+    15 s by default) is only reported, so it gets 5 s."""
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / "chaos.py"), "--seed", "2", "--duration-s", "60", "--faults-every-s", "5",
-         "--stall-s", "20", "--time-limit-s", "240"],
+         "--stall-s", "20", "--drain-s", "5", "--time-limit-s", "240"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
@@ -65,4 +70,9 @@ def test_chaos_short_run_loses_and_duplicates_nothing() -> None:
     assert seed == 2
     assert acked > 1000, output[-4000:]
     assert faults >= 10, output[-4000:]
+    kinds = KINDS.search(proc.stdout)
+    by_kind = BY_KIND.search(proc.stdout)
+    assert kinds is not None and by_kind is not None, output[-4000:]
+    injected = {kind: int(n) for kind, n in (item.rsplit(" ", 1) for item in by_kind.group(1).split(", "))}
+    assert all(injected[kind] >= 1 for kind in kinds.group(1).split(", ")), by_kind.group(0)
     assert (lost, duplicated) == (0, 0), output[-6000:]

@@ -31,7 +31,7 @@ import crc32c
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import eventually, eventually_sync
+from helpers import broker_config_args, eventually, eventually_sync
 from test_broker import Collector, Stubs, batch_request, create_producer, error_class, subscribe
 
 from danube_pipeline.format.batches import BatchBuilder
@@ -359,8 +359,10 @@ def test_client_sees_the_typed_cause_within_its_deadline(own_etcd: EtcdServer, t
 def test_background_writes_fail_quietly_while_etcd_is_down(own_etcd: EtcdServer, tmp_path: Path) -> None:
     """Cursor flushes and other background writes fail while etcd is killed: one warning per
     outage, no "Task exception was never retrieved", no traceback; the cursor is stored once
-    etcd is back."""
-    broker = BrokerProcess(etcd_endpoints=own_etcd.endpoints, data_dir=tmp_path / "b")
+    etcd is back. Cursors are flushed every second (``cursor_flush_interval_s``, 5 s by default),
+    so the outage spans more than two flush intervals."""
+    flush_every_second = broker_config_args(tmp_path / "b.yml", {"cursor_flush_interval_s": 1.0})
+    broker = BrokerProcess(etcd_endpoints=own_etcd.endpoints, data_dir=tmp_path / "b", extra_args=flush_every_second)
     broker.start()
     topic = "/default/cursors"
     try:
@@ -373,7 +375,7 @@ def test_background_writes_fail_quietly_while_etcd_is_down(own_etcd: EtcdServer,
             stubs.producer.SendBatch(batch_request(pid, *[f"m{i}-{j}".encode() for j in range(100)]))
         got = collector.wait_for(3000)
         stubs.consumer.Ack(pb.AckRequest(consumer_id=consumer_id, offsets=[m.offset for m in got]))
-        time.sleep(7)  # more than one cursor flush interval (5 s) with etcd down
+        time.sleep(2.5)  # more than two cursor flush intervals (1 s) with etcd down
         own_etcd.start()
         cursor_key = keys.subscription_cursor(TopicName.parse(topic), "sub")
         eventually_sync(lambda: etcd_keys(own_etcd.endpoints).get(cursor_key) == 2999, timeout_s=20,
