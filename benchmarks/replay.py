@@ -20,7 +20,9 @@ everything):
    count the broker's start), a third new subscription reads the N messages from the table.
 
 Each replay's rate is messages received per second from the subscribe call to the last
-message; every message is checked (offset and payload). The broker's count of records served
+message; every message is checked (offset and payload). Each replay also prints its time, the
+time to its first message and the longest wait for any later one (a read source that stalls
+shows there). The broker's count of records served
 from object storage (the table's records included) is checked to be 0, N and N; that the table
 served all of the third replay is checked on the broker's metrics (``--metrics-listen``): the
 object cache neither fetched a byte nor answered a read meanwhile.
@@ -78,18 +80,29 @@ async def _publish(client: DanubeClient, count: int, size: int) -> float:
 
 
 async def _replay(client: DanubeClient, subscription: str, count: int) -> float:
-    """Read ``count`` messages from the earliest offset; returns messages per second."""
+    """Read ``count`` messages from the earliest offset; returns messages per second (and
+    prints the time to the first message and the longest wait for one)."""
     start = time.perf_counter()
+    first_s = longest_s = 0.0
     async with client.consumer(
         TOPIC, subscription=subscription, initial_position=InitialPosition.EARLIEST,
         receiver_queue_size=4000, ack_batch_size=2000,
     ) as consumer:
         for expected in range(count):
+            waited = time.perf_counter()
             message = await consumer.receive(timeout_ms=60_000)
+            now = time.perf_counter()
+            if expected == 0:
+                first_s = now - start
+            else:
+                longest_s = max(longest_s, now - waited)
             if message.offset != expected or int.from_bytes(message.payload[:8], "big") != expected:
                 raise SystemExit(f"{subscription}: offset {message.offset}, expected {expected}")
             await consumer.ack(message)
-    return count / (time.perf_counter() - start)
+    elapsed_s = time.perf_counter() - start
+    print(f"  {subscription}: {elapsed_s:.2f} s, first message after {first_s * 1e3:.0f} ms, "
+          f"longest wait {longest_s * 1e3:.0f} ms", flush=True)
+    return count / elapsed_s
 
 
 def _object_cache_counters(metrics_address: str) -> dict[str, float]:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import struct
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from crc32c import crc32c
 
 from danube_pipeline.format.batches import BatchBuilder, set_base_offset
 from danube_pipeline.format.records import Record
@@ -34,6 +37,9 @@ BATCH_RECORDS = 100
 BATCH_BYTES = 1024 * 1024
 """Payload bytes per batch built from table rows, at most (one record always fits)."""
 _MAX_DELTA_US = 0xFFFFFFFF
+_PREFIX = struct.Struct("<QII")
+"""A batch's first fields (``danube_pipeline.format.batches``, "Batch"): ``base_offset``,
+``batch_length`` (the bytes after it) and the CRC32C of every byte after the CRC."""
 _RECORD_MIN_LENGTH = 10
 """A record's ``record_length`` without key, attributes and payload (the bytes after that
 field: timestamp delta, key length, attribute count)."""
@@ -81,9 +87,11 @@ def rows_to_batches(rows: pa.Table) -> list[StoredBatch]:
     """Frame table rows as stored batches: the batches :func:`records_to_batches` frames for
     the same records, built in Arrow.
 
-    The batch boundaries are worked out first (one step per batch in Python); then every
-    record's bytes (its header, key, attributes and payload) are joined in one Arrow array, so
-    a batch's records are one slice of its buffer. Rows breaking a limit of the format (a
+    The batch boundaries are worked out first (one step per batch in Python; the payload
+    sizes and publish times are taken out of Arrow one by one only in a window where they can
+    cut a batch short); then every record's bytes (its header, key, attributes and payload)
+    are joined in one Arrow array, so a batch's records are one slice of its buffer, copied
+    once, after the header :class:`BatchBuilder` lays out. Rows breaking a limit of the format (a
     record over 4 GiB, an attribute name over 65,535 bytes, a null attribute value) and
     big-endian hosts take :func:`records_to_batches`, which refuses such records.
 
@@ -103,7 +111,6 @@ def rows_to_batches(rows: pa.Table) -> list[StoredBatch]:
         return []
     rows = rows.combine_chunks()
     column = {name: rows.column(name).chunk(0) for name in rows.column_names}
-    publish: list[int] = column["publish_time_us"].to_pylist()
     groups = [column[name] for name in ("producer_id", "producer_name", "schema_id", "schema_version")]
     ends = [n]  # where runs of one producer and schema version end
     if n > 1:
@@ -113,40 +120,57 @@ def rows_to_batches(rows: pa.Table) -> list[StoredBatch]:
         )
         ends[:0] = [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
     times = column["publish_time_us"]
+    span = pc.min_max(times)
     rising = n == 1 or pc.all(pc.greater_equal(times.slice(1), times.slice(0, n - 1))).as_py()
-    sizes = list(itertools.accumulate(pc.binary_length(column["payload"]).to_pylist(), initial=0))
+    # the limits that can cut a batch shorter than BATCH_RECORDS, as Python lists (one object
+    # per record) only when they can: a window of rising times within the 32-bit delta, or of
+    # payloads that BATCH_RECORDS of cannot pass BATCH_BYTES, needs neither
+    publish: list[int] | None = None
+    if not rising or span["max"].as_py() - span["min"].as_py() > _MAX_DELTA_US:
+        publish = times.to_pylist()
+    lengths = pc.binary_length(column["payload"])
+    sizes: list[int] | None = None
+    if (pc.max(lengths).as_py() or 0) * BATCH_RECORDS > BATCH_BYTES:
+        sizes = list(itertools.accumulate(lengths.to_pylist(), initial=0))
     starts: list[int] = []
-    firsts: list[int] = []  # each record's batch's first record
     i = 0
     for run_end in ends:
         while i < run_end:
             j = min(run_end, i + BATCH_RECORDS)  # then the payload bytes, then the timestamps
-            j = max(i + 1, bisect.bisect_right(sizes, sizes[i] + BATCH_BYTES, i + 1, j + 1) - 1)
-            first = publish[i]
-            if rising:
-                j = bisect.bisect_right(publish, first + _MAX_DELTA_US, i + 1, j)
-            elif j - i > 1 and not (first <= min(publish[i + 1 : j]) and max(publish[i + 1 : j]) - first <= _MAX_DELTA_US):
-                j = next(k for k in range(i + 1, j) if not 0 <= publish[k] - first <= _MAX_DELTA_US)
+            if sizes is not None:
+                j = max(i + 1, bisect.bisect_right(sizes, sizes[i] + BATCH_BYTES, i + 1, j + 1) - 1)
+            if publish is not None:
+                first = publish[i]
+                if rising:
+                    j = bisect.bisect_right(publish, first + _MAX_DELTA_US, i + 1, j)
+                elif j - i > 1 and not (first <= min(publish[i + 1 : j]) and max(publish[i + 1 : j]) - first <= _MAX_DELTA_US):
+                    j = next(k for k in range(i + 1, j) if not 0 <= publish[k] - first <= _MAX_DELTA_US)
             starts.append(i)
-            firsts += [i] * (j - i)
             i = j
-    deltas = pc.subtract(times, pc.take(times, pa.array(firsts, pa.int64())))
+    base_offset: int = column["offset"][0].as_py()
+    at_starts = pa.array(starts, pa.int64())
+    first_times = pc.take(times, at_starts)
+    # each record's batch: the batches started so far (offsets are contiguous from base_offset)
+    opens = pc.is_in(column["offset"], value_set=pc.add(at_starts, base_offset))
+    batch_of = pc.subtract(pc.cumulative_sum(pc.cast(opens, pa.int64())), 1)
+    deltas = pc.subtract(times, pc.take(first_times, batch_of))
     framed = _framed_records(column, deltas) if sys.byteorder == "little" else None
     if framed is None:
         from danube_pipeline.storage.table_rows import TableRows
 
         return records_to_batches(TableRows(rows, None, 0, True).records())
-    data, positions = framed
-    at_starts = pa.array(starts, pa.int64())
+    data, record_starts = framed
+    positions: list[int] = pc.take(record_starts, pa.array([*starts, n], pa.int64())).to_pylist()
     ids, names, schema_ids, versions = (pc.take(g, at_starts).to_pylist() for g in groups)
-    base_offset: int = column["offset"][0].as_py()
     out: list[StoredBatch] = []
-    for b, (s, e) in enumerate(itertools.pairwise([*starts, n])):
-        builder = BatchBuilder.of_framed(publish[s], data[positions[s] : positions[e]], e - s)  # framed in Arrow
-        batch = builder.build(
+    for b, ((s, e), first_time) in enumerate(zip(itertools.pairwise([*starts, n]), first_times.to_pylist(), strict=True)):
+        records = data[positions[b] : positions[b + 1]]  # framed in Arrow, not copied
+        header = BatchBuilder.of_framed(first_time, b"", e - s).build(
             producer_id=ids[b], producer_name=names[b], schema_id=schema_ids[b], schema_version=versions[b]
-        )
-        out.append(StoredBatch(base_offset + s, e - s, b"".join(set_base_offset(batch, base_offset + s))))
+        )  # the batch's header as the format lays it out, for no record bytes yet
+        _, length, crc = _PREFIX.unpack_from(header)
+        prefix = _PREFIX.pack(base_offset + s, length + records.size, crc32c(records, crc))  # CRC continued
+        out.append(StoredBatch(base_offset + s, e - s, b"".join((prefix, memoryview(header)[_PREFIX.size :], records))))
     return out
 
 
@@ -165,10 +189,11 @@ def _offsets(values: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(values) + 1, [None, values.buffers()[1]], 0, values.offset)
 
 
-def _framed_records(column: Mapping[str, pa.Array], deltas: pa.Array) -> tuple[pa.Buffer, list[int]] | None:
+def _framed_records(column: Mapping[str, pa.Array], deltas: pa.Array) -> tuple[pa.Buffer, pa.Array] | None:
     """Every record framed (``danube_pipeline.format.batches``, "Record"), one after the other
-    in one buffer, and where each starts (and the last ends); ``None`` when a record breaks a
-    limit of the format. ``deltas``: each record's timestamp delta in its batch (µs)."""
+    in one buffer, and where each starts (and the last ends: int64, one more than the records);
+    ``None`` when a record breaks a limit of the format. ``deltas``: each record's timestamp
+    delta in its batch (µs)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -198,7 +223,7 @@ def _framed_records(column: Mapping[str, pa.Array], deltas: pa.Array) -> tuple[p
         empty,
     )
     assert len(joined) == n
-    return joined.buffers()[2], _offsets(joined).to_pylist()
+    return joined.buffers()[2], _offsets(joined)
 
 
 def _attribute_bytes(attributes: pa.Array) -> tuple[pa.Array, pa.Array] | None:

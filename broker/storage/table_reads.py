@@ -12,7 +12,8 @@ below the local WAL reads from the topic's table through
   loads it), as soon as the read path names the table, so the first read does not wait for
   the imports;
 * :class:`TableCursor` (one per subscription) reads ahead in a worker thread (windows of
-  :data:`TABLE_READ_RECORDS` records and at most :data:`TABLE_READ_BYTES`) and serves the
+  :data:`TABLE_READ_RECORDS` records, growing to it from :data:`TABLE_FIRST_READ_RECORDS`
+  after each new position, and at most :data:`TABLE_READ_BYTES`) and serves the
   records as stored batches, framed from the table's Arrow columns (:func:`rows_to_batches`: no
   Python object per record), so dispatch never blocks the event loop. It keeps the batches it
   handed out until they are acknowledged, so a redelivery re-reads the very same batch, and the
@@ -69,6 +70,11 @@ log = logging.getLogger(__name__)
 OBJECTS, ICEBERG, AUTO = COLD_READ_PATHS
 TABLE_READ_RECORDS = 50_000
 """Records one table read asks for, at most (a subscription's read-ahead)."""
+TABLE_FIRST_READ_RECORDS = 5_000
+"""Records the first read from a position asks for, at most (a new subscription, a reset, a
+move back from the objects): its first batches go out sooner. Each read ahead of it asks for
+four times as many as the one before, up to :data:`TABLE_READ_RECORDS`, so the reads grow
+while the first batches are dispatched."""
 TABLE_READ_BYTES = 16 * 1024 * 1024
 """Payload bytes one table read asks for, at most (but always one record)."""
 RETRY_AFTER_S = 1.0
@@ -184,9 +190,12 @@ class TopicTable:
 
     def _warm(self) -> None:
         """Open the reader ahead of the first read (imports, catalog connection, the table's
-        metadata); a failure is left to that read to meet and report."""
+        metadata, the plan of its current snapshot); a failure is left to that read to meet and
+        report."""
         try:
-            self._open().committed_end_offset()  # the catalog connected, the table's metadata read
+            reader = self._open()
+            reader.committed_end_offset()  # the catalog connected, the table's metadata read
+            reader.plan_ahead()
         except Exception as exc:  # noqa: BLE001 - reported by the read that meets it
             log.debug("%s: opening the table reader ahead of reads failed: %s", self.topic.path, exc)
 
@@ -281,6 +290,7 @@ class TableCursor:
         self._ahead: dict[int, StoredBatch] = {}  # read and not handed out yet, by base offset
         self._ahead_next: int | None = None  # where the batches read end
         self._ahead_records = 0  # records in _ahead
+        self._window = TABLE_FIRST_READ_RECORDS  # records the last read asked for
         self._read_ahead = False  # the last read was full: the table may hold more
         self._miss: int | None = None  # an offset the table did not serve
         self._fetching: int | None = None
@@ -356,8 +366,12 @@ class TableCursor:
         table = self.table
         snapshot = self.snapshot
         after = snapshot.snapshot_id if snapshot is not None and offset >= snapshot.offset else None
+        records = TABLE_FIRST_READ_RECORDS
+        if offset == self._ahead_next:  # reading ahead
+            records = min(TABLE_READ_RECORDS, 4 * self._window)
+        self._window = records
         try:
-            chunk = await asyncio.to_thread(table.read_blocking, offset, TABLE_READ_RECORDS, after)
+            chunk = await asyncio.to_thread(table.read_blocking, offset, records, after)
         except Exception as exc:  # noqa: BLE001 - by the read path: objects (auto) or retried (iceberg)
             table.outage.failed(exc)
             self._fetching = None

@@ -40,7 +40,9 @@ next reads of that snapshot) and picks the files whose ``_offset`` bounds meet i
 data file of at most :data:`FILE_CACHE_MAX_BYTES` is decoded whole, once (only the reserved
 columns), and kept while later windows read it (Iceberg data files never change; the key names
 the file, its delete files and the projection): a subscription reading a file in ten windows
-decodes it once. :meth:`TableReader.read_rows` returns a window as Arrow columns
+decodes it once. A window cut at ``max_bytes`` is cut before its rows are copied, where the
+files' offsets ascend from one file to the next (the usual case; after a compaction they may
+overlap and the cut comes after merging). :meth:`TableReader.read_rows` returns a window as Arrow columns
 (:class:`TableRows`), no Python object per row, for a caller that frames them again (the
 broker's batches); :meth:`TableReader.read` turns them into records.
 
@@ -52,7 +54,6 @@ All calls block (catalog queries, Parquet reads): a broker runs them off its eve
 
 from __future__ import annotations
 
-import bisect
 import functools
 import threading
 from collections import OrderedDict
@@ -85,7 +86,14 @@ from danube_pipeline.storage.table_columns import (
     PUBLISH_TIME_COLUMN,
     RAW_PAYLOAD_COLUMN,
 )
-from danube_pipeline.storage.table_rows import TableRows, contiguous_rows, empty_rows, holds_offset, normalized_rows
+from danube_pipeline.storage.table_rows import (
+    TableRows,
+    bytes_stop,
+    contiguous_rows,
+    empty_rows,
+    holds_offset,
+    normalized_rows,
+)
 from danube_pipeline.storage.table_properties import SUMMARY_END_OFFSET, SUMMARY_PARTITION, committed_end_offset
 
 __all__ = ["TableRead", "TableReader", "TableRows"]
@@ -230,21 +238,22 @@ class TableReader:
         if dead_letters is not None and dead_letters.current_snapshot() is not None:
             dead = self._dead_letter_rows(dead_letters, window)
         start = after_snapshot_id if self._incremental_start_ok(table, pinned, after_snapshot_id) else None
-        found = self._rows(table, pinned, from_offset, last, start)
+        found, stop = self._rows(table, pinned, from_offset, last, start, max_bytes)
         if start is not None and not holds_offset(found, from_offset) and not holds_offset(dead, from_offset):
             # the start snapshot holds rows at or above from_offset, which the incremental
             # scan cannot see: plan the whole table instead
             start = None
-            found = self._rows(table, pinned, from_offset, last, None)
+            found, stop = self._rows(table, pinned, from_offset, last, None, max_bytes)
         columns, served = contiguous_rows(pa.concat_tables([dead, found]) if dead.num_rows else found, from_offset)
         count = served
         if max_bytes is not None and count > 1:
-            sizes = pc.cumulative_sum(pc.binary_length(columns.column("payload"))).to_pylist()
-            count = max(1, bisect.bisect_right(sizes, max_bytes))
+            over = pc.greater(pc.cumulative_sum(pc.binary_length(columns.column("payload"))), max_bytes)
+            first_over: int = pc.index(over, True).as_py()
+            count = count if first_over < 0 else max(1, first_over)
         offset = from_offset + count
-        complete = offset > last or count < served
+        complete = offset > stop or count < served  # stop < last: cut at max_bytes
         columns = columns.slice(0, count) if count < columns.num_rows else columns
-        at_limit = count == max_records or count < served
+        at_limit = count == max_records or count < served or (stop < last and offset > stop)
         return TableRows(columns, self._snapshot_below(table, pinned, offset, end, start), offset, complete, at_limit)
 
     def first_offset_at(self, publish_time_us: int) -> int | None:
@@ -301,6 +310,21 @@ class TableReader:
             return None
         return self._guard(lambda: committed_end_offset(table, partition=self._partition))
 
+    def plan_ahead(self) -> None:
+        """Plan the table's current snapshot whole, ahead of reads (module docstring, "Reading
+        in windows"): the first read of a subscription without a snapshot of its own finds the
+        plan made, while the table has not changed since. Blocking.
+
+        Raises:
+            TableReadError: the table cannot be read.
+        """
+        table = self._load(self._identifier)
+        pinned = table.current_snapshot() if table is not None else None
+        if table is None or pinned is None:
+            return
+        self._check_partitioning(table)
+        self._plan(table, pinned, None, _selected(table)[1])
+
     # ------------------------------------------------------------------ internals
 
     def _load(self, identifier: tuple[str, str]) -> Table | None:
@@ -348,33 +372,52 @@ class TableReader:
             return True
         return is_parent_ancestor_of(pinned.snapshot_id, after, table.metadata)
 
-    def _rows(self, table: Table, pinned: Snapshot, first: int, last: int, after: int | None) -> pa.Table:
-        """The rows of the topic's table at offsets ``first..last`` (:func:`.table_rows.normalized_rows`),
-        from the data files of the snapshots after ``after`` (all when ``None``)."""
-        names = _column_names(table)
-        payload = PAYLOAD_COLUMN if PAYLOAD_COLUMN in names else RAW_PAYLOAD_COLUMN
-        selected = tuple(c for c in (*_READ_COLUMNS, payload) if c in names)
+    def _rows(
+        self, table: Table, pinned: Snapshot, first: int, last: int, after: int | None, max_bytes: int | None
+    ) -> tuple[pa.Table, int]:
+        """The rows of the topic's table at offsets ``first..stop`` (:func:`.table_rows.normalized_rows`),
+        from the data files of the snapshots after ``after`` (all when ``None``), and ``stop``:
+        ``last``, or the offset at which the rows pass ``max_bytes`` of payload (:func:`.table_rows.bytes_stop`),
+        so that a window cut by its bytes copies only the rows it serves."""
+        payload, selected = _selected(table)
         if after == pinned.snapshot_id:
-            return empty_rows()
+            return empty_rows(), last
         plan = self._plan(table, pinned, after, selected)
         pieces = [
             self._file_rows(table, plan, task, first, last)
             for task, low, high in plan.tasks
             if (low is None or low <= last) and (high is None or high >= first)
         ]
+        pieces = [(rows, contiguous) for rows, contiguous in pieces if rows.num_rows]
         if not pieces:
-            return empty_rows()
-        arrow = pa.concat_tables(pieces, promote_options="default") if len(pieces) > 1 else pieces[0]
-        return normalized_rows(arrow, payload)
+            return empty_rows(), last
+        stop = last if max_bytes is None else bytes_stop(pieces, payload, last, max_bytes)
+        kept = [rows for rows, _ in pieces]
+        if stop < last:  # the pieces' offsets ascend, piece after piece: keep those up to stop
+            kept = [rows.slice(0, pc.sum(pc.less_equal(rows.column(OFFSET_COLUMN), stop)).as_py()) for rows in kept]
+            kept = [rows for rows in kept if rows.num_rows]  # the row at stop is kept
+        arrow = pa.concat_tables(kept, promote_options="default") if len(kept) > 1 else kept[0]
+        return normalized_rows(arrow, payload), stop
 
     def _plan(self, table: Table, pinned: Snapshot, after: int | None, selected: tuple[str, ...]) -> _Plan:
         """The data files of the pinned snapshot (of the snapshots after ``after``), with their
-        ``_offset`` bounds from the manifests: planned once per snapshot and kept."""
+        ``_offset`` bounds from the manifests: planned once per snapshot and kept. A kept
+        incremental plan of the pinned snapshot from an ancestor of ``after`` serves too: a
+        subscription reading forward passes a newer ``after`` with each window, and planning
+        again would read every append's manifest list each time."""
         key = (pinned.snapshot_id, after, selected, table.metadata.current_schema_id, table.metadata.default_spec_id)
         with self._lock:
             found = self._plans.get(key)
+            kept = list(self._plans.items()) if found is None and after is not None else []
         if found is not None:
             return found
+        if after is not None and kept and table.metadata.snapshot_by_id(after) is not None:  # not expired
+            for (pinned_id, since, *rest), plan in reversed(kept):
+                # an incremental plan of the same snapshot from an ancestor of after plans every
+                # file the exact one would, and more (with lower offsets, cut by the window)
+                if pinned_id == pinned.snapshot_id and isinstance(since, int) and tuple(rest) == key[2:]:
+                    if is_parent_ancestor_of(after, since, table.metadata):
+                        return plan
         row_filter: str | BooleanExpression = (
             AlwaysTrue() if self._partition is None else f"{PARTITION_COLUMN} = {int(self._partition)}"
         )
@@ -400,14 +443,15 @@ class TableReader:
                 self._plans.popitem(last=False)
         return plan
 
-    def _file_rows(self, table: Table, plan: _Plan, task: FileScanTask, first: int, last: int) -> pa.Table:
+    def _file_rows(self, table: Table, plan: _Plan, task: FileScanTask, first: int, last: int) -> tuple[pa.Table, bool]:
         """The rows of one planned data file at offsets ``first..last``: from the file decoded
         whole and kept (module docstring, "Reading in windows"), or, for a file over
-        :data:`FILE_CACHE_MAX_BYTES`, read filtered on the window."""
-        window = parse(f"{OFFSET_COLUMN} >= {int(first)} and {OFFSET_COLUMN} <= {int(last)}")
+        :data:`FILE_CACHE_MAX_BYTES`, read filtered on the window; and whether they are offsets
+        ``o, o + 1, ...`` in row order."""
         if task.file.file_size_in_bytes > FILE_CACHE_MAX_BYTES:
+            window = parse(f"{OFFSET_COLUMN} >= {int(first)} and {OFFSET_COLUMN} <= {int(last)}")
             reader = ArrowScan(table.metadata, table.io, plan.projection, And(plan.row_filter, window))
-            return self._guard(lambda: reader.to_table([task]))
+            return self._guard(lambda: reader.to_table([task])), False
         key = (
             task.file.file_path,
             tuple(sorted(d.file_path for d in task.delete_files)),
@@ -432,9 +476,9 @@ class TableReader:
         whole, low = found
         if low is not None:  # offsets low, low + 1, ...: the window is a slice, no copy
             start = min(max(first - low, 0), whole.num_rows)
-            return whole.slice(start, max(0, min(last - low + 1, whole.num_rows) - start))
+            return whole.slice(start, max(0, min(last - low + 1, whole.num_rows) - start)), True
         offsets = whole.column(OFFSET_COLUMN)
-        return whole.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
+        return whole.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))), False
 
     def _dead_letter_rows(self, table: Table, window: str) -> pa.Table:
         """The dead letters in ``window`` (:func:`.table_rows.normalized_rows`)."""
@@ -475,6 +519,13 @@ def _read_error(table: str, exc: BaseException) -> TableReadError:
 
 def _column_names(table: Table) -> set[str]:
     return {f.name for f in table.schema().fields}
+
+
+def _selected(table: Table) -> tuple[str, tuple[str, ...]]:
+    """The column holding the exact payload bytes, and the columns a read of ``table`` selects."""
+    names = _column_names(table)
+    payload = PAYLOAD_COLUMN if PAYLOAD_COLUMN in names else RAW_PAYLOAD_COLUMN
+    return payload, tuple(c for c in (*_READ_COLUMNS, payload) if c in names)
 
 
 @dataclass(frozen=True, slots=True)

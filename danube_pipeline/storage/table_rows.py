@@ -6,7 +6,8 @@ topic's table and its dead-letter table (only the reserved columns,
 :class:`~danube_pipeline.format.records.Record` (:data:`ROW_SCHEMA`), merge the two tables by
 offset and cut the window where an offset is missing or its bytes are not in the table
 (``docs/etcd-layout.md`` §3.9, ``raw_payload``), all in Arrow: no Python object per row until a
-caller asks for :meth:`TableRows.records`.
+caller asks for :meth:`TableRows.records`. :func:`bytes_stop` finds where a window cut by its
+payload bytes ends before its rows are merged and copied.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from danube_pipeline.storage.table_columns import (
     SCHEMA_VERSION_COLUMN,
 )
 
-__all__ = ["ROW_SCHEMA", "TableRows", "contiguous_rows", "empty_rows", "holds_offset", "normalized_rows"]
+__all__ = ["ROW_SCHEMA", "TableRows", "bytes_stop", "contiguous_rows", "empty_rows", "holds_offset", "normalized_rows"]
 
 ROW_SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), nullable=False),
@@ -123,8 +124,8 @@ def normalized_rows(arrow: pa.Table, payload_column: str) -> pa.Table:
     else:
         key = pa.nulls(n, pa.large_string())
         key_known = pc.fill_null(pa.nulls(n, pa.bool_()), False)
-    if payload_column in names:
-        raw_payload = pc.cast(arrow.column(payload_column).combine_chunks(), pa.large_binary())
+    if payload_column in names:  # in its chunks: a window's rows are copied once, when framed
+        raw_payload = pc.cast(arrow.column(payload_column), pa.large_binary())
     else:
         raw_payload = pa.nulls(n, pa.large_binary())
     known = pc.and_(key_known, raw_payload.is_valid())
@@ -174,8 +175,37 @@ def contiguous_rows(rows: pa.Table, from_offset: int) -> tuple[pa.Table, int]:
             offsets = rows.column("offset")
     # offsets are unique and at least from_offset: the rows up to i are contiguous from it
     # exactly when offsets[i] == from_offset + i, so the run ends where that first fails
-    values = offsets.to_pylist()
-    run = bisect.bisect_right(range(len(values)), 0, key=lambda i: values[i] - from_offset - i)
+    values = offsets.combine_chunks()  # a binary search: no Python object per row
+    run = bisect.bisect_right(range(len(values)), 0, key=lambda i: values[i].as_py() - from_offset - i)
     unknown = pc.index(rows.column(_KNOWN).slice(0, run), False).as_py() if run else -1
     count = run if unknown < 0 else unknown
     return rows.slice(0, count).drop_columns([_KNOWN]), count
+
+
+def bytes_stop(pieces: list[tuple[pa.Table, bool]], payload: str, last: int, max_bytes: int) -> int:
+    """The offset at which the rows of ``pieces`` (each ``(rows, contiguous)``: rows as read
+    from one data file, in the table's reserved columns, and whether their offsets run
+    ``o, o + 1, ...``; in the order of their lowest offsets), taken in offset order, pass
+    ``max_bytes`` of payload (column ``payload``), so the caller copies no more: a read cut at
+    ``max_bytes`` serves no row after it, since the rows of the window (dead letters merged
+    in, offsets missing from the table too) reach at least as many bytes by then. ``last``
+    when they do not pass it, or when the offsets do not ascend piece after piece
+    (overlapping data files after a compaction: the read then cuts after merging)."""
+    previous = -1
+    for rows, contiguous in pieces:
+        offsets = rows.column(OFFSET_COLUMN)
+        n = rows.num_rows
+        if offsets[0].as_py() <= previous or payload not in rows.column_names:
+            return last
+        if not contiguous and n > 1 and not pc.all(pc.greater(offsets.slice(1), offsets.slice(0, n - 1))).as_py():
+            return last
+        previous = offsets[n - 1].as_py()
+    total = 0
+    for rows, _ in pieces:
+        lengths = pc.fill_null(pc.binary_length(rows.column(payload)), 0).combine_chunks()
+        size: int = pc.sum(lengths).as_py() or 0
+        if total + size > max_bytes:
+            over = pc.greater(pc.cumulative_sum(lengths), max_bytes - total)
+            return min(last, int(rows.column(OFFSET_COLUMN)[pc.index(over, True).as_py()].as_py()))
+        total += size
+    return last
