@@ -354,11 +354,11 @@ def _run_stages(
         asyncio.run(demo_reads.retain_and_read_cold(broker_addr, payloads, summary, progress))
     home = Path(env["DANUBE_HOME"])
     with _stage(summary, "after-commit: delete objects, read Iceberg"):
-        summary.storage_before = asyncio.run(demo_reads.storage_per_tier(broker_addr, home))
+        summary.storage_before = asyncio.run(demo_reads.storage_per_tier(broker_addr, home, env))
         asyncio.run(demo_reads.turn_on_after_commit(etcd_endpoints))
         _dagster_launch("segment_objects,iceberg_table")
         _check_assets(summary)  # the checks hold without the objects
-        summary.storage_after = asyncio.run(demo_reads.storage_per_tier(broker_addr, home))
+        summary.storage_after = asyncio.run(demo_reads.storage_per_tier(broker_addr, home, env))
         asyncio.run(demo_reads.read_from_table(broker_addr, etcd_endpoints, payloads, summary, progress))
     del payloads
     with _stage(summary, "spark sql question"):

@@ -118,16 +118,32 @@ def _bytes_under(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if directory.exists() else 0
 
 
-async def storage_per_tier(broker_addr: str, home: Path) -> dict[str, int]:
+async def storage_per_tier(broker_addr: str, home: Path, env: dict[str, str]) -> dict[str, int]:
     """Bytes per storage tier: the topic's WAL (as its broker reports it), the files of its
-    segment objects, and the files of the Iceberg tables (data and metadata files of every
-    snapshot still referenced or not yet expired, the dead-letter table's included)."""
+    segment objects, every file under the Iceberg warehouse (data and metadata files, those of
+    replaced snapshots included until snapshot expiry deletes them), and of those the data
+    files the current snapshots of the topic's table and dead-letter table reference.
+
+    Args:
+        broker_addr: the broker's address.
+        home: the demo's state directory (objects under ``objects/``, tables under ``warehouse/``).
+        env: the ``DANUBE_*`` environment (the catalog to open).
+    """
+    from danube_pipeline.lake import iceberg
+
     async with DanubeClient([broker_addr]) as client:
         described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
+    catalog = iceberg.load_catalog(name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"])
+    table = catalog.load_table((TOPIC.namespace, TOPIC.topic))
+    current = 0
+    for t in (table, iceberg.dead_letter_table_of(table)):
+        if t is not None and t.current_snapshot() is not None:
+            current += sum(t.inspect.files().column("file_size_in_bytes").to_pylist())
     return {
         "WAL (local disk)": described.wal_bytes,
         "segment objects": _bytes_under(home / "objects" / segment_object_path(TOPIC, "").rstrip("/")),
-        "Iceberg table": _bytes_under(home / "warehouse"),
+        "Iceberg warehouse": _bytes_under(home / "warehouse"),
+        "  current data files": current,
     }
 
 

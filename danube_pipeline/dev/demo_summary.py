@@ -24,8 +24,9 @@ class DemoSummary:
     """What the demo measured. Times in seconds, sizes in bytes.
 
     ``storage_before`` and ``storage_after`` map a storage tier (``WAL (local disk)``,
-    ``segment objects``, ``Iceberg table``) to the bytes it holds before and after the
-    ``after-commit`` object lifecycle ran (``docs/etcd-layout.md`` §2.1).
+    ``segment objects``, ``Iceberg warehouse`` and, of it, ``  current data files``) to the
+    bytes it holds before and after the ``after-commit`` object lifecycle ran
+    (``docs/etcd-layout.md`` §2.1; :func:`~danube_pipeline.dev.demo_reads.storage_per_tier`).
     """
 
     messages_published: int = 0
