@@ -18,7 +18,8 @@ import pytest
 from pyiceberg.io.pyarrow import ArrowScan
 from tiering_helpers import make_env
 
-from broker.storage.table_batches import BATCH_BYTES, BATCH_RECORDS, records_to_batches, rows_to_batches
+from broker.storage import table_batches
+from broker.storage.table_batches import BATCH_BYTES, records_to_batches, rows_to_batches
 from danube_pipeline.format.records import Record
 from danube_pipeline.lake import iceberg
 from danube_pipeline.metadata import keys
@@ -28,6 +29,9 @@ from danube_pipeline.storage.table_reader import TableReader
 from danube_pipeline.storage.table_rows import ROW_SCHEMA, TableRows
 
 T0 = 1_700_000_000_000_000
+BATCH_RECORDS = 100
+"""Records per batch in the framing test: the module's ``BATCH_RECORDS`` patched to it (the
+framing does not depend on its size; random windows crossing every boundary stay small)."""
 MAX_DELTA_US = 0xFFFFFFFF
 
 
@@ -84,7 +88,8 @@ def random_records(rnd: random.Random, *, rising: bool) -> list[Record]:
 
 
 @pytest.mark.unit
-def test_rows_frame_into_the_batches_records_frame() -> None:
+def test_rows_frame_into_the_batches_records_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(table_batches, "BATCH_RECORDS", BATCH_RECORDS)
     rnd = random.Random(25)
     for trial in range(60):
         records = random_records(rnd, rising=trial % 2 == 0)

@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_BYTES", "BATCH_RECORDS", "records_to_batches", "rows_to_batches"]
 
-BATCH_RECORDS = 100
-"""Records per batch built from table rows, at most."""
+BATCH_RECORDS = 1000
+"""Records per batch built from table rows, at most: the client producer's default
+``max_batch_messages``, so a replay from the table hands out batches of the size a replay from
+the WAL does (each batch costs the dispatcher, the stream and the consumer a step: batches of
+100 made the table replay about 15 % slower)."""
 BATCH_BYTES = 1024 * 1024
 """Payload bytes per batch built from table rows, at most (one record always fits)."""
 _MAX_DELTA_US = 0xFFFFFFFF
