@@ -22,8 +22,6 @@ from broker.storage import table_batches
 from broker.storage.table_batches import BATCH_BYTES, records_to_batches, rows_to_batches
 from danube_pipeline.format.records import Record
 from danube_pipeline.lake import iceberg
-from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.table_reader import TableReader
 from danube_pipeline.storage.table_rows import ROW_SCHEMA, TableRows
@@ -114,14 +112,7 @@ def test_read_rows_gives_what_read_gives_in_windows_and_decodes_each_file_once(
         for o in range(30)
     ]  # fmt: skip
 
-    async def setup() -> None:
-        async with await MetadataStore.connect(env.endpoints) as store:
-            await store.put(keys.topic_table(topic), {"partition_transform": "day", "raw_payload": True})
-        for first in range(0, 30, 10):
-            await env.put(records[first : first + 10], topic, batches=True)
-        await env.tier(topic)
-
-    asyncio.run(setup())
+    asyncio.run(env.tier_exact(records, topic, per_object=10))
     decoded: list[Any] = []
     to_table = ArrowScan.to_table
 

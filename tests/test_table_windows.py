@@ -20,8 +20,6 @@ from tiering_helpers import avro, avro_payload, make_env
 
 from danube_pipeline.format.records import Record
 from danube_pipeline.lake import iceberg
-from danube_pipeline.metadata import keys
-from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.table_reader import TableReader
 
@@ -66,14 +64,7 @@ def table(etcd_endpoints: list[str], tmp_path: Path) -> tuple[Any, TopicName, li
     topic = TopicName("default", "windows")
     records = [_record(o) for o in range(24)]
 
-    async def setup() -> None:
-        async with await MetadataStore.connect(env.endpoints) as store:
-            await store.put(keys.topic_table(topic), {"partition_transform": "day", "raw_payload": True})
-        for first in range(0, 24, 8):
-            await env.put(records[first : first + 8], topic, batches=True)
-        await env.tier(topic)
-
-    asyncio.run(setup())
+    asyncio.run(env.tier_exact(records, topic, per_object=8))
     return env, topic, records
 
 

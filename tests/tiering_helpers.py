@@ -203,6 +203,16 @@ class Env:
         async with await MetadataStore.connect(self.endpoints) as store:
             await put_object(store, self.objects, topic, records, batches=batches)
 
+    async def tier_exact(self, records: list[Record], topic: TopicName, *, per_object: int) -> TableReport:
+        """``records`` as objects of ``per_object`` records each (keys kept), committed to the
+        topic's table with the layout's ``raw_payload`` on (exact bytes, §3.9): one data file
+        per object."""
+        async with await MetadataStore.connect(self.endpoints) as store:
+            await store.put(keys.topic_table(topic), {"partition_transform": "day", "raw_payload": True})
+        for first in range(0, len(records), per_object):
+            await self.put(records[first : first + per_object], topic, batches=True)
+        return await self.tier(topic)
+
     async def tier(self, topic: TopicName = TOPIC, **kwargs: Any) -> TableReport:
         kwargs.setdefault("parse_schema", self.protos.parse)
         async with await MetadataStore.connect(self.endpoints) as store:

@@ -84,6 +84,28 @@ async def read_back(
     return seen, time.perf_counter() - start
 
 
+async def _read_back_served(
+    client: DanubeClient, subscription: str, payloads: list[bytes], *, stage: str, progress: bool, counter: str, source: str
+) -> tuple[int, float]:
+    """:func:`read_back`, then check that the broker served every message from ``source``: its
+    subscription counter ``counter`` (``records_from_object_storage`` or ``records_from_table``
+    of :class:`~danube_pipeline.client.types.SubscriptionInfo`) equals the messages read.
+
+    Returns:
+        (messages read, messages per second).
+
+    Raises:
+        DemoError: as :func:`read_back`, or some messages came from elsewhere.
+    """
+    seen, elapsed = await read_back(client, subscription, payloads, stage=stage, progress=progress)
+    described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
+    sub = next((s for s in described.subscriptions if s.name == subscription), None)
+    served = int(getattr(sub, counter)) if sub is not None else 0
+    if served != seen:
+        raise DemoError(stage, f"{served} of {seen} messages came from {source}")
+    return seen, seen / elapsed if elapsed > 0 else 0.0
+
+
 async def retain_and_read_cold(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
     """Local retention down to the newest segment, then every message again from the earliest
     offset, served from the segment objects.
@@ -97,14 +119,10 @@ async def retain_and_read_cold(broker_addr: str, payloads: list[bytes], summary:
         if result.first_local_offset != summary.messages_published:
             raise DemoError("local retention", f"the WAL still starts at offset {result.first_local_offset}")
         summary.wal_bytes_after_retention = result.wal_bytes
-        seen, elapsed = await read_back(client, COLD_SUBSCRIPTION, payloads, stage="cold read", progress=progress)
-        described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
-    sub = next((s for s in described.subscriptions if s.name == COLD_SUBSCRIPTION), None)
-    from_objects = sub.records_from_object_storage if sub is not None else 0
-    if from_objects != seen:
-        raise DemoError("cold read", f"{from_objects} of {seen} messages came from object storage")
-    summary.read_from_object_storage = from_objects
-    summary.cold_read_msgs_per_s = seen / elapsed if elapsed > 0 else 0.0
+        seen, rate = await _read_back_served(client, COLD_SUBSCRIPTION, payloads, stage="cold read", progress=progress,
+                                             counter="records_from_object_storage", source="object storage")
+    summary.read_from_object_storage = seen
+    summary.cold_read_msgs_per_s = rate
 
 
 async def keep_exact_bytes(etcd_endpoints: list[str]) -> None:
@@ -173,11 +191,7 @@ async def read_from_table(
         raise DemoError("after-commit", f"{len(kept)} of {len(descriptors)} segment objects were kept: {kept[:3]}")
     summary.objects_deleted = len(descriptors)
     async with DanubeClient([broker_addr]) as client:
-        seen, elapsed = await read_back(client, TABLE_SUBSCRIPTION, payloads, stage="read from Iceberg", progress=progress)
-        described = await client.admin.describe_topic(flights.FLIGHTS_TOPIC)
-    sub = next((s for s in described.subscriptions if s.name == TABLE_SUBSCRIPTION), None)
-    from_table = sub.records_from_table if sub is not None else 0
-    if from_table != seen:
-        raise DemoError("read from Iceberg", f"{from_table} of {seen} messages came from the table")
-    summary.read_from_iceberg = from_table
-    summary.iceberg_read_msgs_per_s = seen / elapsed if elapsed > 0 else 0.0
+        seen, rate = await _read_back_served(client, TABLE_SUBSCRIPTION, payloads, stage="read from Iceberg",
+                                             progress=progress, counter="records_from_table", source="the table")
+    summary.read_from_iceberg = seen
+    summary.iceberg_read_msgs_per_s = rate
