@@ -263,8 +263,10 @@ class TopicTable:
         return self._open().committed_end_offset()
 
     def close(self) -> None:
-        """Stop following the read path key."""
+        """Stop following the read path key; drop the reader's decoded files."""
         self._unwatch()
+        if self._reader is not None:
+            self._reader.close()
 
 
 class TableCursor:

@@ -37,10 +37,11 @@ column's type (which an incremental scan may still plan) read as well as the rew
 
 **Reading in windows.** A read plans the data files of its pinned snapshot once (kept for the
 next reads of that snapshot) and picks the files whose ``_offset`` bounds meet its window. A
-data file of at most :data:`FILE_CACHE_MAX_BYTES` is decoded whole, once (only the reserved
-columns), and kept while later windows read it (Iceberg data files never change; the key names
-the file, its delete files and the projection): a subscription reading a file in ten windows
-decodes it once. A window cut at ``max_bytes`` is cut before its rows are copied, where the
+data file of at most :data:`~danube_pipeline.storage.table_files.FILE_CACHE_MAX_BYTES` is
+decoded whole, once (only the reserved columns), and kept while later windows read it (Iceberg
+data files never change; the key names the file, its delete files and the projection): a
+subscription reading a file in ten windows decodes it once
+(:mod:`danube_pipeline.storage.table_files`). A window cut at ``max_bytes`` is cut before its rows are copied, where the
 files' offsets ascend from one file to the next (the usual case; after a compaction they may
 overlap and the cut comes after merging). :meth:`TableReader.read_rows` returns a window as Arrow columns
 (:class:`TableRows`), no Python object per row, for a caller that frames them again (the
@@ -66,8 +67,7 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
-from pyiceberg.expressions.parser import parse
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.schema import Schema
 from pyiceberg.table import DataScan, FileScanTask, IncrementalAppendScan, Table
@@ -94,15 +94,11 @@ from danube_pipeline.storage.table_rows import (
     holds_offset,
     normalized_rows,
 )
+from danube_pipeline.storage.table_files import DecodedFiles
 from danube_pipeline.storage.table_properties import SUMMARY_END_OFFSET, SUMMARY_PARTITION, committed_end_offset
 
 __all__ = ["TableRead", "TableReader", "TableRows"]
 
-FILE_CACHE_MAX_BYTES = 64 * 1024 * 1024
-"""A data file of at most this many bytes is decoded whole and kept for the next windows; a
-larger one (a compacted file) is read window by window, filtered on ``_offset``."""
-FILE_CACHE_BUDGET_BYTES = 128 * 1024 * 1024
-"""Decoded files a reader keeps, at most (Arrow bytes; the least recently used go first)."""
 _READ_COLUMNS = (*METADATA_COLUMNS, KEY_COLUMN)
 """The metadata columns a read selects, where the table has them."""
 
@@ -164,8 +160,7 @@ class TableReader:
         self._name = ".".join(identifier)
         self._lock = threading.Lock()  # the caches below (a broker reads in several threads)
         self._plans: OrderedDict[tuple[object, ...], _Plan] = OrderedDict()
-        self._files: OrderedDict[tuple[object, ...], tuple[pa.Table, int | None]] = OrderedDict()
-        self._files_bytes = 0
+        self._files = DecodedFiles(self._guard)
 
     def read(self, from_offset: int, *, max_records: int, after_snapshot_id: int | None = None) -> TableRead:
         """The records at ``from_offset`` and after (module docstring, "What a read returns").
@@ -325,6 +320,10 @@ class TableReader:
         self._check_partitioning(table)
         self._plan(table, pinned, None, _selected(table)[1])
 
+    def close(self) -> None:
+        """Drop the decoded files; the reader may be used again."""
+        self._files.close()
+
     # ------------------------------------------------------------------ internals
 
     def _load(self, identifier: tuple[str, str]) -> Table | None:
@@ -384,7 +383,7 @@ class TableReader:
             return empty_rows(), last
         plan = self._plan(table, pinned, after, selected)
         pieces = [
-            self._file_rows(table, plan, task, first, last)
+            self._files.rows(table, plan.projection, plan.row_filter, task, first, last)
             for task, low, high in plan.tasks
             if (low is None or low <= last) and (high is None or high >= first)
         ]
@@ -442,43 +441,6 @@ class TableReader:
             while len(self._plans) > 4:
                 self._plans.popitem(last=False)
         return plan
-
-    def _file_rows(self, table: Table, plan: _Plan, task: FileScanTask, first: int, last: int) -> tuple[pa.Table, bool]:
-        """The rows of one planned data file at offsets ``first..last``: from the file decoded
-        whole and kept (module docstring, "Reading in windows"), or, for a file over
-        :data:`FILE_CACHE_MAX_BYTES`, read filtered on the window; and whether they are offsets
-        ``o, o + 1, ...`` in row order."""
-        if task.file.file_size_in_bytes > FILE_CACHE_MAX_BYTES:
-            window = parse(f"{OFFSET_COLUMN} >= {int(first)} and {OFFSET_COLUMN} <= {int(last)}")
-            reader = ArrowScan(table.metadata, table.io, plan.projection, And(plan.row_filter, window))
-            return self._guard(lambda: reader.to_table([task])), False
-        key = (
-            task.file.file_path,
-            tuple(sorted(d.file_path for d in task.delete_files)),
-            tuple(f.field_id for f in plan.projection.fields),
-            str(plan.row_filter),
-        )
-        with self._lock:
-            found = self._files.get(key)
-            if found is not None:
-                self._files.move_to_end(key)
-        if found is None:
-            reader = ArrowScan(table.metadata, table.io, plan.projection, plan.row_filter)
-            decoded: pa.Table = self._guard(lambda: reader.to_table([task]))
-            found = decoded, _contiguous_from(decoded.column(OFFSET_COLUMN))
-            with self._lock:
-                if key not in self._files:
-                    self._files[key] = found
-                    self._files_bytes += decoded.nbytes
-                while self._files_bytes > FILE_CACHE_BUDGET_BYTES and len(self._files) > 1:
-                    _, (dropped, _low) = self._files.popitem(last=False)
-                    self._files_bytes -= dropped.nbytes
-        whole, low = found
-        if low is not None:  # offsets low, low + 1, ...: the window is a slice, no copy
-            start = min(max(first - low, 0), whole.num_rows)
-            return whole.slice(start, max(0, min(last - low + 1, whole.num_rows) - start)), True
-        offsets = whole.column(OFFSET_COLUMN)
-        return whole.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))), False
 
     def _dead_letter_rows(self, table: Table, window: str) -> pa.Table:
         """The dead letters in ``window`` (:func:`.table_rows.normalized_rows`)."""
@@ -543,18 +505,6 @@ def _bound(task: FileScanTask, field_id: int, lower: bool) -> int | None:
     bounds = task.file.lower_bounds if lower else task.file.upper_bounds
     raw = (bounds or {}).get(field_id)
     return None if raw is None else int(from_bytes(LongType(), raw))
-
-
-def _contiguous_from(offsets: pa.ChunkedArray) -> int | None:
-    """The first offset when ``offsets`` are ``first, first + 1, ...`` in row order, else
-    ``None``."""
-    n = len(offsets)
-    if n == 0:
-        return None
-    low = offsets[0].as_py()
-    if n > 1 and not pc.all(pc.equal(pc.subtract(offsets.slice(1), offsets.slice(0, n - 1)), 1)).as_py():
-        return None
-    return int(low)
 
 
 def _lowest(entry: tuple[FileScanTask, int | None, int | None]) -> int:
