@@ -417,9 +417,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             await self._refuse(context, method, caller.principal, resource, exc)
 
     def _audited(self, method: str, caller: Caller, resource: str, failure: str | None) -> None:
-        """The audit line of an admin change; ``failure`` is the status code's or the exception's name."""
-        if method not in ADMIN_CHANGES:
-            return
+        """The audit line of an admin change (one of ``ADMIN_CHANGES``); ``failure`` is the
+        status code's or the exception's name."""
         result = "ok" if failure is None else f"failed: {failure}"
         extra = {"cert_serial": caller.cert_serial} if self._brokers_only and caller.cert_serial else {}
         audit(caller.principal, method, resource, result, via=caller.via, **extra)
@@ -433,9 +432,11 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 caller, resource = await self._admit(context, method, request)
+                if method not in ADMIN_CHANGES:  # nothing to audit: no wrapper on the produce path
+                    return await inner_uu(request, context)
                 audited = _AuditedContext(context, lambda code: self._audited(method, caller, resource, code))
                 try:
-                    response = await inner_uu(request, audited if method in ADMIN_CHANGES else context)
+                    response = await inner_uu(request, audited)
                 except BaseException as exc:
                     if not audited.aborted:
                         self._audited(method, caller, resource, type(exc).__name__)

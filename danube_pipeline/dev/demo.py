@@ -47,7 +47,7 @@ from typing import Any
 from tqdm import tqdm
 
 from danube_pipeline import settings
-from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, Producer, SubscriptionType
+from danube_pipeline.client import AvroSchema, DanubeClient, Message, Producer
 from danube_pipeline.dev import flights
 from danube_pipeline.dev import demo_reads
 from danube_pipeline.dev.demo_summary import DemoError, DemoSummary
@@ -165,32 +165,22 @@ def _count_published(summary: DemoSummary, payloads: list[bytes]) -> None:
 
 
 async def _consume_and_check(broker_addr: str, payloads: list[bytes], summary: DemoSummary, progress: bool) -> None:
-    seen = 0
+    """Every message through the subscription ``demo-check``: offsets and payloads, and each
+    flight's ``origin`` attribute against its decoded payload."""
+    flights_published = summary.flights_v1 + summary.flights_v2
+
+    def origin_matches(message: Message) -> str | None:
+        if message.offset >= flights_published:
+            return None  # a malformed message: no flight to decode
+        decode = flights.decode_flight if message.offset < summary.flights_v1 else flights.decode_flight_v2
+        if decode(message.payload)["origin"] != message.attributes.get("origin"):
+            return f"attribute origin of offset {message.offset} does not match the payload"
+        return None
+
     async with DanubeClient([broker_addr]) as client:
-        async with client.consumer(
-            flights.FLIGHTS_TOPIC,
-            subscription=SUBSCRIPTION,
-            subscription_type=SubscriptionType.EXCLUSIVE,
-            consumer_name="demo-checker",
-            initial_position=InitialPosition.EARLIEST,
-        ) as consumer:
-            with tqdm(total=len(payloads), unit="msg", disable=not progress, desc="consume") as bar:
-                while seen < len(payloads):
-                    message = await consumer.receive(timeout_ms=30_000)
-                    if message.offset != seen:
-                        raise DemoError("consume", f"offset {message.offset}, expected {seen}")
-                    if message.payload != payloads[seen]:
-                        raise DemoError("consume", f"payload of offset {seen} differs from what was sent")
-                    if seen < summary.flights_v1 + summary.flights_v2:
-                        decode = flights.decode_flight if seen < summary.flights_v1 else flights.decode_flight_v2
-                        if decode(message.payload)["origin"] != message.attributes.get("origin"):
-                            raise DemoError("consume", f"attribute origin of offset {seen} does not match the payload")
-                    await consumer.ack(message)
-                    seen += 1
-                    if seen % 5000 == 0:
-                        bar.update(5000)
-                bar.update(seen % 5000)
-    summary.messages_consumed = seen
+        summary.messages_consumed, _ = await demo_reads.read_back(
+            client, SUBSCRIPTION, payloads, stage="consume", progress=progress, check=origin_matches
+        )
 
 
 async def _seal_and_count(broker_addr: str, summary: DemoSummary) -> None:

@@ -13,11 +13,12 @@ and dead letters, exact bytes from ``_raw_payload``, §3.9) is then the only col
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
-from danube_pipeline.client import DanubeClient, InitialPosition
+from danube_pipeline.client import DanubeClient, InitialPosition, Message
 from danube_pipeline.dev import flights
 from danube_pipeline.dev.demo_summary import DemoError, DemoSummary
 from danube_pipeline.metadata import keys
@@ -44,7 +45,13 @@ TABLE_SUBSCRIPTION = "demo-iceberg-read"
 
 
 async def read_back(
-    client: DanubeClient, subscription: str, payloads: list[bytes], *, stage: str, progress: bool
+    client: DanubeClient,
+    subscription: str,
+    payloads: list[bytes],
+    *,
+    stage: str,
+    progress: bool,
+    check: Callable[[Message], str | None] | None = None,
 ) -> tuple[int, float]:
     """Consume every message of the flights topic from the earliest offset and check each.
 
@@ -54,12 +61,14 @@ async def read_back(
         payloads: what was published, by offset.
         stage: the demo stage, for errors and the progress bar.
         progress: show a progress bar.
+        check: a further check of each message: what is wrong with it, or ``None``.
 
     Returns:
         (messages read, seconds taken).
 
     Raises:
-        DemoError: an offset arrived out of order, or a payload differs from what was sent.
+        DemoError: an offset arrived out of order, a payload differs from what was sent, or
+            ``check`` found something wrong.
     """
     seen = 0
     start = time.perf_counter()
@@ -76,6 +85,8 @@ async def read_back(
                     raise DemoError(stage, f"offset {message.offset}, expected {seen}")
                 if message.payload != payloads[seen]:
                     raise DemoError(stage, f"payload of offset {seen} differs from what was sent")
+                if check is not None and (wrong := check(message)) is not None:
+                    raise DemoError(stage, wrong)
                 await consumer.ack(message)
                 seen += 1
                 if seen % 5000 == 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,10 +32,15 @@ larger one (a compacted file) is read window by window, filtered on ``_offset``.
 FILE_CACHE_BUDGET_BYTES = 128 * 1024 * 1024
 """Decoded files a reader keeps, at most (Arrow bytes; the least recently used go first)."""
 
+_T = TypeVar("_T")
 _Decoded = tuple[pa.Table, int | None]
 """A file's rows and, when its offsets are ``low, low + 1, ...`` in row order, ``low``."""
-Guard = Callable[[Callable[[], _Decoded]], _Decoded]
-"""Runs a decode, raising its failures as the reader's ``TableReadError``."""
+
+
+class Guard(Protocol):
+    """Runs a read, raising its failures as the reader's ``TableReadError``."""
+
+    def __call__(self, call: Callable[[], _T], /) -> _T: ...
 
 
 class DecodedFiles:
@@ -63,7 +69,7 @@ class DecodedFiles:
         if task.file.file_size_in_bytes > FILE_CACHE_MAX_BYTES:
             window = parse(f"{OFFSET_COLUMN} >= {int(first)} and {OFFSET_COLUMN} <= {int(last)}")
             reader = ArrowScan(table.metadata, table.io, projection, And(row_filter, window))
-            return self._guard(lambda: (reader.to_table([task]), None))[0], False
+            return self._guard(lambda: reader.to_table([task])), False
         key = _key(projection, row_filter, task)
         with self._lock:
             found = self._files.get(key)
