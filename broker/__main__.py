@@ -11,6 +11,7 @@ Command line (``danube_pipeline.dev.localcluster.BrokerProcess`` depends on it):
         [--load-manager-strategy fair|balanced|weighted_load] [--rebalance-threshold LEVEL|CV]
         [--rebalance-interval-s S] [--rebalance-cooldown-s S] [--rebalance-max-moves N]
         [--rebalance | --no-rebalance] [--load-report-interval-s S]
+        [--unclean-replica-election] [--replica-replace-after-s S] [--replica-lag-max-s S]
         [--tls-cert-file PEM --tls-key-file PEM [--tls-ca-file PEM] [--tls-require-client-cert]]
         [--internal-listen host:port]
         [--auth-jwt-secret-file F | --auth-jwt-public-key-file PEM | --auth-jwt-jwks-file F]
@@ -60,6 +61,8 @@ from broker.config import (
     DEFAULT_REBALANCE_INTERVAL_S,
     DEFAULT_REBALANCE_MAX_MOVES,
     DEFAULT_REBALANCE_THRESHOLD,
+    DEFAULT_REPLICA_LAG_MAX_S,
+    DEFAULT_REPLICA_REPLACE_AFTER_S,
     DEFAULT_SEGMENT_MAX_AGE_S,
     DEFAULT_SEGMENT_MAX_BYTES,
     DEFAULT_SUBSCRIPTION_IDLE_S,
@@ -162,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebalance-max-moves", type=int, help=f"topics moved per round, at most (default {DEFAULT_REBALANCE_MAX_MOVES})")
     p.add_argument("--rebalance", action=argparse.BooleanOptionalAction,
                    help="whether the leader moves topics to even out the load (default on)")
+    p.add_argument("--unclean-replica-election", action=argparse.BooleanOptionalAction,
+                   help="when no in-sync replica of a replicated topic can take it over, give it to a replica "
+                        "outside the ISR (acked messages may be lost) rather than to any broker (default off)")
+    p.add_argument("--replica-replace-after-s", type=float,
+                   help="seconds a replica's broker stays unregistered before the leader puts that copy on "
+                        f"another broker (default {DEFAULT_REPLICA_REPLACE_AFTER_S})")
+    p.add_argument("--replica-lag-max-s", type=float,
+                   help="seconds a follower may stay behind the owner's log end before it leaves the ISR "
+                        f"(default {DEFAULT_REPLICA_LAG_MAX_S})")
     p.add_argument("--nonreliable-buffer-messages", type=int,
                    help="messages a NonReliable topic keeps in memory (the oldest are dropped beyond; "
                         f"default {DEFAULT_NONRELIABLE_BUFFER_MESSAGES})")

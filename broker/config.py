@@ -12,8 +12,10 @@ from danube_pipeline.metadata.values import COLD_READ_PATHS
 from danube_pipeline.names import validate_cluster_name
 
 from broker.cluster.load_manager import RebalanceAggressiveness, Strategy
+from broker.cluster.replicas import DEFAULT_REPLICA_REPLACE_AFTER_S as DEFAULT_REPLICA_REPLACE_AFTER_S
 
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
+DEFAULT_REPLICA_LAG_MAX_S = 10.0
 DEFAULT_SEGMENT_MAX_AGE_S = 60.0
 DEFAULT_LISTEN = "127.0.0.1:6650"
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
@@ -110,6 +112,16 @@ class BrokerConfig:
             seconds.
         rebalance_max_moves: at most this many topics move per round.
         rebalance: whether the leader rebalances at all.
+        unclean_replica_election: when no in-sync replica of a replicated topic can take it
+            over (``docs/etcd-layout.md`` §5.9), the leader gives it to a registered replica
+            outside the ISR, logging a warning that acked messages may be lost (Kafka's
+            ``unclean.leader.election.enable``); off (the default): to any active broker, whose
+            takeover records the unavailable range (§5.5).
+        replica_replace_after_s: the leader replaces a replica (§1.9) whose broker stayed
+            unregistered this many seconds with an active broker not yet holding one.
+        replica_lag_max_s: an owner removes a follower from a replicated topic's ISR (§5.9)
+            once it has not reached the owner's log end for this many seconds (Kafka's
+            ``replica.lag.time.max.ms``); producers wait meanwhile.
         nonreliable_buffer_messages: messages a ``NonReliable`` topic keeps in memory, at
             most; the oldest are dropped beyond (``broker/storage/memory_log.py``).
         nonreliable_buffer_bytes: ... and batch bytes, at most.
@@ -195,6 +207,9 @@ class BrokerConfig:
     rebalance_cooldown_s: float = DEFAULT_REBALANCE_COOLDOWN_S
     rebalance_max_moves: int = DEFAULT_REBALANCE_MAX_MOVES
     rebalance: bool = True
+    unclean_replica_election: bool = False
+    replica_replace_after_s: float = DEFAULT_REPLICA_REPLACE_AFTER_S
+    replica_lag_max_s: float = DEFAULT_REPLICA_LAG_MAX_S
     nonreliable_buffer_messages: int = DEFAULT_NONRELIABLE_BUFFER_MESSAGES
     nonreliable_buffer_bytes: int = DEFAULT_NONRELIABLE_BUFFER_BYTES
     tls_cert_file: Path | None = None
@@ -263,6 +278,8 @@ class BrokerConfig:
                 "local_retention_ms": self.local_retention_ms,
                 "rebalance_cooldown_s": self.rebalance_cooldown_s,
                 "rebalance_max_moves": self.rebalance_max_moves,
+                "replica_replace_after_s": self.replica_replace_after_s,
+                "replica_lag_max_s": self.replica_lag_max_s,
             }.items()
             if value < 0
         ]

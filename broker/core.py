@@ -45,6 +45,8 @@ from broker.config import BrokerConfig
 from broker.dispatch.consumer import Consumer
 from broker.dispatch.redelivery import RedeliverySettings
 from broker.reconcile import Reconciler
+from broker.replication.manager import ReplicaManager
+from broker.rpc.tls import BrokerChannels, broker_tls_files
 from broker.rpc.request_ids import RecentRequests
 from broker.sessions import ConsumerSessions, ProducerSessions
 from broker.storage.disk import DiskMonitor
@@ -138,6 +140,12 @@ class Broker:
             self.served, config, store=store, cache=cache, cluster=self.cluster, released=self.released,
             close_producers=self.producer_sessions.close_topic_producers, loader=self.loader,
         )
+        self.replicas = ReplicaManager(
+            self.served, config, cache=cache, cluster=self.cluster, channels=BrokerChannels(broker_tls_files(config))
+        )
+        self.loader.replicas = self.replicas
+        self.releaser.replicas = self.replicas
+        self.replicas.dispose = self.releaser.dispose_replica_log
         self.draining = False
         self.set_state: Callable[[str, str], Awaitable[None]] = self._put_state
         """Writes this broker's state (§1.3); the server makes it keep the registration lease."""
@@ -172,6 +180,7 @@ class Broker:
             except Exception:
                 log.exception("cannot load assigned topic %s", name)
         self.upkeep.start()
+        self.replicas.start()
 
     def _on_assigned(self, name: TopicName) -> None:
         if not self.served.stopping:
@@ -200,6 +209,7 @@ class Broker:
     async def close(self) -> None:
         """Mark every open producer closed in etcd, store cursors, close the WALs (synced)."""
         self.end_consumer_streams()
+        await self.replicas.stop()
         await self.upkeep.stop()
         await self.reconciler.stop()
         await self.producer_sessions.close_all()
@@ -250,6 +260,10 @@ class Broker:
     async def release_topic(self, name: TopicName, *, reason: str = "unload") -> int:
         """See :meth:`TopicReleaser.release_topic`."""
         return await self.releaser.release_topic(name, reason=reason)
+
+    def replicated_topic(self, name: TopicName) -> Topic:
+        """See :meth:`ReplicaManager.replicated_topic`."""
+        return self.replicas.replicated_topic(name)
 
     async def abandon_unavailable_range(self, name: TopicName, start_offset: int) -> int:
         """See :meth:`TopicReleaser.abandon_unavailable_range`."""

@@ -133,6 +133,7 @@ async def test_every_verb_in_json_matches_etcd_and_the_client(
             "owner_epoch": d.owner_epoch, "reserved_end_offset": 99_999, "unavailable_ranges": [],
             "publish_throttled_ms": 0, "dropped_messages": 0, "buffered_messages": 3,
             "buffered_bytes": d.buffered_bytes,
+            "replicas": [], "isr": [], "high_watermark": 3, "followers": [],  # replication factor 1
             "subscriptions": [{
                 "name": "audit", "type": "Exclusive", "cursor": 1, "read_position": sub.read_position,
                 "consumers": 0, "records_from_object_storage": 0, "records_from_table": 0,

@@ -183,7 +183,7 @@ def test_every_rpc_of_the_proto_is_fuzzed() -> None:
     assert left_out == ["AbandonUnavailableRange", "DeleteTopic", "DrainBroker", "ResetCursor", "UnloadTopic"]
     assert sorted(r.method for r in RPCS) == sorted(set(declared) - set(left_out))
     assert {r.service for r in RPCS} == set(services) == {
-        "ProducerService", "ConsumerService", "Discovery", "Admin", "SchemaRegistry"}
+        "ProducerService", "ConsumerService", "Discovery", "Admin", "SchemaRegistry", "Replication"}
 
 
 class Broker:

@@ -17,7 +17,10 @@ from helpers import eventually
 from danube_pipeline.client import AvroSchema, DanubeClient, InitialPosition, SubscriptionType
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA_JSON, encode_flight, iter_flights
 from danube_pipeline.dev.localcluster import BrokerProcess
+from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import InSyncReplicas, NamespacePolicy, ReplicaAssignment
+from danube_pipeline.names import TopicName
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -29,6 +32,7 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/cluster/unassigned/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §1.5
     r"/cluster/load/\d+",  # §1.6
     r"/cluster/leader",  # §1.7
+    r"/cluster/replicas/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §1.9
     r"/namespaces/[A-Za-z0-9_-]+/policy",  # §2.1
     r"/namespaces/([A-Za-z0-9_-]+)/topics/\1/[A-Za-z0-9_-]+",  # §2.2
     r"/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+",  # §3.1
@@ -50,6 +54,7 @@ DOCUMENTED_KEY_PATTERNS = [
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producer_sequences",  # §5.6
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/producer_ids/[A-Za-z0-9_-]+",  # §5.6.1
     r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/unavailable/\d{20}",  # §5.5
+    r"/danube-data/storage/topics/[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/isr",  # §5.9
     r"/danube-data/storage/store_id",  # §5.7
 ]
 
@@ -162,3 +167,33 @@ async def test_keys_and_values_match_the_documented_layout(
     assert version["schema_def"]["Avro"]["fingerprint"] == version["fingerprint"]
     assert version["schema_def"]["Avro"]["raw_schema"] == FLIGHT_AVRO_SCHEMA_JSON
     assert kv["/schemas/_index/by_id/1"] == {"schema_id": 1, "subject": "flights"}
+    # §1.9 and §5.9 only exist for a replication factor above 1 (test_replica_placement.py)
+    assert not any("/cluster/replicas/" in k or k.endswith("/isr") for k in kv)
+
+
+async def test_replication_keys_and_values_match_the_documented_layout() -> None:
+    """§1.9 and §5.9: the key builders give the documented paths, the values the documented
+    fields in order and refuse malformed ones; §2.1's replication fields are left out at 1."""
+    topic = TopicName.parse("/default/flights")
+    assert keys.replica_assignment(topic) == "/cluster/replicas/default/flights"
+    assert keys.replica_assignment(topic).startswith(keys.REPLICA_ASSIGNMENT_PREFIX)
+    assert keys.in_sync_replicas(topic) == "/danube-data/storage/topics/default/flights/isr"
+    for key in (keys.replica_assignment(topic), keys.in_sync_replicas(topic)):
+        assert any(re.fullmatch(p, key) for p in DOCUMENTED_KEY_PATTERNS), key
+    assignment = ReplicaAssignment(replicas=[16861613898696940338, 42, 7], since=1767225600)
+    assert list(assignment.to_json()) == ["replicas", "since"]
+    assert ReplicaAssignment.decode(b'{"replicas":[16861613898696940338,42,7],"since":1767225600}') == assignment
+    isr = InSyncReplicas(owner=42, owner_epoch=1184, isr=[42, 7], high_watermark=336776)
+    assert list(isr.to_json()) == ["owner", "owner_epoch", "isr", "high_watermark"]
+    assert InSyncReplicas.from_json(isr.to_json()) == isr
+    for bad in ({"replicas": [], "since": 1}, {"replicas": [1, 1], "since": 1}, {"replicas": [1, True], "since": 1},
+                {"replicas": [1]}, {"replicas": [1], "since": -1}):
+        with pytest.raises(ValueError):
+            ReplicaAssignment.from_json(bad)
+    for bad_isr in ({**isr.to_json(), "isr": []}, {**isr.to_json(), "high_watermark": -1}, {**isr.to_json(), "owner": "42"}):
+        with pytest.raises(ValueError):
+            InSyncReplicas.from_json(bad_isr)
+    replicated = NamespacePolicy(replication_factor=3, min_insync_replicas=2).to_json()
+    assert list(replicated)[-2:] == ["replication_factor", "min_insync_replicas"]
+    assert {k: v for k, v in replicated.items() if "replica" not in k} == NamespacePolicy().to_json()
+    assert NamespacePolicy.from_json(replicated) == NamespacePolicy(replication_factor=3, min_insync_replicas=2)

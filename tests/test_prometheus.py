@@ -79,12 +79,12 @@ def _rule(rules: dict[str, Any], name: str) -> dict[str, Any]:
 def test_shipped_rules_pass_promtool_and_name_every_required_alert() -> None:
     done = _promtool("check", "rules", str(shipped_rules()))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 7 rules found" in done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout
     rules = _rules()
     names = {r["alert"] for group in rules["groups"] for r in group["rules"]}
     assert names == {"DanubeUnavailableRange", "DanubeSegmentQuarantined", "DanubeExportLagOverFreshnessLimit",
                      "DanubeWalDiskNearlyFull", "DanubeNoLeader", "DanubeBrokerDown",
-                     "DanubeSubscriptionBacklogGrowing"}
+                     "DanubeSubscriptionBacklogGrowing", "DanubeTopicUnderMinIsr", "DanubeTopicUnderReplicated"}
     # the export-lag threshold is the `fresh` check's default limit
     threshold = re.search(r">\s*(\d+)\s*$", _rule(rules, "DanubeExportLagOverFreshnessLimit")["expr"].strip())
     assert threshold is not None and float(threshold.group(1)) == DEFAULT_FRESHNESS_LIMIT_S

@@ -17,6 +17,11 @@ broker that released the topic (the entry's ``from_broker``) when another one ca
 broker a rebalancing move names (``LeaderDuties.preferred``) while it is active; a broker's
 topics are what its assignment keys say, read from the cache, which is never older than the
 leader's own last write.
+
+A topic whose effective ``replication_factor`` is above 1 is placed by
+:class:`broker.cluster.replicas.ReplicaPlacement` instead: the owner among its in-sync replicas
+(§5.9), and its replica set (§1.9) written in the same transaction, which also compares the
+replica and ISR keys' mod revisions as read.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
+from danube_pipeline.metadata.replica_values import ReplicaAssignment
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.outages import OutageLog
 
-from broker.cluster.load_manager import BrokerLoad, Strategy, choose_broker
+from broker.cluster.load_manager import BrokerLoad
+from broker.cluster.replicas import DEFAULT_REPLICA_REPLACE_AFTER_S, ReplicaPlacement
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +79,14 @@ def broker_mode(cache: LocalCache, broker_id: int) -> str:
 
 
 async def assign_topic(
-    store: MetadataStore, topic: TopicName, broker_id: int, *, epoch: int, brokers: list[int]
+    store: MetadataStore,
+    topic: TopicName,
+    broker_id: int,
+    *,
+    epoch: int,
+    brokers: list[int],
+    replicas: list[int] | None = None,
+    modified: Mapping[str, int] | None = None,
 ) -> int | None:
     """Assign ``topic`` to ``broker_id`` and delete its unassigned marker, in one transaction
     guarded by the leader's epoch (module docstring).
@@ -83,10 +97,15 @@ async def assign_topic(
         broker_id: the new owner.
         epoch: the leader key's create revision when this broker won the election (§1.7).
         brokers: every broker whose assignment key of ``topic`` must not exist.
+        replicas: the topic's replica set (§1.9), written in the same transaction; ``None``
+            (an unreplicated topic) writes none.
+        modified: ``key -> mod revision`` the transaction also compares (0: must be absent):
+            the replica and ISR keys as read (§1.9, §5.9).
 
     Returns:
         The revision of the write, or ``None`` when a guard failed: not the leader of that
-        epoch any more, the marker is gone, or a broker already owns the topic.
+        epoch any more, the marker is gone, a broker already owns the topic, or a key of
+        ``modified`` changed.
 
     Raises:
         MetadataStoreError: etcd unreachable.
@@ -94,10 +113,14 @@ async def assign_topic(
     created = {keys.CLUSTER_LEADER: epoch}
     for other in brokers:
         created[keys.topic_assignment(other, topic)] = 0
+    puts: list[tuple[str, values.JsonValue | values.JsonRecord]] = [(keys.topic_assignment(broker_id, topic), None)]
+    if replicas is not None:
+        puts.append((keys.replica_assignment(topic), ReplicaAssignment(replicas=replicas, since=int(time.time()))))
     return await store.transaction(
         created=created,
+        modified=modified,
         exists=[keys.unassigned_topic(topic)],
-        puts=[(keys.topic_assignment(broker_id, topic), None)],
+        puts=puts,
         deletes=[keys.unassigned_topic(topic)],
     )
 
@@ -119,10 +142,20 @@ class LeaderDuties:
         store: etcd, for writes.
         cache: the broker's cache.
         epoch: returns this broker's leader epoch, or ``None`` when it is not the leader.
+        failover_grace_s: see :meth:`failover_pass`.
+        unclean_replica_election: see :class:`~broker.cluster.replicas.ReplicaPlacement`.
+        replica_replace_after_s: see :class:`~broker.cluster.replicas.ReplicaPlacement`.
     """
 
     def __init__(
-        self, store: MetadataStore, cache: LocalCache, epoch: Callable[[], int | None], *, failover_grace_s: float = 0.0
+        self,
+        store: MetadataStore,
+        cache: LocalCache,
+        epoch: Callable[[], int | None],
+        *,
+        failover_grace_s: float = 0.0,
+        unclean_replica_election: bool = False,
+        replica_replace_after_s: float = DEFAULT_REPLICA_REPLACE_AFTER_S,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -137,6 +170,10 @@ class LeaderDuties:
         self._unlisten: list[Callable[[], None]] = []
         self._outage = OutageLog(log, "assigning unassigned topics")
         self.assigned = 0
+        self.replicas = ReplicaPlacement(
+            store, cache, unclean_replica_election=unclean_replica_election,
+            replica_replace_after_s=replica_replace_after_s,
+        )
         self.preferred: dict[str, int] = {}
         """Topic (``/ns/topic``) → the broker its next assignment goes to while that broker is
         active, whatever its load (set by :class:`broker.cluster.rebalance.Rebalancer` for a move);
@@ -172,6 +209,10 @@ class LeaderDuties:
             try:
                 await self.failover_pass(epoch)
                 await self.assign_pass(epoch)
+                registered = registered_brokers(self.cache)
+                active = [b for b in registered if broker_mode(self.cache, b) == "active"]
+                owners = {path: b for b, paths in assignments(self.cache).items() for path in paths}
+                await self.replicas.rereplicate_pass(epoch, registered, active, owners)
             except Exception as exc:  # noqa: BLE001 - etcd unreachable: the next pass retries
                 self._outage.failed(exc)
                 continue
@@ -257,22 +298,24 @@ class LeaderDuties:
             if holders or partitioned or not self.cache.contains(keys.topic_root(topic)):
                 await self.store.transaction(created={keys.CLUSTER_LEADER: epoch}, deletes=[key])
                 continue
-            loads = [
+            active = [
                 BrokerLoad(broker_id=b, cpu_percent=0.0, memory_percent=0.0, topics=list(owned.get(b, [])))
                 for b in brokers
                 if broker_mode(self.cache, b) == "active"
             ]
             released_by = _released_by(self.cache.get(key))
-            others = [load for load in loads if load.broker_id != released_by]
-            if others:  # a released topic goes elsewhere when another broker can take it
-                loads = others
+            loads = [load for load in active if load.broker_id != released_by]
+            if not loads:  # a released topic goes elsewhere when another broker can take it
+                loads = active
             if not loads:
                 return done  # no active broker yet: wait for one
-            target = self.preferred.get(topic.path, -1)
-            if all(load.broker_id != target for load in loads):
-                target = choose_broker(topic.path, loads, Strategy.FAIR)
+            preferred = self.preferred.get(topic.path, -1)
+            placement = self.replicas.place(topic, loads, active, brokers, preferred=preferred)
+            # replication factor 1 (no placement): exactly the unreplicated transaction
+            target = placement.owner if placement else ReplicaPlacement.choose(topic, loads, preferred)
             revision = await assign_topic(
-                self.store, topic, target, epoch=epoch, brokers=sorted(set(brokers) | set(owned))
+                self.store, topic, target, epoch=epoch, brokers=sorted(set(brokers) | set(owned)),
+                replicas=placement.replicas if placement else None, modified=placement.guards if placement else None,
             )
             if revision is None:
                 if self.epoch() != epoch:
@@ -283,5 +326,6 @@ class LeaderDuties:
             self.preferred.pop(topic.path, None)
             self.assigned += 1
             done += 1
-            log.info("topic %s assigned to broker %d (leader epoch %d)", topic, target, epoch)
+            log.info("topic %s assigned to broker %d%s (leader epoch %d)", topic, target,
+                     f", replicas {placement.replicas}" if placement is not None else "", epoch)
         return done

@@ -103,6 +103,9 @@ class TakeoverPlan:
             no recorded range covers (§5.5), starting past any range that covers its head.
         more_unavailable: further pieces of that range, split around recorded ranges inside
             it; written with ``unavailable``, and only when it is set.
+        in_sync: this broker takes the topic over as a member of the previous owner's ISR
+            (§5.9): its own log holds every acknowledged offset, so it goes on from its own log
+            end and records no unavailable range.
     """
 
     epoch: int
@@ -112,10 +115,12 @@ class TakeoverPlan:
     reservation_revision: int
     unavailable: values.UnavailableRange | None
     more_unavailable: tuple[values.UnavailableRange, ...] = ()
+    in_sync: bool = False
 
 
 async def plan_takeover(
-    store: MetadataStore, name: TopicName, broker_id: int, *, wal_holds_data: bool, tiered_end: int | None
+    store: MetadataStore, name: TopicName, broker_id: int, *, wal_holds_data: bool, tiered_end: int | None,
+    in_sync: bool = False,
 ) -> TakeoverPlan:
     """Decide where this broker's ownership of ``name`` starts, from etcd (linearizable reads).
 
@@ -124,7 +129,10 @@ async def plan_takeover(
     * The previous owner released the topic (the sealed state's ``last_committed_offset`` is at
       or above its reservation's end): right after it.
     * Otherwise the previous owner failed: past the end of its block, and the offsets of its
-      block not in object storage form an unavailable range (§5.5).
+      block not in object storage form an unavailable range (§5.5); unless this broker was in
+      its ISR (``in_sync``, §5.9) and its WAL holds records: then it goes on from its own log,
+      which holds every offset the failed owner acknowledged (offsets above it were never
+      acknowledged nor read).
 
     Args:
         store: etcd.
@@ -132,6 +140,7 @@ async def plan_takeover(
         broker_id: this broker.
         wal_holds_data: whether the local WAL directory holds records (:func:`wal_has_records`).
         tiered_end: the last offset in object storage (the last completed descriptor's end).
+        in_sync: this broker is a member of the previous owner's ISR (§5.9).
 
     Raises:
         NotServedHereError: the topic is not assigned to this broker.
@@ -152,8 +161,9 @@ async def plan_takeover(
         base = max(base, tiered_end + 1)
     pieces: list[values.UnavailableRange] = []
     continuing = res is not None and res.broker_id == broker_id and wal_holds_data and res.last_written is None
+    in_sync = in_sync and wal_holds_data and not continuing
     floor = base
-    if res is not None and not continuing:
+    if res is not None and not continuing and not in_sync:
         released = sealed is not None and sealed.last_committed_offset >= res.end_offset
         if not released and res.end_offset >= base:
             floor = res.end_offset + 1
@@ -176,6 +186,7 @@ async def plan_takeover(
         reservation_revision=res_kv.mod_revision if res_kv is not None else 0,
         unavailable=pieces[0] if pieces else None,
         more_unavailable=tuple(pieces[1:]),
+        in_sync=in_sync,
     )
 
 
@@ -491,7 +502,9 @@ async def commit_takeover(
                     u.last_written, next_offset,
                 )
             return ownership, plan
-        plan = await plan_takeover(store, name, broker_id, wal_holds_data=wal_holds_data, tiered_end=tiered_end)
+        plan = await plan_takeover(
+            store, name, broker_id, wal_holds_data=wal_holds_data, tiered_end=tiered_end, in_sync=plan.in_sync
+        )
         if not plan.continuing and plan.floor > next_offset:
             raise NotServedHereError(name.path, broker_id)  # reloaded at the new floor next time
     raise NotServedHereError(name.path, broker_id)

@@ -101,6 +101,16 @@ metric                                                   type      labels (besid
                                                                    (scrape)
 ``danube_unavailable_offsets``                           gauge     ns, topic: offsets in them
                                                                    (scrape)
+``danube_topic_under_replicated``                        gauge     ns, topic: 1 while the ISR is smaller
+                                                                   than the replication factor (scrape)
+``danube_topic_under_min_isr``                           gauge     ns, topic: 1 while the ISR is below
+                                                                   min_insync_replicas (scrape)
+``danube_topic_isr_shrinks_total``                       counter   ns, topic: followers removed from
+                                                                   the ISR (scrape)
+``danube_topic_isr_expands_total``                       counter   ns, topic: followers added to the
+                                                                   ISR (scrape)
+``danube_topic_follower_lag_messages``                   gauge     ns, topic: the most any follower is
+                                                                   behind, in offsets (scrape)
 ``danube_schema_validation_total``                       counter   ns, topic: batches validated
 ``danube_schema_validation_failures_total``              counter   ns, topic: batches refused by the
                                                                    schema

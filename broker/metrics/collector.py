@@ -177,6 +177,17 @@ class BrokerCollector(Collector):
             ranges = list(remote.unavailable) if remote is not None else []
             t["unavailable"][labels] += len(ranges)
             t["unavailable_offsets"][labels] += sum(r.end_offset - r.start_offset + 1 for r in ranges)
+            tracker = topic.replication
+            if tracker is not None:
+                policy = topic.policy()
+                t["under_replicated"][labels] += int(len(tracker.isr) < policy.replication_factor)
+                t["under_min_isr"][labels] += int(len(tracker.isr) < policy.min_insync_replicas)
+                t["isr_shrinks"][labels] += tracker.isr_shrinks
+                t["isr_expands"][labels] += tracker.isr_expands
+                t["follower_lag"][labels] += max((f.lag for f in tracker.follower_states()), default=0)
+            elif topic.delivery is DeliveryMode.RELIABLE:
+                t["under_replicated"][labels] += 0
+                t["under_min_isr"][labels] += 0
             next_offset = wal.next_offset
             for name, sub in list(topic.subscriptions.items()):
                 s_labels = (*labels, name) if m.per_topic else labels
@@ -197,6 +208,14 @@ class BrokerCollector(Collector):
             "unavailable": ("danube_unavailable_ranges", "Unavailable ranges", GaugeMetricFamily),
             "unavailable_offsets": ("danube_unavailable_offsets", "Offsets in unavailable ranges",
                                     GaugeMetricFamily),
+            "under_replicated": ("danube_topic_under_replicated", "1 while the ISR is smaller than the replication "
+                                 "factor", GaugeMetricFamily),
+            "under_min_isr": ("danube_topic_under_min_isr", "1 while the ISR is below min_insync_replicas (produce "
+                              "refused)", GaugeMetricFamily),
+            "isr_shrinks": ("danube_topic_isr_shrinks", "Followers removed from the ISR", CounterMetricFamily),
+            "isr_expands": ("danube_topic_isr_expands", "Followers added to the ISR", CounterMetricFamily),
+            "follower_lag": ("danube_topic_follower_lag_messages", "The most any follower is behind the owner's log "
+                             "end, in offsets", GaugeMetricFamily),
         })  # fmt: skip
         yield from _families(per_sub, sub_labels, {
             "lag": ("danube_subscription_lag_messages", "Next offset minus the first unacknowledged",

@@ -22,6 +22,7 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.partitions import create_partitioned_topic, refuse_partitioned, topic_partitions
 from broker.core import Broker
+from broker.replication.manager import replica_set
 from broker.rpc.status import rpc
 from broker.storage.memory_log import MemoryLog
 from broker.storage.wal import SealedSegment
@@ -32,6 +33,10 @@ from broker.topics.topic import Topic
 __all__ = ["SEGMENT_CHUNK_BYTES", "AdminServicer"]
 
 log = logging.getLogger(__name__)
+
+SEAL_TIMEOUT_S = 10.0
+"""How long ``SealActiveSegment`` waits for a replicated topic's high watermark to pass the
+active segment (answered ``sealed = false`` after it)."""
 
 SEGMENT_CHUNK_BYTES = 1024 * 1024
 """Bytes per ``SegmentChunk`` of ``Admin.ReadSegment``."""
@@ -148,7 +153,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         self, request: pb.SealActiveSegmentRequest, context: Any
     ) -> pb.SealActiveSegmentResponse:
         topic = await self._topic(request.topic)
-        segment = await topic.wal.seal_active()
+        try:  # a replicated topic seals only below its high watermark (followers are behind)
+            segment = await topic.wal.seal_active(timeout_s=SEAL_TIMEOUT_S)
+        except TimeoutError:
+            segment = None
         if segment is None:
             return pb.SealActiveSegmentResponse(sealed=False)
         return pb.SealActiveSegmentResponse(sealed=True, segment=_segment_info(segment))
@@ -258,6 +266,17 @@ class AdminServicer(pb_grpc.AdminServicer):
         if topic.ownership is not None:
             response.owner_epoch = topic.ownership.epoch
             response.reserved_end_offset = max(topic.ownership.reserved_end, 0)
+        response.high_watermark = topic.wal.next_offset
+        tracker = topic.replication
+        if tracker is not None:
+            response.high_watermark = tracker.high_watermark
+            response.isr.extend(sorted(tracker.isr))
+            response.replicas.extend(sorted(replica_set(self._broker.cache, topic.name) | {self._broker.broker_id}))
+            for follower in tracker.follower_states():
+                response.followers.append(pb.FollowerState(
+                    broker_id=follower.broker_id, log_end_offset=follower.log_end_offset, lag=follower.lag,
+                    last_fetch_s=follower.last_fetch_s, in_sync=follower.in_sync,
+                ))
         for rng in remote.unavailable if remote is not None else []:
             try:
                 response.unavailable_ranges.append(_unavailable_range(rng))

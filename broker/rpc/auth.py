@@ -158,6 +158,9 @@ RULES: dict[str, Rule] = {
     "/danube.v1.SchemaRegistry/SetCompatibilityMode": Rule((_P.MANAGE_SCHEMA,), _cluster),
     # consumers decode with the writer's schema
     "/danube.v1.SchemaRegistry/GetSchema": Rule((), _cluster),
+    # followers copying a topic's log: brokers (the internal port), or an operator of the cluster
+    "/danube.v1.Replication/FetchLog": Rule((_P.MANAGE_CLUSTER,), _cluster),
+    "/danube.v1.Replication/OffsetForLeaderEpoch": Rule((_P.MANAGE_CLUSTER,), _cluster),
 }
 """Every RPC of ``danube_pipeline/proto/danube.proto``: the permissions and the resource."""
 

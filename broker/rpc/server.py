@@ -51,6 +51,7 @@ from broker.rpc.consumer_service import ConsumerServicer
 from broker.rpc.discovery_service import DiscoveryServicer
 from broker.rpc.producer_service import ProducerServicer
 from broker.rpc.schema_service import SchemaRegistryServicer
+from broker.rpc.replication_service import ReplicationServicer
 from broker.rpc.status import tolerant_handler
 from broker.rpc.tls import (
     ReloadingCertificates,
@@ -181,6 +182,7 @@ def create_server(
         "danube.v1.Discovery": DiscoveryServicer(broker, cluster_name),
         "danube.v1.Admin": AdminServicer(broker),
         "danube.v1.SchemaRegistry": SchemaRegistryServicer(broker),
+        "danube.v1.Replication": ReplicationServicer(broker),
     }
     server.add_generic_rpc_handlers(
         tuple(tolerant_handler(pb.DESCRIPTOR.services_by_name[name.rpartition(".")[2]], servicer)
@@ -328,7 +330,8 @@ class BrokerServer:
             prom_exporter=self._metrics.url if self._metrics is not None else None,
         )
         duties = self._leader_duties = LeaderDuties(
-            store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s
+            store, cache, lambda: membership.leader_epoch if membership else None, failover_grace_s=cfg.lease_ttl_s,
+            unclean_replica_election=cfg.unclean_replica_election, replica_replace_after_s=cfg.replica_replace_after_s,
         )
         broker.set_state = membership.set_state
         broker.loader.owner_session = membership  # owners stop acking on a stale lease

@@ -135,9 +135,9 @@ class MemoryLog(WriteAheadLog):
         """None: an in-memory log has no segment files."""
         return None
 
-    async def seal_active(self) -> SealedSegment | None:
+    async def seal_active(self, *, timeout_s: float | None = None) -> SealedSegment | None:
         """Nothing to seal; waits until appends waiting for an offset reservation are stored
-        or refused, so the next offset is final."""
+        or refused, so the next offset is final (``timeout_s`` is unused: no high watermark)."""
         while self._reserver is not None and not self._reserver.done():
             await asyncio.shield(self._reserver)
         return None

@@ -18,8 +18,9 @@ Deleting a topic removes, in this order:
 4. every etcd key of the topic: everything under ``/topics/{ns}/{topic}/`` (delivery mode,
    producers, subscriptions and cursors, local retention override: §3.2 to §3.6) and under
    ``/danube-data/storage/topics/{ns}/{topic}/`` (descriptors, ``objects/cur``, sealed state,
-   reservation, unavailable ranges: §5), then, in one transaction, the root (§3.1), the
-   namespace registration (§2.2), the assignment (§1.4) and any unassigned entry (§1.5);
+   reservation, unavailable ranges, in-sync replicas: §5), then, in one transaction, the root
+   (§3.1), the namespace registration (§2.2), the assignment (§1.4), any unassigned entry (§1.5)
+   and any replica assignment (§1.9);
    a last pass deletes keys written under the two prefixes meanwhile;
 5. the topic from its schema subject's ``topics_using`` (§4.2; the subject named by its §3.7
    key), best effort: a failure is logged, the topic is deleted all the same.
@@ -254,7 +255,8 @@ async def _delete_keys(broker: Broker, name: TopicName, *, assignment: bool = Tr
         if assignment and key.endswith(suffix) and key[len(keys.BROKERS_PREFIX) : -len(suffix)].isdigit()
     ]
     revision = await store.transaction(
-        deletes=[keys.topic_root(name), keys.namespace_topic(name), keys.unassigned_topic(name), *owned]
+        deletes=[keys.topic_root(name), keys.namespace_topic(name), keys.unassigned_topic(name),
+                 keys.replica_assignment(name), *owned]
     )
     for prefix in prefixes:  # a cursor or descriptor written while the first pass ran
         removed += await store.delete_prefix(prefix)

@@ -29,6 +29,8 @@ from broker.cluster.ownership import OwnerSession, commit_takeover, plan_takeove
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.reconcile import Reconciler
+from broker.replication.manager import ReplicaManager
+from broker.replication.takeover import previous_isr, start_replication
 from broker.storage.disk import DiskMonitor
 from broker.storage.memory_log import MemoryLog
 from broker.storage.remote import ObjectCache, RemoteLog
@@ -112,6 +114,8 @@ class TopicLoader:
         self._disk = disk
         self.owner_session: OwnerSession | None = None
         """The registration owners fence themselves on (set once the broker joined the cluster)."""
+        self.replicas: ReplicaManager | None = None
+        """This broker's replica fetchers, stopped for a topic it takes over (set by the broker)."""
         self._broker_id = served.broker_id
         self._loading: dict[str, asyncio.Task[Topic]] = {}
 
@@ -182,9 +186,13 @@ class TopicLoader:
         )
         wal_dir = cfg.wal_dir / name.namespace / name.topic
         try:
+            fetched_hw = await self.replicas.take_over(name) if self.replicas is not None else None
+            previous = await previous_isr(self._store, name)
+            in_sync = previous is not None and previous.owner != self._broker_id and self._broker_id in previous.isr
             holds_data = wal_has_records(wal_dir)
             plan = await plan_takeover(
-                self._store, name, self._broker_id, wal_holds_data=holds_data, tiered_end=remote.end_offset
+                self._store, name, self._broker_id, wal_holds_data=holds_data, tiered_end=remote.end_offset,
+                in_sync=in_sync,
             )
             floor = max(plan.floor, self.offset_floor(name, remote))
             wal = await WriteAheadLog.open(
@@ -236,7 +244,17 @@ class TopicLoader:
             unavailable_range=cfg.unavailable_range,
         )
         topic.ownership = ownership
-        self._restore_sequences(topic)
+        self._restore_sequences(topic)  # from the whole log: before the high watermark caps reads
+        try:
+            topic.replication = await start_replication(
+                topic, ownership, previous=previous, in_sync_takeover=plan.in_sync, fetched_high_watermark=fetched_hw,
+                cache=self._cache, cluster=self._cluster, lag_max_s=cfg.replica_lag_max_s,
+            )
+        except BaseException:
+            await topic.close()
+            raise
+        if topic.replication is not None and self.replicas is not None:
+            self.replicas.owned[name.path] = topic
         self._served.topics[name.path] = topic
         if self._cache.contains(keys.sealed_state(name)):
             with contextlib.suppress(Exception):

@@ -12,11 +12,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-from danube_pipeline.errors import MetadataStoreError, NotServedHereError, UnavailableRangeNotFoundError
+from danube_pipeline.errors import (
+    DanubeError,
+    MetadataStoreError,
+    NotEnoughReplicasError,
+    NotServedHereError,
+    UnavailableRangeNotFoundError,
+)
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
@@ -25,6 +33,7 @@ from danube_pipeline.names import TopicName
 from broker.cluster.ownership import record_last_written, recorded_ranges, uncovered_pieces
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
+from broker.replication.manager import ReplicaManager, replica_set
 from broker.storage.wal import WriteAheadLog
 from broker.topics.lifecycle import TopicLoader
 from broker.topics.released import ReleasedSegments
@@ -44,7 +53,7 @@ _SETTLE_BACKOFF_S = 0.1
 class _StillServed(Exception):
     """A release was not applied and the topic is still assigned here (internal)."""
 
-    def __init__(self, error: MetadataStoreError) -> None:
+    def __init__(self, error: DanubeError) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -85,6 +94,8 @@ class TopicReleaser:
         self._close_producers = close_producers
         self._loader = loader
         self._broker_id = served.broker_id
+        self.replicas: ReplicaManager | None = None
+        """This broker's replicas: a replica's WAL stays in place (set by the broker)."""
 
     async def release_topic(self, name: TopicName, *, reason: str = "unload") -> int:
         """Give ``name`` up so the leader assigns it to another broker (``docs/etcd-layout.md``
@@ -144,6 +155,12 @@ class TopicReleaser:
         with self._served.fenced(path):
             topic.closed = True  # ServedTopics.served refuses new batches from here on
             del self._served.topics[path]
+            replication = topic.replication
+            if replication is not None and not await replication.wait_caught_up(self._config.replica_lag_max_s + 2):
+                # An ISR member lacks batches the next owner would have to start after: keep it.
+                self._served.topics[path] = topic
+                topic.closed = False
+                raise _StillServed(NotEnoughReplicasError(path, len(replication.isr), len(replication.isr) + 1))
             try:
                 await topic.wal.seal_active()  # waits for every batch already taken
             except OSError as exc:
@@ -312,6 +329,37 @@ class TopicReleaser:
         wal_dir = self._config.wal_dir / name.namespace / name.topic
         if not wal_dir.exists():
             return None
+        if self.replicas is not None and self._broker_id in replica_set(self._cache, name):
+            # A replica's log: its fetcher truncates it by epoch against the new owner, or hands
+            # it back here (dispose_replica_log) when the new owner did not take it over in sync.
+            log.info("topic %s: WAL kept in place as a replica's log", name)
+            self.replicas.wake()
+            return None
+        return await self._keep_wal_as_released(name, wal_dir)
+
+    async def dispose_replica_log(self, name: TopicName) -> None:
+        """A replica's log that its owner's log does not continue (the fetcher found no common
+        leader epoch, or the owner's log starts above it): kept as released segments when an
+        unavailable range still names this broker with nothing recorded (the owner took the topic
+        over from outside the ISR, §5.5: these offsets may exist only here), otherwise deleted
+        (whatever it held that was acknowledged is in the owner's log or in object storage).
+
+        Raises:
+            OSError, CorruptRecordError: the WAL cannot be opened.
+            MetadataStoreError: etcd unreachable.
+        """
+        wal_dir = self._config.wal_dir / name.namespace / name.topic
+        if not wal_dir.exists():
+            return
+        ranges = await recorded_ranges(self._store, name)
+        if any(r.broker_id == self._broker_id and r.last_written is None and not r.abandoned for r in ranges):
+            await self._keep_wal_as_released(name, wal_dir)
+            return
+        await asyncio.to_thread(shutil.rmtree, wal_dir)
+        log.warning("topic %s: replica log deleted: the owner's log does not continue it", name)
+
+    async def _keep_wal_as_released(self, name: TopicName, wal_dir: Path) -> int:
+        """:meth:`keep_as_released` of an existing WAL directory."""
         wal = await WriteAheadLog.open(
             wal_dir, segment_max_bytes=self._config.segment_max_bytes, segment_max_age_s=self._config.segment_max_age_s
         )

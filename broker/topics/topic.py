@@ -25,6 +25,7 @@ from broker.config import (
 from broker.topics.producer_sequences import ProducerSequences
 from broker.storage.memory_log import MemoryLog
 from broker.cluster.ownership import Ownership
+from broker.replication.owner import ReplicaTracker
 from broker.topics.producer import Producer
 from broker.topics.rate_limit import RateLimiter
 from broker.storage.remote import RemoteLog
@@ -107,6 +108,7 @@ class Topic:
         self._policy: values.NamespacePolicy | None = None
         self.closed = False
         self.ownership: Ownership | None = None  # set by the broker: owner epoch and reserved offsets
+        self.replication: ReplicaTracker | None = None  # set by the loader at a replication factor above 1
         self.sequences = ProducerSequences(name.path)
         self.publish_limiter = RateLimiter(self.max_publish_rate, name=f"{name.path} publish")
         self.dispatch_limiters: dict[str, RateLimiter] = {}
@@ -136,18 +138,9 @@ class Topic:
         """
         raw = (self._cache.get(self._policy_key), self._cache.get(self._topic_policy_key))
         if self._policy is None or raw[0] is not self._policy_raw[0] or raw[1] is not self._policy_raw[1]:
-            namespace_raw, topic_raw = raw
-            policy = values.NamespacePolicy()
-            if namespace_raw is not None:
-                try:
-                    policy = values.NamespacePolicy.from_json(namespace_raw)
-                except ValueError:
-                    log.warning("%s: unreadable namespace policy %r; using defaults", self.path, namespace_raw)
-            if topic_raw is not None:
-                try:
-                    policy = policy.overridden(topic_raw)
-                except ValueError as exc:
-                    log.warning("%s: unreadable topic policy override %r (%s); ignored", self.path, topic_raw, exc)
+            policy, problems = values.merged_policy(*raw)
+            for problem in problems:
+                log.warning("%s: %s", self.path, problem)
             self._policy_raw, self._policy = raw, policy
         return self._policy
 
@@ -237,7 +230,9 @@ class Topic:
 
         Returns:
             A future of ``(first_offset, last_offset)`` resolving after the WAL sync (for a
-            ``NonReliable`` topic: once the batch is in memory, :mod:`broker.storage.memory_log`).
+            ``NonReliable`` topic: once the batch is in memory, :mod:`broker.storage.memory_log`);
+            on a replicated topic, once the high watermark passed the batch as well
+            (:meth:`ReplicaTracker.replicated`; a resend of a written batch waits the same way).
 
         Raises:
             MalformedRequestError, MessageTooLargeError, SchemaMismatchError: see
@@ -245,21 +240,29 @@ class Topic:
             DuplicateSequenceError: the batch's sequence numbers were written already, not as
                 this batch (:mod:`broker.topics.producer_sequences`); a resend of a remembered batch gets
                 the offsets it was written at instead.
+            NotEnoughReplicasError: a replicated topic's ISR is below ``min_insync_replicas``
+                (``docs/etcd-layout.md`` §2.1, §5.9); nothing is written (retriable).
         """
         header = self.validate(producer, batch)
+        replication = self.replication
         written = self.sequences.check(header)
         if written is not None:  # a resend of a batch written already (idempotent produce)
-            return written
+            return written if replication is None else replication.replicated(written)
+        if replication is not None:
+            replication.check_produce()
         first_offset = self.wal.next_offset
         future = self.wal.enqueue(batch, header.record_count)
         self.sequences.record(header, future, first_offset)
         producer.sent_messages += header.record_count
         self.metrics.produced(header.record_count, len(batch), future)
-        return future
+        return future if replication is None else replication.replicated(future)
 
     async def close(self) -> None:
-        """Close every subscription (storing cursors) and the WAL (synced)."""
+        """Close every subscription (storing cursors), the replica tracker (producers still
+        waiting for followers get the retriable ``NotEnoughReplicasError``) and the WAL (synced)."""
         self.closed = True
+        if self.replication is not None:
+            await self.replication.close()
         await self.subscriptions.close()
         if self.remote is not None:
             self.remote.close()

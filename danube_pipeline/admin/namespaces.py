@@ -19,7 +19,8 @@ Verbs and the JSON each prints:
     ``{"namespace": str, "changed": [str], "revision": int, "before": object, "policy": object}``:
     one option per ``NamespacePolicy`` field (``--max-message-size``,
     ``--retention-time-minutes``, ``--retention-size-mb``, ...; non-negative integers, 0 means
-    unlimited; ``--object-lifecycle keep|after-commit``). Reads the policy, changes only the fields given, and writes it back with a
+    unlimited; ``--object-lifecycle keep|after-commit``; ``--replication-factor N`` and
+    ``--min-insync-replicas N``, integers >= 1, the second not above the first). Reads the policy, changes only the fields given, and writes it back with a
     compare on the key's ``mod_revision`` (absent: must still be absent), so a concurrent change
     is never overwritten: the verb fails instead. The value written is the canonical
     ``NamespacePolicy`` (every field, snake-case names; camelCase aliases are folded in and
@@ -56,6 +57,9 @@ _POLICY_HELP = {
     "retention_time_minutes": "Keep messages this many minutes (retention asset).",
     "object_lifecycle": "keep: segment objects stay; after-commit: tiering deletes each one once the "
     "topic's Iceberg table is verified to hold it (needs the table layout's raw_payload).",
+    "replication_factor": "Brokers holding a copy of each topic's log, the owner included (1: no replication).",
+    "min_insync_replicas": "In-sync copies, the owner included, a batch needs before its producer is acked "
+    "(at most --replication-factor).",
 }
 
 
@@ -203,19 +207,23 @@ async def update_namespace_policy(store: MetadataStore, namespace: str, changes:
         store: a connected store.
         namespace: a valid namespace name.
         changes: ``NamespacePolicy`` field -> new non-negative value (``object_lifecycle``: one
-            of ``OBJECT_LIFECYCLES``).
+            of ``OBJECT_LIFECYCLES``; the replication fields: >= 1).
 
     Returns:
         ``{"namespace", "changed": [field], "revision": int, "before": policy, "policy": policy}``.
 
     Raises:
-        AdminError: the policy changed (or appeared) after it was read, or it is unreadable;
+        AdminError: the policy changed (or appeared) after it was read, it is unreadable, or
+            the result is invalid (``min_insync_replicas`` above ``replication_factor``);
             nothing was written.
         MetadataStoreError: etcd cannot be reached.
     """
     key = keys.namespace_policy(namespace)
     before, mod_revision = await _read_policy(store, namespace)
-    after = before.overridden(changes)
+    try:
+        after = before.overridden(changes)
+    except ValueError as exc:
+        raise AdminError(f"policy of namespace {namespace!r} refused, nothing was written: {exc}") from None
     revision = await store.compare_and_put_many([(key, after)], expected_mod_revisions={key: mod_revision})
     if revision is None:
         raise AdminError(
@@ -241,7 +249,8 @@ def _policy_options(command: Callable[..., None]) -> Callable[..., None]:
         command = click.option(
             "--" + name.replace("_", "-"),
             name,
-            type=click.Choice(OBJECT_LIFECYCLES) if name == "object_lifecycle" else click.IntRange(min=0),
+            type=click.Choice(OBJECT_LIFECYCLES) if name == "object_lifecycle"
+            else click.IntRange(min=1) if name in NamespacePolicy.REPLICATION_FIELDS else click.IntRange(min=0),
             default=None,
             help=_POLICY_HELP.get(name, ""),
         )(command)

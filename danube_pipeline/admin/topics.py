@@ -306,6 +306,19 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
         "dropped_messages": description.dropped_messages,
         "buffered_messages": description.buffered_messages,
         "buffered_bytes": description.buffered_bytes,
+        "replicas": description.replicas,
+        "isr": description.isr,
+        "high_watermark": description.high_watermark,
+        "followers": [
+            {
+                "broker_id": f.broker_id,
+                "log_end_offset": f.log_end_offset,
+                "lag": f.lag,
+                "last_fetch_s": f.last_fetch_s,
+                "in_sync": f.in_sync,
+            }
+            for f in description.followers
+        ],
         "unavailable_ranges": [
             {
                 "start_offset": u.start_offset,
@@ -366,6 +379,12 @@ def _describe_text(d: Json) -> str:
             ("owner epoch", d["owner_epoch"]),
             ("reserved through", d["reserved_end_offset"]),
             ("publish throttled", f"{d['publish_throttled_ms']} ms"),
+            ("high watermark", d["high_watermark"]),
+            *(
+                [("replicas", ", ".join(map(str, d["replicas"]))), ("in-sync replicas", ", ".join(map(str, d["isr"])))]
+                if d["replicas"]
+                else []
+            ),
             *(
                 [
                     ("in memory", f"{d['buffered_messages']} messages, {d['buffered_bytes']} bytes"),
@@ -381,6 +400,10 @@ def _describe_text(d: Json) -> str:
         ["START", "END", "BROKER", "LAST_WRITTEN", "ABANDONED"],
         [[u["start_offset"], u["end_offset"], u["broker_id"], u["last_written"], u["abandoned"]] for u in ranges],
     )
+    followers = "" if not d["followers"] else "\n\nfollowers:\n" + table(
+        ["BROKER", "LOG_END", "LAG", "LAST_FETCH_S", "IN_SYNC"],
+        [[f["broker_id"], f["log_end_offset"], f["lag"], f["last_fetch_s"], f["in_sync"]] for f in d["followers"]],
+    )
     subs = table(
         ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS", "DISPATCH_THROTTLED_MS"],
         [
@@ -391,7 +414,7 @@ def _describe_text(d: Json) -> str:
     producers = table(
         ["PRODUCER", "PRODUCER_ID"], [[p["producer_name"], p["producer_id"]] for p in d["producers"]]
     )
-    return f"{summary}{unavailable}\n\nopen producers:\n{producers}\n\nloaded subscriptions:\n{subs}"
+    return f"{summary}{unavailable}{followers}\n\nopen producers:\n{producers}\n\nloaded subscriptions:\n{subs}"
 
 
 @topics.command("describe")

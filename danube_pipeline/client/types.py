@@ -363,6 +363,12 @@ class TopicDescription:
             buffer was full (oldest first).
         buffered_messages: ``NonReliable`` only: messages held in memory now.
         buffered_bytes: ``NonReliable`` only: batch bytes held in memory now.
+        replicas: the brokers holding a copy of the log, the owner included (§1.9); empty at
+            replication factor 1.
+        isr: the in-sync replicas, the owner included (§5.9); empty at replication factor 1.
+        high_watermark: the offset readers and acknowledgements stay below (the next offset at
+            replication factor 1).
+        followers: each follower's log end, lag and last fetch, as the owner knows them.
     """
 
     first_local_offset: int
@@ -383,6 +389,29 @@ class TopicDescription:
     dropped_messages: int = 0
     buffered_messages: int = 0
     buffered_bytes: int = 0
+    replicas: list[int] = field(default_factory=list)
+    isr: list[int] = field(default_factory=list)
+    high_watermark: int = 0
+    followers: list[FollowerInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerInfo:
+    """A follower of a replicated topic, as its owner knows it (``Admin.DescribeTopic``).
+
+    Attributes:
+        broker_id: the follower.
+        log_end_offset: its next offset as its latest fetch reported.
+        lag: the owner's log end minus the follower's, in offsets.
+        last_fetch_s: seconds since its latest fetch; ``-1`` before one.
+        in_sync: whether it is in the ISR.
+    """
+
+    broker_id: int
+    log_end_offset: int
+    lag: int
+    last_fetch_s: float
+    in_sync: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +542,16 @@ def _topic_description_from_pb(r: pb.DescribeTopicResponse) -> TopicDescription:
         dropped_messages=r.dropped_messages,
         buffered_messages=r.buffered_messages,
         buffered_bytes=r.buffered_bytes,
+        replicas=list(r.replicas),
+        isr=list(r.isr),
+        high_watermark=r.high_watermark,
+        followers=[
+            FollowerInfo(
+                broker_id=f.broker_id, log_end_offset=f.log_end_offset, lag=f.lag, last_fetch_s=f.last_fetch_s,
+                in_sync=f.in_sync,
+            )
+            for f in r.followers
+        ],
     )
 
 

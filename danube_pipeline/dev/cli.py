@@ -164,6 +164,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         writer_metrics_listen=args.writer_metrics_listen or (DEV_WRITER_METRICS_LISTEN if args.metrics else None),
         log_format=args.log_format,
         metrics=args.metrics,
+        replicate=True,
     )
     if args.log_format == "json":  # the launcher's own log lines too (its banner stays text)
         logs.configure("INFO", "json")

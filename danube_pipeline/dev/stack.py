@@ -39,7 +39,11 @@ from danube_pipeline.dev.secure import (
     DevSecurity,
 )
 from danube_pipeline.metadata.connection import EtcdSecurity
+from danube_pipeline.metadata.store import MetadataStore
 
+
+DEV_NAMESPACE = "default"
+"""The namespace whose policy ``make dev BROKERS=N`` sets to replicate (:func:`dev_replication`)."""
 
 DRAIN_TIMEOUT_S = 120.0
 """How long a stop waits for tiering to copy what a drained broker released (seconds)."""
@@ -111,6 +115,40 @@ def read_env_file(home: Path) -> dict[str, str]:
     return exports
 
 
+def dev_replication(brokers: int) -> tuple[int, int]:
+    """``(replication_factor, min_insync_replicas)`` of the ``default`` namespace in a dev
+    stack of ``brokers`` brokers (``docs/etcd-layout.md`` §2.1): 3 and 2 from three brokers up
+    (Kafka's usual production setting: one broker may fail without stopping producers), 2 and 1
+    with two, 1 and 1 (no replication) with one."""
+    factor = min(max(brokers, 1), 3)
+    return factor, max(1, factor - 1)
+
+
+async def set_dev_replication(
+    etcd_endpoints: list[str], brokers: int, *, etcd_security: EtcdSecurity | None = None
+) -> dict[str, int] | None:
+    """Set the ``default`` namespace's replication (:func:`dev_replication`) the way
+    ``danube-admin namespaces set-policy --replication-factor N --min-insync-replicas M`` does;
+    nothing for one broker (a stored policy stays as it is).
+
+    Returns:
+        The fields written, ``None`` when nothing was.
+
+    Raises:
+        AdminError: the policy changed while it was being written, or is unreadable.
+        MetadataStoreError: etcd cannot be reached.
+    """
+    from danube_pipeline.admin.namespaces import update_namespace_policy
+
+    factor, min_insync = dev_replication(brokers)
+    if factor == 1:
+        return None
+    changes: dict[str, int | str] = {"replication_factor": factor, "min_insync_replicas": min_insync}
+    async with await MetadataStore.connect(etcd_endpoints, security=etcd_security) as store:
+        await update_namespace_policy(store, DEV_NAMESPACE, changes)
+    return {"replication_factor": factor, "min_insync_replicas": min_insync}
+
+
 class DevStack:
     """What ``make dev`` runs: etcd, N brokers, the continuous writer and the Dagster UI and
     daemon (``dg dev``), with every ``DANUBE_*`` variable pointing at ``home``.
@@ -139,6 +177,7 @@ class DevStack:
         writer_metrics_listen: str | None = None,
         log_format: str = "text",
         metrics: bool = False,
+        replicate: bool = False,
     ) -> None:
         """Args:
         home: the state directory (etcd, WALs, objects, catalog, Dagster storage); kept.
@@ -166,11 +205,15 @@ class DevStack:
         metrics: broker ``i`` serves ``/metrics`` on ``127.0.0.1:{9400 + i}``, and a Prometheus
             (:mod:`danube_pipeline.dev.prometheus`, state in ``home/prometheus``) scrapes the
             brokers and the writer (give ``writer_metrics_listen`` too).
+        replicate: before the brokers start, set the ``default`` namespace's replication for
+            ``brokers`` brokers (:func:`set_dev_replication`; ``make dev BROKERS=3``: factor 3,
+            2 in sync).
         """
         self.home = home
         self.dagster_home = dagster_home
         self.dagster_port = dagster_port
         self.ui = ui
+        self.replicate = replicate
         self.etcd = EtcdServer(home / "etcd", host=etcd_host or host, client_port=etcd_port)
         self.host = host
         self._log_args = ["--log-format", log_format] if log_format != "text" else []
@@ -226,6 +269,8 @@ class DevStack:
                 asyncio.run(self.security.write_grants(self.etcd_endpoints, self.etcd_security))
             else:
                 refuse_secured_etcd(self.etcd.client_url, self.home)
+            if self.replicate:
+                asyncio.run(set_dev_replication(self.etcd_endpoints, len(self.brokers), etcd_security=self.etcd_security))
             for broker in self.brokers:
                 broker.start()
             exports = settings.environment(self.home, etcd_endpoints=self.etcd_endpoints, broker_addresses=self.addresses)

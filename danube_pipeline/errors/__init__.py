@@ -61,6 +61,7 @@ from danube_pipeline.errors.cluster import (
 from danube_pipeline.errors.storage import (
     SegmentNotFoundError,
     CorruptRecordError,
+    LogTruncationError,
     StorageFullError,
     OffsetRangeError,
     PositionBelowRetentionError,
@@ -71,6 +72,7 @@ from danube_pipeline.errors.storage import (
 from danube_pipeline.errors.produce import (
     BatchNotAppendedError,
     DuplicateSequenceError,
+    NotEnoughReplicasError,
     ProducerFencedError,
 )
 from danube_pipeline.errors.security import (
@@ -92,10 +94,12 @@ __all__ = [
     "InvalidAckError",
     "InvalidNameError",
     "InvalidSchemaError",
+    "LogTruncationError",
     "MAX_WIRE_STRING_CHARS",
     "MalformedRequestError",
     "MessageTooLargeError",
     "MetadataStoreError",
+    "NotEnoughReplicasError",
     "NotServedHereError",
     "ObjectStoreMismatchError",
     "OffsetOutOfRangeError",

@@ -66,3 +66,23 @@ class ProducerFencedError(DanubeError):
             f"producer {bounded(producer_name)!r} on {bounded(topic)!r} was fenced: its epoch is {producer_epoch}, "
             f"a newer instance holds epoch {current_epoch}"
         )
+
+
+class NotEnoughReplicasError(DanubeError):
+    """A replicated topic's in-sync replica set is smaller than its ``min_insync_replicas``
+    (``docs/etcd-layout.md`` §2.1, §5.9), so the batch cannot be acknowledged: refused before it
+    is written, or, when the set shrank while the batch waited for its followers, after (its
+    resend is then answered with the offsets it was written at, once enough replicas hold it).
+    Retriable: the set grows again when a follower catches up (Kafka's ``NOT_ENOUGH_REPLICAS``,
+    ``min.insync.replicas``)."""
+
+    retriable = True
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, topic: str, in_sync: int, min_insync_replicas: int) -> None:
+        self.topic = topic
+        self.in_sync = in_sync
+        self.min_insync_replicas = min_insync_replicas
+        super().__init__(
+            f"topic {bounded(topic)!r}: {in_sync} in-sync replicas, {min_insync_replicas} needed to acknowledge"
+        )

@@ -135,6 +135,30 @@ class SegmentUnreadableError(DanubeError):
         )
 
 
+class LogTruncationError(DanubeError):
+    """A topic's WAL refused to truncate at ``end_offset`` and changed nothing: a sealed
+    segment holds offsets at or above it (sealed segments are immutable; the high watermark
+    keeps segments above it from being sealed, so a follower's truncation, KIP-101, only
+    ever cuts the active segment), the offset lies below what the WAL holds, appends are
+    queued, or a segment is quarantined.
+
+    Not retriable: the same truncation fails again.
+
+    Args:
+        path: the WAL directory.
+        end_offset: the first offset the truncation was to remove.
+        reason: why it was refused.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, path: str, end_offset: int, reason: str) -> None:
+        self.path = path
+        self.end_offset = end_offset
+        self.reason = reason
+        super().__init__(f"WAL {bounded(path)} cannot be truncated at offset {end_offset}: {bounded(reason)}")
+
+
 class TableReadError(DanubeError):
     """A topic's Iceberg table could not be read (``danube_pipeline.storage.table_reader``).
 

@@ -318,6 +318,18 @@ class LocalCache:
         revisions = self._revisions.get(key)
         return revisions[0] if revisions is not None else None
 
+    def mod_revision(self, key: str) -> int | None:
+        """The etcd mod revision of the cached ``key`` (its last write), or ``None`` if absent:
+        a transaction comparing it succeeds only if the key is unchanged since this read.
+
+        Raises:
+            ValueError: if ``key`` is outside the cached prefixes.
+            MetadataStoreError: if the cache was never started.
+        """
+        self._check_key(key)
+        revisions = self._revisions.get(key)
+        return revisions[1] if revisions is not None else None
+
     def get_prefix(self, prefix: str) -> dict[str, JsonValue]:
         """Every cached ``key -> value`` whose key starts with ``prefix``, sorted by key.
 

@@ -81,6 +81,16 @@ CLUSTER_LOAD_BALANCE = f"{CLUSTER}/load_balance"
 :class:`broker.cluster.load_manager.LoadBalanceDecision`."""
 
 
+REPLICA_ASSIGNMENT_PREFIX = f"{CLUSTER}/replicas/"
+"""§1.9 ``/cluster/replicas/``: every topic's replica assignment."""
+
+
+def replica_assignment(topic: TopicName) -> str:
+    """§1.9 ``/cluster/replicas/{namespace}/{topic}``; value :class:`ReplicaAssignment`, the
+    brokers holding a copy of the topic's log (written by the leader only)."""
+    return f"{REPLICA_ASSIGNMENT_PREFIX}{topic.namespace}/{topic.topic}"
+
+
 # ---- 2. namespaces
 
 
@@ -239,6 +249,12 @@ def table_commit(topic: TopicName) -> str:
     """§5.8 ``.../table_commit``; value :class:`TableCommit`, the topic's (partition's) last
     commit to its Iceberg table as tiering recorded it."""
     return f"{storage_topic(topic)}/table_commit"
+
+
+def in_sync_replicas(topic: TopicName) -> str:
+    """§5.9 ``.../isr``; value :class:`InSyncReplicas`, the topic's in-sync replicas and high
+    watermark (written by the topic's owner only, under its owner epoch)."""
+    return f"{storage_topic(topic)}/isr"
 
 
 def unavailable_prefix(topic: TopicName) -> str:

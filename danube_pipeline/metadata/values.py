@@ -4,88 +4,24 @@ Each structured value is a frozen dataclass whose fields, names and order are th
 layout; :func:`encode` writes compact JSON (UTF-8) and :func:`decode` reads it back. Scalar
 values (``null`` markers, the partition count ``0``, ``"Reliable"``, cursors, the leader id,
 the next schema id) are stored as their plain JSON form through the same two functions.
-Times are whole seconds since the Unix epoch.
+Times are whole seconds since the Unix epoch. The base (:class:`JsonRecord`, :func:`encode`,
+:func:`decode`) lives in :mod:`danube_pipeline.metadata.records` and the replication values
+(:class:`ReplicaAssignment`, :class:`InSyncReplicas`) in
+:mod:`danube_pipeline.metadata.replica_values`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self
 
-JsonValue = None | bool | int | float | str | list[Any] | dict[str, Any]
-
-T = TypeVar("T", bound="JsonRecord")
-
-
-def encode(value: JsonValue | JsonRecord) -> bytes:
-    """Compact JSON bytes for an etcd value (``null`` for ``None``)."""
-    if isinstance(value, JsonRecord):
-        value = value.to_json()
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def decode(raw: bytes | str) -> JsonValue:
-    """Parse an etcd value written by :func:`encode` (or by Danube itself).
-
-    Raises:
-        ValueError: if ``raw`` is not JSON.
-    """
-    value: JsonValue = json.loads(raw)
-    return value
-
-
-class JsonRecord:
-    """Base of the structured values: ``to_json`` keeps the dataclass field order."""
-
-    _nested: ClassVar[dict[str, type[JsonRecord]]] = {}
-    # Every subclass is a dataclass: declared (not set) here so that dataclasses.fields() takes it.
-    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, JsonRecord):
-                v = v.to_json()
-            elif isinstance(v, list):
-                v = [x.to_json() if isinstance(x, JsonRecord) else x for x in v]
-            out[f.name] = v
-        return out
-
-    @classmethod
-    def from_json(cls, data: Any) -> Self:
-        """Build from a decoded JSON object.
-
-        Raises:
-            ValueError: if ``data`` is not an object or lacks a required field.
-        """
-        return cls._from_fields(data)
-
-    @classmethod
-    def _from_fields(cls, data: Any) -> Self:
-        """:meth:`from_json` without a subclass's own checks, for the subclasses to call (the
-        dataclasses are made with ``slots=True``, which makes new classes, so a zero-argument
-        ``super()`` does not work in them)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in data:
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-                    continue
-                raise ValueError(f"{cls.__name__}: missing field {f.name!r}")
-            v = data[f.name]
-            nested = cls._nested.get(f.name)
-            if nested is not None and v is not None:
-                v = [nested.from_json(x) for x in v] if isinstance(v, list) else nested.from_json(v)
-            kwargs[f.name] = v
-        return cls(**kwargs)
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> Self:
-        """:func:`decode` then :meth:`from_json`."""
-        return cls.from_json(decode(raw))
+from danube_pipeline.metadata.records import JsonRecord as JsonRecord
+from danube_pipeline.metadata.records import JsonValue as JsonValue
+from danube_pipeline.metadata.records import T as T
+from danube_pipeline.metadata.records import decode as decode
+from danube_pipeline.metadata.records import encode as encode
+from danube_pipeline.metadata.replica_values import InSyncReplicas as InSyncReplicas
+from danube_pipeline.metadata.replica_values import ReplicaAssignment as ReplicaAssignment
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,6 +95,13 @@ class NamespacePolicy(JsonRecord):
     keeps it; ``"after-commit"`` deletes it once the table is verified to hold every offset of
     it, byte for byte (§5.1 ``object_deleted_at``). It is written only when not ``"keep"``, so a
     default policy's JSON is Danube's.
+
+    ``replication_factor`` (how many brokers hold a copy of each topic's log, the owner
+    included) and ``min_insync_replicas`` (how many of them, the owner included, must hold a
+    batch before a producer is acked) are integers >= 1, default 1 (no replication), with
+    ``min_insync_replicas <= replication_factor`` (Kafka's ``replication.factor`` and
+    ``min.insync.replicas``). Each is written only when not 1, so a default policy's JSON is
+    Danube's.
     """
 
     max_consumers_per_subscription: int = 0
@@ -171,6 +114,11 @@ class NamespacePolicy(JsonRecord):
     retention_size_mb: int = 0
     retention_time_minutes: int = 0
     object_lifecycle: str = "keep"
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+
+    REPLICATION_FIELDS: ClassVar[tuple[str, ...]] = ("replication_factor", "min_insync_replicas")
+    """The replication fields (§2.1): integers >= 1, written only when not 1."""
 
     ALIASES: ClassVar[dict[str, str]] = {
         "retentionSizeInMB": "retention_size_mb",
@@ -185,8 +133,9 @@ class NamespacePolicy(JsonRecord):
         when the snake-case field is absent.
 
         Raises:
-            ValueError: ``data`` is not an object, or a retention value is not a
-                non-negative integer.
+            ValueError: ``data`` is not an object, a retention value is not a non-negative
+                integer, a replication field is not an integer >= 1, or
+                ``min_insync_replicas`` exceeds ``replication_factor``.
         """
         if isinstance(data, dict):
             data = dict(data)
@@ -199,14 +148,34 @@ class NamespacePolicy(JsonRecord):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"NamespacePolicy: {name} must be a non-negative integer, got {value!r}")
         _check_lifecycle(policy.object_lifecycle, "NamespacePolicy")
+        for name in cls.REPLICATION_FIELDS:
+            _check_replication_field(getattr(policy, name), name, "NamespacePolicy")
+        policy.check_replication("NamespacePolicy")
         return policy
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object; ``object_lifecycle`` only when not ``"keep"``."""
+        """The JSON object; ``object_lifecycle`` only when not ``"keep"``, the replication
+        fields only when not 1."""
         out = JsonRecord.to_json(self)
         if self.object_lifecycle == "keep":
             del out["object_lifecycle"]
+        for name in self.REPLICATION_FIELDS:
+            if out[name] == 1:
+                del out[name]
         return out
+
+    def check_replication(self, where: str = "policy") -> None:
+        """Refuse ``min_insync_replicas`` above ``replication_factor`` (§2.1): no producer
+        could ever be acked.
+
+        Raises:
+            ValueError: it is above.
+        """
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"{where}: min_insync_replicas ({self.min_insync_replicas}) must not exceed "
+                f"replication_factor ({self.replication_factor})"
+            )
 
     COUNT_LIMITS: ClassVar[tuple[str, ...]] = (
         "max_producers_per_topic",
@@ -222,7 +191,9 @@ class NamespacePolicy(JsonRecord):
 
         Raises:
             ValueError: ``data`` is not an object, a known field is not a non-negative
-                integer, or ``object_lifecycle`` is not one of :data:`OBJECT_LIFECYCLES`.
+                integer (a replication field: an integer >= 1), ``object_lifecycle`` is not
+                one of :data:`OBJECT_LIFECYCLES`, or the result's ``min_insync_replicas``
+                exceeds its ``replication_factor``.
         """
         if not isinstance(data, dict):
             raise ValueError(f"topic policy: expected a JSON object, got {type(data).__name__}")
@@ -235,12 +206,17 @@ class NamespacePolicy(JsonRecord):
             if f.name == "object_lifecycle":
                 if f.name in data:
                     changes[f.name] = _check_lifecycle(data[f.name], "topic policy")
+            elif f.name in self.REPLICATION_FIELDS:
+                if f.name in data:
+                    changes[f.name] = _check_replication_field(data[f.name], f.name, "topic policy")
             elif f.name in data:
                 value = data[f.name]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"topic policy: {f.name} must be a non-negative integer, got {value!r}")
                 changes[f.name] = value
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        merged = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        merged.check_replication("topic policy")
+        return merged
 
     @property
     def retention_bytes(self) -> int:
@@ -251,6 +227,45 @@ class NamespacePolicy(JsonRecord):
     def retention_ms(self) -> int:
         """``retention_time_minutes`` in milliseconds; 0 = kept forever."""
         return self.retention_time_minutes * 60_000
+
+
+def merged_policy(namespace_raw: object, topic_raw: object) -> tuple[NamespacePolicy, list[str]]:
+    """A topic's effective policy: the namespace policy (§2.1; the defaults when absent or
+    unreadable) with the fields of the topic's override (§3.8) that are present replacing the
+    namespace's (an unreadable override is ignored).
+
+    Args:
+        namespace_raw: the decoded value of ``/namespaces/{ns}/policy``, ``None`` when absent.
+        topic_raw: the decoded value of ``/topics/{ns}/{topic}/policy``, ``None`` when absent.
+
+    Returns:
+        The policy, and one line per value that was unreadable and set aside, for the caller's
+        log (empty when both were read).
+    """
+    problems: list[str] = []
+    policy = NamespacePolicy()
+    if namespace_raw is not None:
+        try:
+            policy = NamespacePolicy.from_json(namespace_raw)
+        except ValueError as exc:
+            problems.append(f"unreadable namespace policy {namespace_raw!r} ({exc}); using defaults")
+    if topic_raw is not None:
+        try:
+            policy = policy.overridden(topic_raw)
+        except ValueError as exc:
+            problems.append(f"unreadable topic policy override {topic_raw!r} ({exc}); ignored")
+    return policy, problems
+
+
+def _check_replication_field(value: Any, name: str, where: str) -> int:
+    """``value`` if it is an integer >= 1 (``replication_factor``, ``min_insync_replicas``, §2.1).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _check_lifecycle(value: Any, where: str) -> str:

@@ -458,7 +458,7 @@ class SubscriptionState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[SubscriptionType, str]] = ..., cursor: _Optional[int] = ..., read_position: _Optional[int] = ..., consumers: _Optional[int] = ..., records_from_object_storage: _Optional[int] = ..., skipped_below_retention: _Optional[int] = ..., skipped_unavailable: _Optional[int] = ..., dispatch_throttled_ms: _Optional[int] = ..., records_from_table: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
-    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges", "delivery", "publish_throttled_ms", "dropped_messages", "buffered_messages", "buffered_bytes")
+    __slots__ = ("first_local_offset", "next_offset", "wal_bytes", "sealed_segments", "remote_first_offset", "remote_end_offset", "earliest_offset", "subscriptions", "cache_bytes", "broker_id", "owner_epoch", "reserved_end_offset", "unavailable_ranges", "delivery", "publish_throttled_ms", "dropped_messages", "buffered_messages", "buffered_bytes", "replicas", "isr", "high_watermark", "followers")
     FIRST_LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +477,10 @@ class DescribeTopicResponse(_message.Message):
     DROPPED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     first_local_offset: int
     next_offset: int
     wal_bytes: int
@@ -495,7 +499,25 @@ class DescribeTopicResponse(_message.Message):
     dropped_messages: int
     buffered_messages: int
     buffered_bytes: int
-    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., broker_id: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., reserved_end_offset: _Optional[int] = ..., unavailable_ranges: _Optional[_Iterable[_Union[UnavailableRange, _Mapping]]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., publish_throttled_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., buffered_messages: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    high_watermark: int
+    followers: _containers.RepeatedCompositeFieldContainer[FollowerState]
+    def __init__(self, first_local_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., wal_bytes: _Optional[int] = ..., sealed_segments: _Optional[int] = ..., remote_first_offset: _Optional[int] = ..., remote_end_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., broker_id: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., reserved_end_offset: _Optional[int] = ..., unavailable_ranges: _Optional[_Iterable[_Union[UnavailableRange, _Mapping]]] = ..., delivery: _Optional[_Union[DeliveryMode, str]] = ..., publish_throttled_ms: _Optional[int] = ..., dropped_messages: _Optional[int] = ..., buffered_messages: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., high_watermark: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerState, _Mapping]]] = ...) -> None: ...
+
+class FollowerState(_message.Message):
+    __slots__ = ("broker_id", "log_end_offset", "lag", "last_fetch_s", "in_sync")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    log_end_offset: int
+    lag: int
+    last_fetch_s: float
+    in_sync: bool
+    def __init__(self, broker_id: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., last_fetch_s: _Optional[float] = ..., in_sync: _Optional[bool] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "delivery", "request_id", "partitions")
@@ -662,3 +684,65 @@ class GetSchemaResponse(_message.Message):
     raw_schema: str
     fingerprint: str
     def __init__(self, subject: _Optional[str] = ..., schema_id: _Optional[int] = ..., version: _Optional[int] = ..., schema_type: _Optional[_Union[SchemaType, str]] = ..., raw_schema: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class FetchLogRequest(_message.Message):
+    __slots__ = ("topic", "follower_id", "fetch_offset", "owner_epoch", "max_bytes", "max_wait_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_ID_FIELD_NUMBER: _ClassVar[int]
+    FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    follower_id: int
+    fetch_offset: int
+    owner_epoch: int
+    max_bytes: int
+    max_wait_ms: int
+    def __init__(self, topic: _Optional[str] = ..., follower_id: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+
+class ReplicaBatch(_message.Message):
+    __slots__ = ("leader_epoch", "data")
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    leader_epoch: int
+    data: bytes
+    def __init__(self, leader_epoch: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class FetchLogResponse(_message.Message):
+    __slots__ = ("batches", "high_watermark", "log_start_offset", "log_end_offset", "owner_epoch", "stale")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[ReplicaBatch]
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    owner_epoch: int
+    stale: bool
+    def __init__(self, batches: _Optional[_Iterable[_Union[ReplicaBatch, _Mapping]]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class OffsetForLeaderEpochRequest(_message.Message):
+    __slots__ = ("topic", "follower_id", "leader_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    follower_id: int
+    leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., follower_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+
+class OffsetForLeaderEpochResponse(_message.Message):
+    __slots__ = ("leader_epoch", "end_offset", "owner_epoch", "log_start_offset")
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    leader_epoch: int
+    end_offset: int
+    owner_epoch: int
+    log_start_offset: int
+    def __init__(self, leader_epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., owner_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...

@@ -1398,3 +1398,130 @@ class SchemaRegistry:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplicationStub:
+    """Broker-to-broker replication of a topic's WAL (docs/architecture.md "Replication"): followers
+    fetch the owner's batches and append the same bytes at the same offsets. Served to the
+    cluster's brokers (the internal port under authentication).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.FetchLog = channel.unary_unary(
+                '/danube.v1.Replication/FetchLog',
+                request_serializer=danube__pb2.FetchLogRequest.SerializeToString,
+                response_deserializer=danube__pb2.FetchLogResponse.FromString,
+                _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/danube.v1.Replication/OffsetForLeaderEpoch',
+                request_serializer=danube__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=danube__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """Broker-to-broker replication of a topic's WAL (docs/architecture.md "Replication"): followers
+    fetch the owner's batches and append the same bytes at the same offsets. Served to the
+    cluster's brokers (the internal port under authentication).
+    """
+
+    def FetchLog(self, request, context):
+        """Batches from fetch_offset on; fetch_offset is the follower's next offset, and tells the owner
+        that every offset below it is fsynced on the follower (its log end).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForLeaderEpoch(self, request, context):
+        """Where the owner's log ends for a leader epoch (KIP-101, KIP-279): the follower truncates there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'FetchLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchLog,
+                    request_deserializer=danube__pb2.FetchLogRequest.FromString,
+                    response_serializer=danube__pb2.FetchLogResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=danube__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=danube__pb2.OffsetForLeaderEpochResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'danube.v1.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('danube.v1.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """Broker-to-broker replication of a topic's WAL (docs/architecture.md "Replication"): followers
+    fetch the owner's batches and append the same bytes at the same offsets. Served to the
+    cluster's brokers (the internal port under authentication).
+    """
+
+    @staticmethod
+    def FetchLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Replication/FetchLog',
+            danube__pb2.FetchLogRequest.SerializeToString,
+            danube__pb2.FetchLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube.v1.Replication/OffsetForLeaderEpoch',
+            danube__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            danube__pb2.OffsetForLeaderEpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

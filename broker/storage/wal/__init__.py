@@ -2,7 +2,9 @@
 file and its offset index), :mod:`.recovery` (bringing a directory back at open),
 :mod:`.local_log` (the segments: roll, read, delete), :mod:`.pending` (batches waiting for a
 group commit), :mod:`.group_commit` (the writer: one ``pwritev`` and one ``fdatasync`` per
-commit) and :mod:`.log` (the facade: append, seal, read)."""
+commit), :mod:`.log` (the facade: append, seal, read), and for replication :mod:`.epochs`
+(the leader-epoch cache) and :mod:`.replica_log` (the facade's replication side: epochs,
+replica appends, high watermark, truncation)."""
 
 from broker.storage.wal.log import WriteAheadLog
 from broker.storage.wal.segment import SealedSegment, active_name, sealed_name

@@ -29,6 +29,14 @@ A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 reads go on, and the next write that fits succeeds. The writer tells its
 :class:`StorageMonitor` when the disk becomes full and when a write succeeds again, and logs
 once per episode.
+
+Replication (all unused unless called, ``docs/etcd-layout.md`` on topic replication): the queue
+also carries :class:`~broker.storage.wal.pending.EpochStart` entries, which the writer records
+in the leader-epoch cache (:mod:`broker.storage.wal.epochs`), durably, before it writes anything
+queued after them (KIP-101: an epoch's start offset is known before its first batch is on
+disk); and a follower's copies of the owner's batches (:meth:`GroupCommit.enqueue_replica`),
+written at their own offsets through the same group commit, without the
+:class:`OffsetGuard` (a follower reserves no offsets).
 """
 
 from __future__ import annotations
@@ -39,18 +47,19 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
 from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
+from danube_pipeline.format.segments import StoredBatch
 from danube_pipeline.outages import OutageLog
 
 from broker import metrics
 from broker.storage.wal.local_log import LocalLog
-from broker.storage.wal.pending import PendingAppend, plan_write, write_all
+from broker.storage.wal.pending import EpochStart, PendingAppend, plan_write, write_all
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
 from broker.tasks import run_to_completion
 
@@ -145,7 +154,8 @@ class GroupCommit:
         self.record_count = 0
         self.byte_count = 0
         self.next_offset = 0
-        self._queue: list[PendingAppend] = []
+        self._queue: list[PendingAppend | EpochStart] = []
+        self._roll_check = False
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -181,11 +191,86 @@ class GroupCommit:
         self._wakeup.set()
         return fut
 
+    @property
+    def queued(self) -> bool:
+        """Whether appends or epoch starts wait for the writer."""
+        return bool(self._queue)
+
+    @property
+    def queued_epoch(self) -> int | None:
+        """The latest leader epoch once everything queued is written: the last epoch start
+        queued, else the epoch cache's latest (``None`` when there is none)."""
+        for item in reversed(self._queue):
+            if isinstance(item, EpochStart):
+                return item.epoch
+        return self._local.epochs.latest_epoch
+
+    def begin_epoch(self, epoch: int) -> asyncio.Future[None]:
+        """Queue ``(epoch, next_offset)`` for the epoch cache: the writer records it durably
+        before it writes anything queued after this call. If appends queued before it fail,
+        their offsets are handed out again and the entry moves down with :attr:`next_offset`.
+
+        Returns:
+            A future resolving once the entry is durable (at once when ``epoch`` is already
+            the latest), or failing with the error of the cache write.
+
+        Raises:
+            ValueError: ``epoch`` is below the latest epoch (queued or recorded).
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        latest = self.queued_epoch
+        if latest is not None and epoch <= latest:
+            if epoch < latest:
+                raise ValueError(f"WAL {self._directory}: leader epoch {epoch} is below the latest epoch {latest}")
+            fut.set_result(None)
+            return fut
+        self._queue.append(EpochStart(epoch, self.next_offset, fut))
+        self._wakeup.set()
+        return fut
+
+    def enqueue_replica(self, batches: Sequence[tuple[int, StoredBatch]]) -> asyncio.Future[int]:
+        """Queue a follower's batches at their own offsets, each one of a new epoch behind an
+        :class:`EpochStart` for it. The caller checked them against :attr:`next_offset` and
+        :attr:`queued_epoch` (:func:`~broker.storage.wal.pending.check_replica_batches`).
+
+        Returns:
+            A future resolving to the offset after the last batch once every batch is durable,
+            or failing with the error of the write that lost one of them.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        latest = self.queued_epoch
+        last: asyncio.Future[tuple[int, int]] | None = None
+        for epoch, item in batches:
+            if latest is None or epoch > latest:
+                self._queue.append(EpochStart(epoch, item.base_offset, None))
+                latest = epoch
+            last = loop.create_future()
+            last.add_done_callback(_consume)
+            self._queue.append(PendingAppend(item.base_offset, item.data, item.record_count, last, replica=True))
+        assert last is not None
+        end = batches[-1][1].last_offset + 1
+        last.add_done_callback(lambda fut: _settle(done, fut, end))
+        self.next_offset = end
+        self._wakeup.set()
+        return done
+
+    def request_roll_check(self) -> None:
+        """Have the writer seal the active segment if it is full and may roll now (the high
+        watermark moved: :attr:`~broker.storage.wal.local_log.LocalLog.high_watermark`)."""
+        self._roll_check = True
+        self._wakeup.set()
+
     async def _writer(self) -> None:
         while True:
             if not self._queue:
                 if self._stopping:
                     return
+                if self._roll_check:
+                    self._roll_check = False
+                    async with self._io_lock:
+                        await self._seal_if_full()
+                    continue
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 continue
@@ -196,45 +281,78 @@ class GroupCommit:
                     except OSError as exc:
                         self._fail_queued(exc)
                         continue
+                head = self._queue[0]
+                if isinstance(head, EpochStart):
+                    await self._record_epoch(head)
+                    continue
                 batch = self._take_batch()
+                last_owned = next((item.last_offset for item in reversed(batch) if not item.replica), None)
                 guard = self.offset_guard
-                if guard is not None and not guard.covers(batch[-1].last_offset):
+                if guard is not None and last_owned is not None and not guard.covers(last_owned):
                     try:
-                        await guard.reserve_through(batch[-1].last_offset)
+                        await guard.reserve_through(last_owned)
                     except Exception as exc:  # noqa: BLE001 - fenced or etcd down: nothing is written
                         self._refuse_queued(batch, exc)
                         continue
                 self._reserve_outage.succeeded()
-                await self._write_batch(batch)
-                active = self._local.active
-                if (
-                    self.failed is None
-                    and active is not None
-                    and active.length >= self.segment_max_bytes
-                    and active.end >= active.start
-                ):
-                    try:
-                        await self._local.seal()
-                        self._seal_outage.succeeded()
-                    except OSError as exc:  # keep appending to the active segment; retried next write
-                        self._seal_outage.failed(exc)
+                await self._write_batch(batch, last_owned)
+                await self._seal_if_full()
+
+    async def _seal_if_full(self) -> None:
+        """Seal the active segment once it reached ``segment_max_bytes`` (the caller holds the
+        I/O lock). :meth:`LocalLog.seal` leaves it active while the high watermark is below its
+        end; :meth:`request_roll_check` comes back when the watermark moves."""
+        active = self._local.active
+        if self.failed is None and active is not None and active.length >= self.segment_max_bytes and not active.is_empty:
+            try:
+                await self._local.seal()
+                self._seal_outage.succeeded()
+            except OSError as exc:  # keep appending to the active segment; retried next write
+                self._seal_outage.failed(exc)
+
+    async def _record_epoch(self, start: EpochStart) -> None:
+        """Record the epoch start at the head of the queue in the epoch cache, durably, in the
+        sync thread (the caller holds the I/O lock). If that fails, nothing queued after it may
+        be written: everything queued fails with the error."""
+        self._queue.pop(0)
+        epochs = self._local.epochs
+        try:
+            await run_to_completion(_in_sync_thread(lambda: epochs.assign(start.epoch, start.start_offset)))
+        except (OSError, ValueError) as exc:
+            log.error("WAL %s: cannot record leader epoch %d: %s", self._directory, start.epoch, exc)
+            failed, self._queue = [start, *self._queue], []
+            assert self._local.active is not None
+            self.next_offset = self._local.active.end + 1
+            _fail_items(failed, exc)
+        else:
+            if start.future is not None and not start.future.done():
+                start.future.set_result(None)
+        self._on_handed_back()  # waiters (truncate_to) re-check the queue
+
+    @property
+    def _queued_appends(self) -> int:
+        return sum(isinstance(item, PendingAppend) for item in self._queue)
 
     def _take_batch(self) -> list[PendingAppend]:
-        """Everything queued, but no more than fits the active segment (at least one append),
-        so segments stay close to ``segment_max_bytes``; the rest goes after the roll."""
+        """The appends queued up to the first epoch start, but no more than fits the active
+        segment (at least one append), so segments stay close to ``segment_max_bytes``; the
+        rest goes after the roll. While the high watermark holds the roll back, up to
+        ``segment_max_bytes`` per write, so the group commit keeps its groups."""
         assert self._local.active is not None
         room = self.segment_max_bytes - self._local.active.length
-        taken = 0
+        if room <= 0 and self._local.high_watermark is not None:
+            room = self.segment_max_bytes
+        batch: list[PendingAppend] = []
         size = 0
         for item in self._queue:
-            if taken and size + len(item.data) > room:
+            if isinstance(item, EpochStart) or (batch and size + len(item.data) > room):
                 break
             size += len(item.data)
-            taken += 1
-        batch, self._queue = self._queue[:taken], self._queue[taken:]
+            batch.append(item)
+        self._queue = self._queue[len(batch):]
         return batch
 
-    async def _write_batch(self, batch: list[PendingAppend]) -> None:
+    async def _write_batch(self, batch: list[PendingAppend], last_owned: int | None) -> None:
         active = self._local.active
         assert active is not None and active.fd is not None
         fd = active.fd
@@ -262,12 +380,12 @@ class GroupCommit:
                 raise
             return
         guard = self.offset_guard
-        refused = guard.refuse_ack(batch[-1].last_offset) if guard is not None else None
+        refused = guard.refuse_ack(last_owned) if guard is not None and last_owned is not None else None
         if refused is not None:
             # Durable, yet this owner may no longer acknowledge: it may have been failed over,
             # and the producers resend to the new owner. A copy kept here would become a second
             # copy of what the new owner acknowledges, so it is cut off as a failed write is.
-            failed = len(batch) + len(self._queue)
+            failed = len(batch) + self._queued_appends
             self._reserve_outage.failed(f"{failed} appends written but not acknowledged, cut off again: {refused}")
             self._cut_back(batch, refused, fd, start_length)
             return
@@ -295,49 +413,47 @@ class GroupCommit:
     def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were
         never acknowledged), cut the file back, and hand the offsets out again."""
-        self._cut_back(batch, self._report_failure(exc, len(batch) + len(self._queue)), fd, good_length)
+        self._cut_back(batch, self._report_failure(exc, len(batch) + self._queued_appends), fd, good_length)
 
     def _cut_back(self, batch: list[PendingAppend], error: Exception, fd: int, good_length: int) -> None:
         """Fail ``batch`` and everything queued after it with ``error``, cut the file back to
         ``good_length`` (synced), and hand their offsets out again: none was acknowledged."""
-        failed = batch + self._queue
-        self._queue = []
-        assert self._local.active is not None
-        self.next_offset = self._local.active.end + 1
         try:
             os.ftruncate(fd, good_length)
             os.fsync(fd)
         except OSError as trunc_exc:
             self.failed = trunc_exc
             log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self._directory, trunc_exc)
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(error)
-        self._on_handed_back()  # offsets were handed back: waiters such as seal_active re-check
+        self._hand_back(batch, error)
 
     def _refuse_queued(self, batch: list[PendingAppend], exc: Exception) -> None:
         """The offsets of ``batch`` could not be reserved (:attr:`offset_guard`): fail it and
         everything queued after it with ``exc``, unwritten, and hand the offsets back."""
-        failed = batch + self._queue
-        self._queue = []
-        assert self._local.active is not None
-        self.next_offset = self._local.active.end + 1
-        self._reserve_outage.failed(f"{len(failed)} appends refused: offsets not reserved: {exc}")
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(exc)
-        self._on_handed_back()
+        self._reserve_outage.failed(f"{len(batch) + self._queued_appends} appends refused: offsets not reserved: {exc}")
+        self._hand_back(batch, exc)
 
     def _fail_queued(self, exc: OSError) -> None:
         """No active segment to write to: fail everything queued (nothing was written)."""
-        failed, self._queue = self._queue, []
-        error = self._report_failure(exc, len(failed))
+        self._hand_back([], self._report_failure(exc, self._queued_appends))
+
+    def _hand_back(self, batch: list[PendingAppend], error: BaseException) -> None:
+        """Fail ``batch`` and every append queued after it with ``error`` and hand their offsets
+        out again (none was acknowledged). Epoch starts queued by :meth:`begin_epoch` stay
+        queued, moved down to the new :attr:`next_offset`; those of replica appends go with
+        their batches."""
         assert self._local.active is not None
         self.next_offset = self._local.active.end + 1
-        for item in failed:
-            if not item.future.done():
-                item.future.set_exception(error)
-        self._on_handed_back()
+        failed: list[PendingAppend] = list(batch)
+        kept: list[PendingAppend | EpochStart] = []
+        for item in self._queue:
+            if isinstance(item, PendingAppend):
+                failed.append(item)
+            elif item.future is not None:
+                item.start_offset = self.next_offset
+                kept.append(item)
+        self._queue = kept
+        _fail_items(failed, error)
+        self._on_handed_back()  # offsets were handed back: waiters such as seal_active re-check
 
     def _report_failure(self, exc: BaseException, appends: int) -> Exception:
         """Log a failed write (a full disk once per episode) and return the error the
@@ -355,3 +471,28 @@ class GroupCommit:
             return error
         log.error("WAL %s: write failed, failing %d queued appends: %s", self._directory, appends, exc)
         return error if isinstance(error, Exception) else OSError(str(error))
+
+
+def _fail_items(items: Sequence[PendingAppend | EpochStart], error: BaseException) -> None:
+    for item in items:
+        fut = item.future
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+
+def _consume(fut: asyncio.Future[tuple[int, int]]) -> None:
+    """Mark a replica batch's outcome as seen (:meth:`GroupCommit.enqueue_replica` reports it)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _settle(done: asyncio.Future[int], last: asyncio.Future[tuple[int, int]], end: int) -> None:
+    """Resolve a replica append's future from its last batch's: ``end`` or the error."""
+    if done.done():
+        return
+    if last.cancelled():
+        done.cancel()
+    elif (exc := last.exception()) is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(end)

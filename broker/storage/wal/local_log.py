@@ -15,11 +15,12 @@ import logging
 import os
 from pathlib import Path
 
-from danube_pipeline.errors import CorruptRecordError, SegmentUnreadableError
+from danube_pipeline.errors import CorruptRecordError, LogTruncationError, SegmentUnreadableError
 from danube_pipeline.format.segments import StoredBatch, scan_segment
 
 from broker import metrics
 from broker.storage.wal.abandoned import AbandonedRange
+from broker.storage.wal.epochs import LeaderEpochCache
 from broker.storage.wal.quarantine import find_valid_after, write_marker
 from broker.storage.wal.recovery import LogLoader, Quarantine
 from broker.storage.wal.segment import (
@@ -27,6 +28,7 @@ from broker.storage.wal.segment import (
     SealedSegment,
     Segment,
     create_active_segment,
+    cut_active_file,
     fsync_dir,
     now_ms,
     sealed_name,
@@ -62,6 +64,10 @@ class LocalLog:
             marker), by start offset: readers get
             :class:`~danube_pipeline.errors.SegmentUnreadableError` past the last good offset.
         sync_count: ``fdatasync`` calls made by seals.
+        epochs: the leader-epoch cache (:mod:`broker.storage.wal.epochs`), loaded by :meth:`load`.
+        high_watermark: the roll limit (``None``: none): while set, a segment is sealed only
+            once every offset it holds is below it, so that a truncation
+            (:meth:`truncate`) only ever cuts the active segment.
     """
 
     def __init__(self, directory: Path, *, index_interval_bytes: int) -> None:
@@ -77,6 +83,8 @@ class LocalLog:
         self.unreadable: dict[int, Quarantine] = {}
         self.sync_count = 0
         self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
+        self.epochs = LeaderEpochCache(directory)
+        self.high_watermark: int | None = None
 
     def load(self, initial_offset: int) -> int:
         """Recover the directory (:mod:`broker.storage.wal.recovery`); blocking.
@@ -92,7 +100,9 @@ class LocalLog:
         self.quarantine = loaded.quarantine
         self.abandoned = loaded.abandoned
         self.unreadable = {start: q for start, q in loaded.unreadable.items()}
-        return loaded.active.end + 1
+        next_offset = loaded.active.end + 1
+        self.epochs = LeaderEpochCache.load(self.directory, log_end_offset=next_offset)
+        return next_offset
 
     def _create_active(self, start: int) -> Segment:
         return create_active_segment(self.directory, start, self.index_interval_bytes)
@@ -164,6 +174,8 @@ class LocalLog:
             return None
         if self.quarantine is not None:  # its bytes go past the corruption: never seal them
             return None
+        if self.high_watermark is not None and active.end >= self.high_watermark:
+            return None  # sealed segments stay immutable: only offsets below the watermark are sealed
         return await run_to_completion(self._seal_steps(active))
 
     async def _seal_steps(self, active: Segment) -> SealedSegment:
@@ -224,6 +236,48 @@ class LocalLog:
         self.active = new_active
         self.roll_pending = False
         self._remember_sealed_fd(sealed)
+
+    async def truncate(self, end_offset: int) -> int:
+        """Remove every batch at or above ``end_offset`` (Kafka's ``LocalLog.truncateTo``; the
+        rules are :meth:`~broker.storage.wal.replica_log.ReplicaLogMixin.truncate_to`'s); the
+        caller holds the I/O lock and wrote everything queued. The new end is published
+        before the file is cut, so no reader reaches the bytes being removed.
+
+        Returns:
+            The new next offset (``end_offset``, or the base offset of the batch holding it;
+            the next offset as it was when no batch is at or above ``end_offset``).
+
+        Raises:
+            LogTruncationError, CorruptRecordError: refused; nothing changed.
+            OSError: the cut or the epoch cache write failed; after a failed cut the file may
+                hold more than the WAL serves, and the caller must stop appending.
+        """
+        active = self.active
+        assert active is not None and active.fd is not None
+        above = [seg for seg in self._sealed if seg.end >= end_offset]
+        refusal = (
+            "a segment is quarantined" if self.quarantine is not None
+            else f"sealed segment {above[0].path.name} holds it; sealed segments are immutable" if above
+            else f"below the active segment's start {active.start}, not held here" if end_offset < active.start
+            else None
+        )
+        if refusal is not None:
+            raise LogTruncationError(str(self.directory), end_offset, refusal)
+        if end_offset > active.end:  # nothing to cut; an epoch begun at the end may still go
+            await asyncio.to_thread(self.epochs.truncate_from, end_offset)
+            return active.end + 1
+        position, next_offset = await asyncio.to_thread(active.truncation_point, end_offset)
+        old_end, removed = active.end, active.length - position
+        header = active.cut_state(position, next_offset)
+        if header is not None:
+            self.active_first_append_s = None
+        await run_to_completion(asyncio.to_thread(cut_active_file, active.fd, position, header))
+        log.warning(
+            "WAL %s: truncated to offset %d: offsets %d..%d removed (%d bytes of %s)",
+            self.directory, next_offset, next_offset, old_end, removed, active.path.name,
+        )
+        await asyncio.to_thread(self.epochs.truncate_from, next_offset)
+        return next_offset
 
     def sealed_segments(self) -> list[SealedSegment]:
         """Every sealed segment, ascending by start offset."""

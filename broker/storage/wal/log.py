@@ -13,6 +13,10 @@ A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 reads go on, and the next write that fits succeeds. The WAL tells its
 :class:`~broker.storage.wal.group_commit.StorageMonitor` when it becomes full and when a write
 succeeds again, and logs once per episode.
+
+For topic replication the facade also records leader epochs, appends a follower's copies of
+the owner's batches, caps reads and rolls at the high watermark and truncates
+(:mod:`broker.storage.wal.replica_log`); none of it is used unless called.
 """
 
 from __future__ import annotations
@@ -32,17 +36,19 @@ from broker.storage.wal.abandoned import AbandonedRange
 from broker.storage.wal.group_commit import GroupCommit, OffsetGuard, StorageMonitor
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.recovery import Quarantine
+from broker.storage.wal.replica_log import ReplicaLogMixin
 from broker.storage.wal.segment import DEFAULT_INDEX_INTERVAL_BYTES, SealedSegment
 
 log = logging.getLogger(__name__)
 
 
-class WriteAheadLog:
+class WriteAheadLog(ReplicaLogMixin):
     """Durable, append-only log of one topic, made of ``dnb1`` segment files.
 
     Open it with :meth:`open` and close it with :meth:`close`. ``sync_count``,
     ``record_count`` and ``byte_count`` count the ``fdatasync`` calls, the records and the
-    record-batch bytes written since it was opened.
+    record-batch bytes written since it was opened. The replication side (leader epochs,
+    replica appends, high watermark, truncation) is :class:`~broker.storage.wal.replica_log.ReplicaLogMixin`.
     """
 
     def __init__(
@@ -104,6 +110,8 @@ class WriteAheadLog:
             CorruptRecordError: a sealed segment's name or header is unusable, the newest one
                 holds fewer records than its name says, or the active segment overlaps the
                 sealed ones with records beyond them (the same offsets would exist twice).
+            ValueError: ``abandoned.json`` or ``leader-epochs.json`` is not valid
+                (:mod:`broker.storage.wal.abandoned`, :mod:`broker.storage.wal.epochs`).
             OSError: the directory or files cannot be read or written.
         """
         wal = cls(
@@ -230,6 +238,11 @@ class WriteAheadLog:
         """
         if record_count < 1:
             raise ValueError("nothing to append")
+        self._check_writable()
+        return self._commit.enqueue(batch, record_count)
+
+    def _check_writable(self) -> None:
+        """Raise unless the WAL takes writes (see :meth:`enqueue`)."""
         if self._closed:
             raise RuntimeError(f"WAL {self.directory} is closed")
         quarantine = self._local.quarantine
@@ -237,7 +250,6 @@ class WriteAheadLog:
             raise quarantine.append_error()
         if self._commit.failed is not None:
             raise RuntimeError(f"WAL {self.directory} failed: {self._commit.failed}")
-        return self._commit.enqueue(batch, record_count)
 
     async def append(self, batch: bytes, record_count: int) -> tuple[int, int]:
         """Append a record batch and return ``(first_offset, last_offset)`` once durable.
@@ -301,13 +313,19 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ sealing
 
-    async def seal_active(self) -> SealedSegment | None:
+    async def seal_active(self, *, timeout_s: float | None = None) -> SealedSegment | None:
         """Seal the active segment now, after every message enqueued before this call is written.
 
+        While a :attr:`high_watermark` is set, a segment is sealed only once the watermark
+        reached its end (:attr:`~broker.storage.wal.local_log.LocalLog.high_watermark`): the
+        seal waits for it, at most ``timeout_s`` seconds (``None``: without limit).
+
         Returns:
-            The new sealed segment, or ``None`` if the active segment held no record.
+            The new sealed segment, or ``None`` if the active segment held no record (or the
+            WAL was closed meanwhile).
 
         Raises:
+            TimeoutError: the high watermark stayed below the end for ``timeout_s``.
             OSError: sync, rename or directory sync failed.
         """
         target = self._commit.next_offset
@@ -318,6 +336,7 @@ class WriteAheadLog:
             if self._closed or self.durable_end >= min(target, self._commit.next_offset):
                 break
             await event.wait()
+        await self._wait_for_high_watermark(timeout_s)
         async with self._io_lock:
             return await self._local.seal()
 
@@ -393,10 +412,19 @@ class WriteAheadLog:
             max_bytes: stop once this many bytes were read (at least one batch is returned if
                 available).
 
+        While a :attr:`high_watermark` is set, only whole batches below it are returned
+        (consumers never see an offset the in-sync replicas do not all hold).
+
         Returns:
             Batches with contiguous offsets (possibly none when nothing is durable yet).
 
         Raises:
             CorruptRecordError: a durable batch fails its CRC (disk corruption).
         """
-        return self._local.read(from_offset, max_records, max_bytes=max_bytes)
+        high_watermark = self._local.high_watermark
+        if high_watermark is None:
+            return self._local.read(from_offset, max_records, max_bytes=max_bytes)
+        if from_offset >= high_watermark:
+            return []
+        got = self._local.read(from_offset, max_records, max_bytes=max_bytes)
+        return [batch for batch in got if batch.last_offset < high_watermark]

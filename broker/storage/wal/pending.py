@@ -7,7 +7,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
 from danube_pipeline.format.batches import set_base_offset
+from danube_pipeline.format.segments import StoredBatch, scan_batches
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
@@ -27,11 +29,66 @@ class PendingAppend:
     data: bytes
     record_count: int
     future: asyncio.Future[tuple[int, int]]
+    replica: bool = False
+    """A follower's copy of the owner's batch (:meth:`~broker.storage.wal.log.WriteAheadLog.append_replica`):
+    its offsets are the owner's, not reserved here."""
 
     @property
     def last_offset(self) -> int:
         """The batch's last offset."""
         return self.first_offset + self.record_count - 1
+
+
+@dataclass(slots=True)
+class EpochStart:
+    """A leader epoch to record in the epoch cache (:mod:`broker.storage.wal.epochs`) before
+    anything queued after it is written.
+
+    Attributes:
+        epoch: the leader epoch.
+        start_offset: its first offset (the next offset when it was queued).
+        future: resolved once the entry is durable; ``None`` for an entry a replica append
+            queued (its batches' futures report the outcome).
+    """
+
+    epoch: int
+    start_offset: int
+    future: asyncio.Future[None] | None
+
+
+def check_replica_batches(
+    batches: Sequence[tuple[int, bytes]], next_offset: int, latest_epoch: int | None, where: str
+) -> list[tuple[int, StoredBatch]]:
+    """Check the ``(epoch, stored batch)`` pairs a follower is about to append.
+
+    Each must be exactly one whole batch whose length, magic and CRC32C hold
+    (:func:`~danube_pipeline.format.segments.scan_batches`); the first must start at
+    ``next_offset`` and the rest follow without a gap; epochs never go down.
+
+    Returns:
+        ``(epoch, batch)`` for each.
+
+    Raises:
+        CorruptRecordError: a batch is torn, corrupt, empty or more than one batch.
+        OffsetRangeError: a batch does not start where the previous one (or the log) ends.
+        ValueError: an epoch is below ``latest_epoch`` or the epoch before it.
+    """
+    out: list[tuple[int, StoredBatch]] = []
+    expected = next_offset
+    floor = -1 if latest_epoch is None else latest_epoch
+    for i, (epoch, data) in enumerate(batches):
+        scan = scan_batches(data, start_position=0, keep_positions=True)
+        if scan.error is not None or len(scan.positions) != 1 or scan.valid_length != len(data):
+            raise CorruptRecordError(f"{where}: replica batch {i}", scan.valid_length, scan.error or "not one batch")
+        assert scan.first_offset is not None and scan.last_offset is not None
+        if scan.first_offset != expected:
+            raise OffsetRangeError(expected, scan.first_offset, f"{where}: replica batch {i}")
+        if epoch < floor:
+            raise ValueError(f"{where}: replica batch {i} has leader epoch {epoch}, below epoch {floor}")
+        out.append((epoch, StoredBatch(expected, scan.record_count, data)))
+        floor = epoch
+        expected = scan.last_offset + 1
+    return out
 
 
 def plan_write(

@@ -44,7 +44,7 @@ from danube_pipeline.format.records import (
     crc32c,
     decode_body,
 )
-from danube_pipeline.format.segments import StoredBatch, scan_segment
+from danube_pipeline.format.segments import StoredBatch, scan_batches, scan_segment
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,41 @@ def make_dirs_durable(directory: Path) -> list[Path]:
         return missing
 
 
+def write_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably: temporary file, ``fsync``, rename, ``fsync`` of
+    the directory. A crash leaves the old file or the new one, never a mix.
+
+    Raises:
+        OSError: the file cannot be written, renamed or synced.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+
+
+def cut_active_file(fd: int, position: int, header: bytes | None) -> None:
+    """Cut an active segment file at byte ``position`` and ``fsync`` it (truncation, see
+    :meth:`Segment.truncation_point`). The header's write record is cleared (its write is
+    gone), or the whole header replaced by ``header`` when given (a segment cut to its header
+    starts afresh).
+
+    Raises:
+        OSError: the truncation, write or sync failed.
+    """
+    os.ftruncate(fd, position)
+    if header is not None:
+        os.pwrite(fd, header, 0)
+    else:
+        os.pwrite(fd, bytes(_WRITE_RECORD.size), WRITE_RECORD_AT)
+    os.fsync(fd)
+
+
 def truncate_file(path: Path, length_bytes: int) -> None:
     """Cut ``path`` to ``length_bytes`` and ``fsync`` it.
 
@@ -227,6 +262,12 @@ class OffsetIndex:
             self.offsets.append(offset)
             self.positions.append(position)
             self._last_position = position
+
+    def truncate(self, offset: int) -> None:
+        """Drop the entries at or above ``offset`` (the segment was cut there)."""
+        i = bisect.bisect_left(self.offsets, offset)
+        del self.offsets[i:], self.positions[i:]
+        self._last_position = self.positions[-1] if self.positions else -self.interval_bytes
 
     def floor(self, offset: int) -> tuple[int, int]:
         """The last indexed ``(offset, position)`` at or before ``offset``; the header's end if none."""
@@ -319,6 +360,51 @@ class Segment:
             )
         self.index = OffsetIndex.from_positions(scan.positions, interval_bytes, through_offset=self.end)
         return self.index
+
+    def truncation_point(self, offset: int) -> tuple[int, int]:
+        """Where to cut this (active, version 2) segment so that no offset at or above
+        ``offset`` remains (Kafka's ``LogSegment.truncateTo``); blocking, reads only.
+
+        The cut falls on the batch that holds ``offset``: a batch is removed whole, so when
+        ``offset`` lies inside a batch, that batch goes too and the new next offset is its
+        base offset.
+
+        Returns:
+            ``(byte_position, next_offset)``: ``(length, end + 1)`` when nothing is at or above
+            ``offset``.
+
+        Raises:
+            CorruptRecordError: the durable batches from the index entry on do not scan.
+        """
+        assert self.fd is not None and self.index is not None and self.format_version == FORMAT_VERSION
+        _, start = self.index.floor(offset)
+        data = os.pread(self.fd, self.length - start, start)
+        scan = scan_batches(data, start_position=0, keep_positions=True)
+        if scan.error is not None or scan.valid_length != self.length - start:
+            raise CorruptRecordError(str(self.path), start + scan.valid_length, scan.error or "short read")
+        bases = [base for base, _ in scan.positions]
+        for i, (base, rel) in enumerate(scan.positions):
+            last = bases[i + 1] - 1 if i + 1 < len(bases) else self.end
+            if last >= offset:
+                return start + rel, base
+        return self.length, self.end + 1
+
+    def cut_state(self, position: int, next_offset: int) -> bytes | None:
+        """Make the state say the segment ends at byte ``position`` and offset
+        ``next_offset - 1`` (a :meth:`truncation_point`), before the file is cut
+        (:func:`cut_active_file`), so readers never reach the bytes being removed.
+
+        Returns:
+            The fresh header to write when the segment is cut back to its header (its age
+            starts again), else ``None``.
+        """
+        assert self.index is not None
+        self.end, self.length = next_offset - 1, position
+        self.index.truncate(next_offset)
+        if next_offset > self.start:
+            return None
+        self.created_at_ms = now_ms()
+        return SegmentHeader(start_offset=self.start, created_at_ms=self.created_at_ms).encode()
 
     def read(self, fd: int, offset: int, max_records: int, max_bytes: int) -> tuple[list[StoredBatch], int]:
         """Durable batches of this segment holding ``offset`` and the offsets after it.
