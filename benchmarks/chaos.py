@@ -7,7 +7,8 @@ acked offset.
 
 Everything runs on loopback in a temporary directory and is stopped by pid at the end, also on
 errors, Ctrl-C, SIGTERM and the time limit (``chaos_faults.py``: the cluster; ``chaos_load.py``:
-the load; ``chaos_check.py``: the read-back and the verdict; ``chaos_proxy.py``: the proxy).
+the load; ``chaos_check.py``: the read-back and the verdict; ``chaos_end.py``: the end's steps;
+``chaos_proxy.py``: the proxy).
 
 * **Cluster.** etcd and 3 brokers (``--lease-ttl-s 3``, ``--segment-max-age-s 2``, objects on
   a local ``file://`` store). Broker 3 reaches etcd only through a TCP proxy that can be
@@ -61,6 +62,7 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_check
+import chaos_end
 import faults_scenarios as fs
 from chaos_faults import KINDS, ChaosCluster, FaultRecord, Faults, continue_paused, unmount_all
 from chaos_load import Ledger, LiveConsumer, ProducerTask, TieringLoop, new_client, settle
@@ -107,18 +109,6 @@ def say(text: str) -> None:
 def all_partitions() -> list[str]:
     """Every plain topic and partition the load writes to."""
     return [*PLAIN_TOPICS, *(p.path for p in partition_names(TopicName.parse(PARTITIONED_TOPIC), PARTITIONS))]
-
-
-async def wait_served(addresses: list[str], topics: list[str], timeout_s: float) -> list[str]:
-    """Wait until every topic answers ``DescribeTopic``; the topics that did not in time."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(topics)
-    while pending and time.monotonic() < deadline:
-        results = await asyncio.gather(*(chaos_check.describe_next_offset(addresses, t) for t in pending))
-        pending = [t for t, (next_offset, _) in zip(pending, results, strict=True) if next_offset < 0]
-        if pending:
-            await asyncio.sleep(1.0)
-    return pending
 
 
 async def run_faults(faults: Faults, args: argparse.Namespace, t0: float) -> None:
@@ -177,40 +167,14 @@ async def run(args: argparse.Namespace, cluster: ChaosCluster) -> None:
         say("== end: every broker runs, producers stop, tiering catches up")
         for line in await cluster.ensure_running():
             say(f"  {line}")
-        unserved = await wait_served(addresses, topics, 60)
-        if unserved:
-            say(f"  not served after 60 s: {unserved}")
-        await settle(producers)
-        acked_ids = {s.ident for s in ledger.acked()}
-        deadline = time.monotonic() + args.drain_s
-        while time.monotonic() < deadline and acked_ids - set().union(*(c.received for c in consumers)):
-            await asyncio.sleep(0.5)
-        await settle(consumers)
-        counts = ledger.counts()
-        say(f"  sends: {sum(counts.values()):,}: " + ", ".join(f"{k} {v:,}" for k, v in counts.most_common())
-            + f"; producer opens {[p.opens for p in producers]}")
-        for text, count in ledger.errors.most_common(10):
-            say(f"    x{count} {text}")
-        live = set().union(*(c.received for c in consumers))
-        say(f"  live consumers received {len(live & acked_ids):,} of {len(acked_ids):,} acked"
-            f" ({sum(c.deliveries for c in consumers):,} deliveries, opens {[c.opens for c in consumers]})")
+        await chaos_end.stop_load(addresses, topics, ledger, producers, consumers, drain_s=args.drain_s, say=say)
         await tiering.stop()
         await chaos_check.catch_up(tiering, addresses, topics, timeout_s=args.catch_up_s, say=say)
         tiering.start()
         say(f"  tiering: {tiering.objects_written} objects over {tiering.rounds} rounds;"
             f" {sum(tiering.errors.values())} errors" + (f", e.g. {tiering.errors.most_common(1)[0][0]}" if tiering.errors else ""))
         say("== read-back: a fresh subscription per topic and partition from EARLIEST")
-        max_acked: dict[str, int] = collections.defaultdict(lambda: -1)
-        for send in ledger.acked():
-            max_acked[send.partition] = max(max_acked[send.partition], send.offset)
-        results = await asyncio.gather(*(chaos_check.read_partition(addresses, t, max_acked=max_acked[t],
-                                                                    stall_s=args.stall_s) for t in topics))
-        reads = {r.topic: r for r in results}
-        for r in results:
-            say(f"  {r.topic}: read {len(r.stored):,} offsets, reached {r.reached:,} (next_offset {r.next_offset:,},"
-                f" max acked {max_acked[r.topic]:,}) in {r.seconds:.1f} s"
-                + (f"; STALLED at {r.reached}: unavailable ranges {r.unavailable_ranges}" if r.stalled else "")
-                + (f"; {r.error}" if r.error else ""))
+        reads = await chaos_end.read_back(addresses, topics, ledger, stall_s=args.stall_s, say=say)
         verdict = chaos_check.judge(ledger, reads)
         by_kind = collections.Counter(f.kind for f in faults.log)
         failed_faults = sum(1 for f in faults.log if "FAILED" in f.note)

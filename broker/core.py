@@ -45,6 +45,7 @@ from broker.config import BrokerConfig
 from broker.dispatch.consumer import Consumer
 from broker.dispatch.redelivery import RedeliverySettings
 from broker.reconcile import Reconciler
+from broker.replication.follower import FETCH_CHANNEL_OPTIONS
 from broker.replication.manager import ReplicaManager
 from broker.rpc.tls import BrokerChannels, broker_tls_files
 from broker.rpc.request_ids import RecentRequests
@@ -141,7 +142,8 @@ class Broker:
             close_producers=self.producer_sessions.close_topic_producers, loader=self.loader,
         )
         self.replicas = ReplicaManager(
-            self.served, config, cache=cache, cluster=self.cluster, channels=BrokerChannels(broker_tls_files(config))
+            self.served, config, cache=cache, cluster=self.cluster,
+            channels=BrokerChannels(broker_tls_files(config), options=FETCH_CHANNEL_OPTIONS),
         )
         self.loader.replicas = self.replicas
         self.releaser.replicas = self.replicas

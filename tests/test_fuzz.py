@@ -40,6 +40,7 @@ from danube_pipeline.dev.fuzzing.formats import (
     mutated_segments,
     segments,
     segments_v2,
+    segments_v3,
 )
 from danube_pipeline.dev.fuzzing.rpcs import DISRUPTIVE_RPCS, Rpc, raw_requests, requests, rpcs
 from danube_pipeline.dev.fuzzing.target import BrokerTarget, check_request
@@ -145,7 +146,7 @@ def test_segment_with_recomputed_crc_raises_only_documented_errors(data: bytes, 
 
 @pytest.mark.unit
 @settings(DECODER, max_examples=150)
-@given(segments() | segments_v2(tierable=True), containers)
+@given(segments() | segments_v2(tierable=True) | segments_v3(tierable=True), containers)
 def test_segment_columns_equal_the_reference_decoder(case: SegmentCase, container: str) -> None:
     check_segment_columns(case.data, container)
 

@@ -306,3 +306,71 @@ async def test_the_leader_moves_topics_until_the_load_is_even(
             log = dict(received[topic])
             assert len(set(received[topic])) == len(log) == total, topic
             assert log == {offset: _payload(topic, i) for i, offset in enumerate(acked)}, topic
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_replicated_topic_moves_only_to_an_in_sync_replica(etcd_endpoints: list[str]) -> None:
+    """A move of a replicated topic to a broker outside its replica set (§1.9) first makes that
+    broker one more replica and waits until the owner counts it in the ISR (§5.9); one that does
+    not catch up in time is taken out of the set again, and the topic is not released."""
+    async with await MetadataStore.connect(etcd_endpoints) as meta:
+        epoch = await _seed_cluster(meta, {1: 2, 2: 0})
+        names = [TopicName.parse(f"/default/b1-t{i}") for i in range(2)]
+        await meta.put(keys.namespace_policy("default"), values.NamespacePolicy(replication_factor=2))
+        revision = 0
+        for name in names:
+            await meta.put(keys.replica_assignment(name), values.ReplicaAssignment(replicas=[1, 3], since=1))
+            revision = await meta.put(keys.in_sync_replicas(name), values.InSyncReplicas(
+                owner=1, owner_epoch=1, isr=[1, 3], high_watermark=0))
+        async with LocalCache(meta) as cache:
+            await cache.wait_for_revision(revision)
+            unloaded: list[str] = []
+
+            async def unload(topic: str) -> None:
+                unloaded.append(topic)
+
+            async def owner_counts_the_new_replica() -> TopicName:
+                """What the owner of the first topic broker 2 joins does once it caught up: its
+                ISR record names broker 2."""
+                while True:
+                    for name in names:
+                        raw = cache.get(keys.replica_assignment(name))
+                        if raw is not None and 2 in values.ReplicaAssignment.from_json(raw).replicas:
+                            await meta.put(keys.in_sync_replicas(name), values.InSyncReplicas(
+                                owner=1, owner_epoch=1, isr=[1, 2, 3], high_watermark=0))
+                            return name
+                    await asyncio.sleep(0.05)
+
+            duties = LeaderDuties(meta, cache, lambda: epoch)
+            rebalancer = Rebalancer(
+                meta, cache, lambda: epoch, duties=duties, unload=unload, strategy="fair", threshold=AGGRESSIVE,
+                interval_s=1.0, cooldown_s=0.0, max_moves=1, topic_cooldown_s=60.0, replica_catch_up_s=1.0,
+            )
+            catching_up = asyncio.create_task(owner_counts_the_new_replica())
+            moved = await rebalancer.run_round(epoch)
+            first = await catching_up
+            other = next(n for n in names if n != first)
+            assert moved.moved == (first.path,) and unloaded == [first.path]
+            replicas = values.ReplicaAssignment.from_json((await meta.get(keys.replica_assignment(first))).value)  # type: ignore[union-attr]
+            assert sorted(replicas.replicas) == [1, 2, 3]
+            assert duties.preferred == {first.path: 2}
+            unloaded.clear()
+            refused = await rebalancer.run_round(epoch)  # nobody counts broker 2 in the other's ISR
+            assert refused.failed == (other.path,) and unloaded == []
+            replicas = values.ReplicaAssignment.from_json((await meta.get(keys.replica_assignment(other))).value)  # type: ignore[union-attr]
+            assert sorted(replicas.replicas) == [1, 3]
+            assert other.path not in duties.preferred
+
+            # What the source's release writes (§1.4, §1.5); the assignment drops its copy.
+            released = await meta.transaction(
+                puts=[(keys.topic_root(first), None),
+                      (keys.unassigned_topic(first), values.UnassignedReason(reason="unload", from_broker=1))],
+                deletes=[keys.topic_assignment(1, first)],
+            )
+            assert released is not None
+            await cache.wait_for_revision(released)
+            assert await duties.assign_pass(epoch) == 1
+            assert await meta.get(keys.topic_assignment(2, first)) is not None
+            replicas = values.ReplicaAssignment.from_json((await meta.get(keys.replica_assignment(first))).value)  # type: ignore[union-attr]
+            assert sorted(replicas.replicas) == [2, 3]

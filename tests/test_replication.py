@@ -15,10 +15,11 @@ a 2 s lease and a 2 s ``--replica-lag-max-s``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ from danube_pipeline.format.records import SEGMENT_HEADER_SIZE, SegmentHeader
 from danube_pipeline.format.segments import iter_stored_batches
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.lake.tiering import tier_sealed_segments
 from danube_pipeline.names import TopicName
+from danube_pipeline.storage.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -70,6 +73,21 @@ async def full_isr(meta: MetadataStore, name: TopicName, size: int = 3) -> bool:
     return record is not None and len(record.isr) == size
 
 
+@contextlib.asynccontextmanager
+async def replicated_topic(
+    etcd_endpoints: list[str], brokers: list[BrokerProcess]
+) -> AsyncIterator[tuple[MetadataStore, DanubeClient]]:
+    """etcd and a client of ``brokers``, with namespace ``default`` at replication factor 3 and
+    ``min_insync_replicas`` 2, and :data:`TOPIC` created."""
+    async with (
+        await MetadataStore.connect(etcd_endpoints) as meta,
+        DanubeClient([b.address for b in brokers], metadata_retries=60, retry_backoff_ms=100) as client,
+    ):
+        await update_namespace_policy(meta, "default", {"replication_factor": 3, "min_insync_replicas": 2})
+        await client.admin.create_topic(TOPIC)
+        yield meta, client
+
+
 def by_id(brokers: list[BrokerProcess], broker_id: int) -> BrokerProcess:
     return next(b for b in brokers if b.broker_id == broker_id)
 
@@ -79,12 +97,7 @@ async def test_an_owners_sigkill_loses_no_acked_message_and_blocks_no_reader(
 ) -> None:
     brokers = [start_broker(extra_args=ARGS) for _ in range(3)]
     name = TopicName.parse(TOPIC)
-    async with (
-        await MetadataStore.connect(etcd_endpoints) as meta,
-        DanubeClient([b.address for b in brokers], metadata_retries=60, retry_backoff_ms=100) as client,
-    ):
-        await update_namespace_policy(meta, "default", {"replication_factor": 3, "min_insync_replicas": 2})
-        await client.admin.create_topic(TOPIC)
+    async with replicated_topic(etcd_endpoints, brokers) as (meta, client):
         acked: dict[int, bytes] = {}
         async with client.producer(TOPIC, producer_name="p", max_batch_messages=10) as producer:
             for i in range(200):
@@ -145,12 +158,7 @@ async def test_double_failover_with_divergent_tails_ends_with_identical_logs(
 ) -> None:
     brokers = [start_broker(extra_args=ARGS) for _ in range(3)]
     name = TopicName.parse(TOPIC)
-    async with (
-        await MetadataStore.connect(etcd_endpoints) as meta,
-        DanubeClient([b.address for b in brokers], metadata_retries=60, retry_backoff_ms=100) as client,
-    ):
-        await update_namespace_policy(meta, "default", {"replication_factor": 3, "min_insync_replicas": 2})
-        await client.admin.create_topic(TOPIC)
+    async with replicated_topic(etcd_endpoints, brokers) as (meta, client):
         acked: dict[int, bytes] = {}
         sent = 0
 
@@ -208,3 +216,40 @@ async def test_double_failover_with_divergent_tails_ends_with_identical_logs(
         assert {o: received[o][0] for o in acked} == acked
         payloads = [p for ps in received.values() for p in ps if not p.startswith(b"unacked")]
         assert len(payloads) == len(set(payloads)), "an acknowledged message written twice"
+
+
+async def test_replica_logs_follow_the_owners_local_retention(
+    etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """Replica logs keep no more than the owner's: once the owner's local retention deleted
+    segments that object storage verifiably holds, each follower deletes its sealed segments
+    below the owner's first local offset (``broker/replication/follower.py``)."""
+    url = (tmp_path / "objects").as_uri()
+    brokers = [
+        start_broker(extra_args=[*ARGS, "--object-store-url", url], segment_max_bytes=2048) for _ in range(3)
+    ]
+    name = TopicName.parse(TOPIC)
+    async with replicated_topic(etcd_endpoints, brokers) as (meta, client):
+        async with client.producer(TOPIC, producer_name="p", max_batch_messages=10) as producer:
+            for i in range(400):
+                await producer.send(f"message {i:04d} ".encode() * 4)
+        await eventually(lambda: full_isr(meta, name), timeout_s=20, what="three in-sync replicas")
+        await tier_sealed_segments(name, store=meta, admin=client.admin, objects=ObjectStore(url))
+        result = await client.admin.apply_local_retention(TOPIC, retention_bytes=0)
+        owner_start = result.first_local_offset
+        assert owner_start > 0, "the owner deleted tiered segments"
+        owner = by_id(brokers, await owner_of(meta, name) or 0)
+        followers = [b for b in brokers if b is not owner]
+        async with client.producer(TOPIC, producer_name="q") as producer:  # a fetch after the deletion
+            await producer.send(b"after retention")
+
+        def oldest(b: BrokerProcess) -> int:
+            batches = log_batches(b, name)
+            return batches[0][0] if batches else -1
+
+        await eventually(
+            lambda: all(0 < oldest(b) <= owner_start for b in followers), timeout_s=20,
+            what="replica logs cut below the owner's first local offset",
+        )
+        for b in followers:  # what they keep is the owner's log from there on
+            assert [x for x in log_batches(b, name) if x[0] >= owner_start] == log_batches(owner, name)

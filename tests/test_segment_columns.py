@@ -4,6 +4,7 @@ random and corrupted segments are in tests/test_fuzz.py (``test_segment_columns_
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -13,9 +14,16 @@ import pytest
 from danube_pipeline.lake import segment_columns
 from danube_pipeline.format.batches import BATCH_HEADER_SIZE, BatchBuilder, set_base_offset
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, crc32c, encode_record
+from danube_pipeline.format.records import (
+    FORMAT_VERSION,
+    LEGACY_FORMAT_VERSION,
+    Record,
+    SegmentHeader,
+    crc32c,
+    encode_record,
+)
 from danube_pipeline.lake.segment_columns import RecordColumns, decode_segment_columns, native_framing, schema_keys
-from danube_pipeline.format.segments import decode_segment
+from danube_pipeline.format.segments import decode_segment, iter_stored_batches
 
 pytestmark = pytest.mark.unit
 
@@ -148,3 +156,72 @@ def test_legacy_segments_are_read_by_the_reference_decoder() -> None:
     records = decode_segment_columns(data).records
     assert list(records) == [record]
     assert records.payload.type == pa.large_binary()
+
+
+def _as_version_3(data: bytes, epochs: list[int]) -> bytes:
+    """The version 2 segment ``data`` as version 3: each batch behind its epoch."""
+    header = SegmentHeader.decode(data)
+    out = bytearray(SegmentHeader(header.start_offset, 0, format_version=FORMAT_VERSION).encode())
+    for (_, batch), epoch in zip(iter_stored_batches(data, format_version=2), epochs, strict=True):
+        out += struct.pack("<Q", epoch) + batch.data
+    return bytes(out)
+
+
+def _as_version_1(data: bytes) -> bytes:
+    decoded = decode_segment(data)
+    header = SegmentHeader(decoded.start_offset, 0, format_version=LEGACY_FORMAT_VERSION).encode()
+    return header + b"".join(encode_record(dataclasses.replace(r, key=None)) for r in decoded.records)
+
+
+def test_version_3_segments_are_walked_by_the_fast_path_and_equal_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    v2 = _mixed_segment()
+    v3 = _as_version_3(v2, [4, 4, 9])
+    ref = decode_segment(v3, index_interval_records=2)
+    entries = [p for p, _ in iter_stored_batches(v3, format_version=FORMAT_VERSION)]
+    assert ref.offset_index == [[40, entries[0]], [43, entries[1]]] == [[40, 32], [43, entries[1]]]
+    assert entries[1] == decode_segment(v2, index_interval_records=2).offset_index[1][1] + 8
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("the reference decoder was used")
+
+    with monkeypatch.context() as patched:  # the C walker reads version 3 itself
+        patched.setattr(segment_columns, "decode_segment", refuse)
+        fast = decode_segment_columns(v3, index_interval_records=2)
+    assert (fast.header, fast.offset_index, fast.size_bytes) == (ref.header, ref.offset_index, len(v3))
+    assert list(fast.records) == ref.records == decode_segment(v2).records
+    monkeypatch.setattr(segment_columns, "_native", None)
+    slow = decode_segment_columns(v3, index_interval_records=2)
+    assert slow.offset_index == fast.offset_index
+    for name in RecordColumns.__slots__:
+        a, b = getattr(fast.records, name), getattr(slow.records, name)
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a.equals(b), name
+
+
+def test_objects_of_every_version_decode_to_the_same_records() -> None:
+    v2 = _segment(3, [_batch([(b"a", None, {"x": "1"}), (b"bb", None, {})]), _batch([(b"c", None, {})])])
+    segments = {1: _as_version_1(v2), 2: v2, 3: _as_version_3(v2, [0, 2])}
+    assert {v: SegmentHeader.decode(d).format_version for v, d in segments.items()} == {1: 1, 2: 2, 3: 3}
+    decoded = {v: decode_segment_columns(d) for v, d in segments.items()}
+    records = [list(d.records) for d in decoded.values()]
+    assert records[0] == records[1] == records[2] and [r.offset for r in records[0]] == [3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (lambda d: d[:-1], CorruptRecordError),
+        (lambda d: d[:36], CorruptRecordError),  # torn inside the first epoch
+        (lambda d: d[:60] + bytes([d[60] ^ 1]) + d[61:], CorruptRecordError),
+        (lambda d: d[:40] + struct.pack("<Q", 41) + d[48:], OffsetRangeError),
+    ],
+    ids=["torn", "torn-epoch", "flipped", "offset"],
+)
+def test_a_bad_version_3_segment_is_refused_with_the_reference_error(damage, error) -> None:  # type: ignore[no-untyped-def]
+    data = damage(_as_version_3(_mixed_segment(), [1, 2, 3]))
+    with pytest.raises(error) as reference:
+        decode_segment(data)
+    with pytest.raises(error) as columns:
+        decode_segment_columns(data)
+    assert str(columns.value) == str(reference.value)

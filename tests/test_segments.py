@@ -19,8 +19,9 @@ from danube_pipeline.format.batches import (
     set_base_offset,
     validate_batch,
 )
-from danube_pipeline.errors import MalformedRequestError, MessageTooLargeError
+from danube_pipeline.errors import CorruptRecordError, MalformedRequestError, MessageTooLargeError
 from danube_pipeline.format.records import (
+    BATCH_FORMAT_VERSION,
     FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     Record,
@@ -61,6 +62,15 @@ def _v2_segment(records: list[Record], per_batch: int) -> bytes:
             chunk[0].offset,
         )
         out += head + bytes(rest)
+    return out
+
+
+def _v3_segment(records: list[Record], per_batch: int, epochs: list[int]) -> bytes:
+    """The batches of :func:`_v2_segment`, each behind its epoch (``epochs[i]`` for batch i)."""
+    v2 = _v2_segment(records, per_batch)
+    out = SegmentHeader(start_offset=records[0].offset, created_at_ms=1, format_version=FORMAT_VERSION).encode()
+    for (_, batch), epoch in zip(iter_stored_batches(v2, format_version=BATCH_FORMAT_VERSION), epochs, strict=True):
+        out += epoch.to_bytes(8, "little") + batch.data
     return out
 
 
@@ -137,7 +147,7 @@ def test_decode_segment_reads_both_versions_alike(per_batch: int) -> None:
     records = [_record(10 + i) for i in range(10)]
     v1 = decode_segment(_v1_segment(records))
     v2 = decode_segment(_v2_segment(records, per_batch), index_interval_records=4)
-    assert v1.header.format_version == LEGACY_FORMAT_VERSION and v2.header.format_version == FORMAT_VERSION
+    assert v1.header.format_version == LEGACY_FORMAT_VERSION and v2.header.format_version == BATCH_FORMAT_VERSION
     assert v1.records == records
     assert v2.records == records
     # v2 index entries point at batch starts: the first batch, then one per 4 records or more
@@ -165,10 +175,10 @@ def test_version_1_records_come_as_one_record_batches() -> None:
 
 
 @pytest.mark.asyncio
-async def test_wal_serves_version_1_files_and_writes_version_2_after_them(tmp_path: Path) -> None:
+async def test_wal_serves_version_1_files_and_writes_version_3_after_them(tmp_path: Path) -> None:
     """A WAL directory from before record batches: a sealed version 1 file and a non-empty
     version 1 active file. At open the active file is sealed as it is; new batches go to a new
-    version 2 file; reads cross both formats."""
+    version 3 file; reads cross both formats."""
     old = [_record(i) for i in range(8)]
     (tmp_path / sealed_name(0, 4)).write_bytes(_v1_segment(old[:5]))
     (tmp_path / active_name(5)).write_bytes(_v1_segment(old[5:]))
@@ -202,3 +212,56 @@ async def test_wal_replaces_an_empty_version_1_active_file(tmp_path: Path) -> No
     finally:
         await wal.close()
     assert SegmentHeader.decode((tmp_path / active_name(0)).read_bytes()).format_version == FORMAT_VERSION
+
+
+# ------------------------------------------------------------------ version 3: leader epochs
+
+
+@pytest.mark.parametrize("per_batch", [1, 3, 100])
+def test_version_3_decodes_as_version_2_with_epochs_and_entry_positions(per_batch: int) -> None:
+    records = [_record(10 + i) for i in range(10)]
+    n = -(-len(records) // per_batch)
+    epochs = [0] + [5 + i // 2 for i in range(n - 1)]  # unknown first, then runs of two batches
+    v2_data, v3_data = _v2_segment(records, per_batch), _v3_segment(records, per_batch, epochs)
+    v2 = decode_segment(v2_data, index_interval_records=4)
+    v3 = decode_segment(v3_data, index_interval_records=4)
+    assert v3.header.format_version == FORMAT_VERSION and v3.records == v2.records == records
+    stored2 = list(iter_stored_batches(v2_data, format_version=BATCH_FORMAT_VERSION))
+    stored3 = list(iter_stored_batches(v3_data, format_version=FORMAT_VERSION))
+    # The same batch bytes (what consumers get), the epochs apart; positions are entry starts.
+    assert [b.data for _, b in stored3] == [b.data for _, b in stored2]
+    assert [b.leader_epoch for _, b in stored3] == epochs and {b.leader_epoch for _, b in stored2} == {0}
+    assert [p for p, _ in stored3] == [p + 8 * i for i, (p, _) in enumerate(stored2)]
+    assert [o for o, _ in v3.offset_index] == [o for o, _ in v2.offset_index]
+    for offset, position in v3.offset_index:
+        assert (offset, position) in [(b.base_offset, p) for p, b in stored3]
+    scan = scan_segment(v3_data, expected_first_offset=10, keep_positions=True)
+    assert (scan.error, scan.valid_length, scan.record_count) == (None, len(v3_data), 10)
+    assert scan.positions == [(b.base_offset, p) for p, b in stored3]
+    bases = [b.base_offset for _, b in stored3]
+    want_starts = [(e, bases[i]) for i, e in enumerate(epochs) if i == 0 or epochs[i - 1] != e]
+    assert scan.epoch_starts == want_starts
+
+
+def test_version_3_scan_stops_at_a_torn_entry_and_strict_readers_refuse_it() -> None:
+    records = [_record(i) for i in range(6)]
+    data = _v3_segment(records, 2, [7, 7, 8])
+    entries = [p for p, _ in iter_stored_batches(data, format_version=FORMAT_VERSION)]
+    for cut in (entries[2] + 3, entries[2] + 8, entries[2] + 20, len(data) - 1):  # in the epoch, the header, the body
+        scan = scan_segment(data[:cut], expected_first_offset=0, keep_positions=True)
+        assert (scan.valid_length, scan.record_count, scan.last_offset) == (entries[2], 4, 3), cut
+        assert scan.error is not None and scan.epoch_starts == [(7, 0)]
+        with pytest.raises(CorruptRecordError):
+            decode_segment(data[:cut])
+    flipped = bytearray(data)
+    flipped[entries[1] + 8 + 30] ^= 1  # inside the second batch: its CRC fails, not the epoch's
+    scan = scan_segment(bytes(flipped), expected_first_offset=0)
+    assert (scan.valid_length, scan.record_count) == (entries[1], 2)
+    epoch_changed = bytearray(data)
+    epoch_changed[entries[1]] ^= 0xFF  # the CRC does not cover the epoch: read with the new one
+    stored = [b for _, b in iter_stored_batches(bytes(epoch_changed), format_version=FORMAT_VERSION)]
+    assert [b.leader_epoch for b in stored] == [7, 7 ^ 0xFF, 8]
+    assert decode_segment(bytes(epoch_changed)).records == records
+    # Read as version 2, the same bytes are garbage: the version decides the layout.
+    as_v2 = SegmentHeader(start_offset=0, created_at_ms=1).encode() + data[32:]
+    assert scan_segment(as_v2, expected_first_offset=0).record_count == 0

@@ -23,7 +23,14 @@ from broker.storage.wal import WriteAheadLog, active_name, sealed_name
 from broker.storage.wal.segment import fsync_dir
 from danube_pipeline.format.batches import BatchBuilder, batch_records, set_base_offset
 from danube_pipeline.errors import CorruptRecordError, DanubeError, SegmentQuarantinedError, StorageFullError
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader, encode_record
+from danube_pipeline.format.records import (
+    FORMAT_VERSION,
+    LEGACY_FORMAT_VERSION,
+    SEGMENT_HEADER_SIZE,
+    Record,
+    SegmentHeader,
+    encode_record,
+)
 from danube_pipeline.format.segments import decode_segment, scan_segment
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -668,9 +675,11 @@ def batch_positions(path: Path) -> dict[int, int]:
 
 
 def damage(path: Path, offset: int, how: str) -> tuple[bytes, int]:
-    """Damage the batch holding ``offset`` in place; returns the new bytes and its position."""
+    """Damage the batch holding ``offset`` in place (past its epoch in a version 3 file);
+    returns the new bytes and its (entry) position."""
     data = bytearray(path.read_bytes())
-    pos = batch_positions(path)[offset]
+    entry = batch_positions(path)[offset]
+    pos = entry + (8 if SegmentHeader.decode(bytes(data[:32])).format_version == FORMAT_VERSION else 0)
     if how == "record_byte":
         data[pos + 70] ^= 0xFF  # inside the record: CRC mismatch
     elif how == "base_offset":
@@ -682,7 +691,7 @@ def damage(path: Path, offset: int, how: str) -> tuple[bytes, int]:
     else:
         raise AssertionError(how)
     path.write_bytes(bytes(data))
-    return bytes(data), pos
+    return bytes(data), entry
 
 
 def marker_of(path: Path) -> Path:

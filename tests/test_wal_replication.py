@@ -303,7 +303,7 @@ async def test_truncate_at_a_batch_boundary_then_reopen_and_append(tmp_path: Pat
     assert wal.next_offset == wal.durable_end == 6
     assert wal.epochs.entries == ((1, 0),) and wal.high_watermark == 6
     assert payload_tags(read_all(wal)) == [f"r{i}".encode() for i in range(6)]
-    assert wal.active_path.stat().st_size == SEGMENT_HEADER_SIZE + 2 * len(stored(0))
+    assert wal.active_path.stat().st_size == SEGMENT_HEADER_SIZE + 2 * (8 + len(stored(0)))  # epoch + batch entries
     assert decode_write_record(wal.active_path.read_bytes()) is None  # it described a write cut off
     await wal.truncate_to(50)  # nothing at or above: no-op
     await wal.begin_epoch(5)  # begun here as owner, never written to: at the log end

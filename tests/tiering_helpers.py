@@ -34,7 +34,7 @@ from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore, segment_object_path
 from danube_pipeline.format.batches import batch_from_record
 from danube_pipeline.format.records import (
-    FORMAT_VERSION,
+    BATCH_FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     Record,
     SegmentHeader,
@@ -76,7 +76,7 @@ async def put_object(
     ``batches``: then in format version 2, one record batch per record (keys kept).
     """
     start, end = records[0].offset, records[-1].offset
-    version = FORMAT_VERSION if batches else LEGACY_FORMAT_VERSION
+    version = BATCH_FORMAT_VERSION if batches else LEGACY_FORMAT_VERSION
     data = SegmentHeader(start_offset=start, created_at_ms=1, format_version=version).encode()
     data += b"".join((batch_from_record if batches else encode_record)(r) for r in records)
     oid = object_id(start, end)

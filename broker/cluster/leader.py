@@ -203,6 +203,10 @@ class LeaderDuties:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), PASS_INTERVAL_S)
             self._wake.clear()
+            # Brokers seen registered since this broker started, leader or not: one whose
+            # registration then expired died while this broker watched, so a new leader fails
+            # it over at once (the grace is for brokers it never saw, which may be restarting).
+            self._seen_registered |= set(registered_brokers(self.cache))
             epoch = self.epoch()
             if epoch is None:
                 continue
@@ -223,9 +227,11 @@ class LeaderDuties:
         in the unassigned queue with reason ``failover``, so :meth:`assign_pass` gives them to
         live brokers; the new owner fences the old one (:mod:`broker.cluster.ownership`).
 
-        A broker seen registered during this leadership is failed over as soon as its
-        registration disappears. One already missing when this broker became the leader may be
-        restarting: it is failed over once this leadership is ``failover_grace_s`` old.
+        A broker this broker saw registered (since it started, as leader or not) is failed over
+        as soon as its registration disappears: when the old leader dies, the new one fails its
+        topics over right after its election, not a grace later. One this broker never saw
+        registered may be restarting: it is failed over once this leadership is
+        ``failover_grace_s`` old.
 
         Each topic moves in one transaction guarded by the leader epoch, the assignment's
         existence and the registration's absence (a broker registering again keeps its topics).
@@ -239,7 +245,6 @@ class LeaderDuties:
         now = time.monotonic()
         if self._led_epoch != epoch:
             self._led_epoch, self._led_since = epoch, now
-            self._seen_registered = set()
         registered = set(registered_brokers(self.cache))
         self._seen_registered |= registered
         moved = 0
@@ -310,7 +315,9 @@ class LeaderDuties:
             if not loads:
                 return done  # no active broker yet: wait for one
             preferred = self.preferred.get(topic.path, -1)
-            placement = self.replicas.place(topic, loads, active, brokers, preferred=preferred)
+            placement = self.replicas.place(
+                topic, loads, active, brokers, preferred=preferred, released_by=released_by
+            )
             # replication factor 1 (no placement): exactly the unreplicated transaction
             target = placement.owner if placement else ReplicaPlacement.choose(topic, loads, preferred)
             revision = await assign_topic(

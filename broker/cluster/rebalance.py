@@ -21,9 +21,12 @@ While this broker is the leader (§1.7), :class:`Rebalancer` runs one *round* ev
 5. Each move, in order: the destination is recorded in ``LeaderDuties.preferred``, then the
    owner is asked to release the topic gracefully (``Admin.UnloadTopic``: it seals the WAL and
    puts the topic in the unassigned queue with ``from_broker``); the leader's assignment pass
-   then gives it to the destination, and clients follow it. A move whose source no longer owns
-   the topic is skipped; one whose unload fails is logged and counted, and not retried before
-   the topic's cool-down.
+   then gives it to the destination, and clients follow it. A replicated topic's destination
+   outside its replica set first becomes a replica and catches up
+   (:mod:`broker.cluster.replica_moves`), so ownership only ever passes to an in-sync replica. A
+   move whose source no longer owns the topic is skipped; one whose unload fails (or whose
+   destination does not catch up) is logged and counted, and not retried before the topic's
+   cool-down.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from danube_pipeline.outages import OutageLog
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
+from broker.cluster.replica_moves import REPLICA_CATCH_UP_S, replicate_to_target
 from broker.cluster.leader import UNASSIGNED_PREFIX, LeaderDuties, assignments, broker_mode, registered_brokers
 from broker.cluster.load_manager import (
     REASON_REBALANCED,
@@ -183,6 +187,8 @@ class Rebalancer:
         max_moves: at most this many topics move per round.
         topic_cooldown_s: a topic moved (or tried) less than this many seconds ago does not
             move; default :data:`TOPIC_COOLDOWN_ROUNDS` × ``cooldown_s``.
+        replica_catch_up_s: how long a replicated topic's move waits for its destination to
+            join the ISR (:mod:`broker.cluster.replica_moves`).
         clock: monotonic seconds, for the cool-downs.
         wall_clock: seconds since the Unix epoch, for the decision's ``timestamp``.
 
@@ -213,6 +219,7 @@ class Rebalancer:
         cooldown_s: float,
         max_moves: int,
         topic_cooldown_s: float | None = None,
+        replica_catch_up_s: float = REPLICA_CATCH_UP_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -231,6 +238,7 @@ class Rebalancer:
         self.cooldown_s = cooldown_s
         self.max_moves = max_moves
         self.topic_cooldown_s = TOPIC_COOLDOWN_ROUNDS * cooldown_s if topic_cooldown_s is None else topic_cooldown_s
+        self.replica_catch_up_s = replica_catch_up_s
         self._clock = clock
         self._wall_clock = wall_clock
         self._last_round_s: float | None = None
@@ -356,9 +364,13 @@ class Rebalancer:
             if self.epoch() != epoch or not self.cache.contains(keys.topic_assignment(source, name)):
                 skipped.append(topic)
                 continue
-            if self.duties is not None:
-                self.duties.preferred[topic] = target
             try:
+                if not await replicate_to_target(
+                    self.store, self.cache, epoch, name, target, catch_up_s=self.replica_catch_up_s
+                ):
+                    raise RuntimeError(f"broker {target} is not an in-sync replica")
+                if self.duties is not None:
+                    self.duties.preferred[topic] = target
                 await self.unload(topic)
             except Exception as exc:  # noqa: BLE001 - any failure: logged, counted, not retried soon
                 if self.duties is not None:

@@ -148,6 +148,7 @@ class ReplicaPlacement:
         registered: Collection[int],
         *,
         preferred: int = -1,
+        released_by: int | None = None,
     ) -> Placement | None:
         """Choose the owner and replica set of ``topic`` (module docstring).
 
@@ -158,6 +159,9 @@ class ReplicaPlacement:
             active: every active registered broker.
             registered: every registered broker id.
             preferred: a broker a rebalancing move names; taken when it may take the topic.
+            released_by: the broker that released the topic, if one did: its copy is the first
+                to go when the set is over ``replication_factor`` (a move added the destination
+                as one more replica, :mod:`broker.cluster.replica_moves`).
 
         Returns:
             ``None`` when the topic's ``replication_factor`` is 1 (nothing to place: the
@@ -202,7 +206,9 @@ class ReplicaPlacement:
         # it truncates by epoch and follows again (the re-replication pass replaces it after).
         kept = [b for b in assignment.replicas if b != owner]
         in_sync_ids = isr.isr if isinstance(isr, InSyncReplicas) else []
-        kept.sort(key=lambda b: (b not in registered, b not in in_sync_ids))  # dropped last when it must shrink
+        # When the set must shrink, the last ones go: the releaser (a move added its destination
+        # as one more copy), then the unregistered, then those out of sync.
+        kept.sort(key=lambda b: (b == released_by, b not in registered, b not in in_sync_ids))
         replicas = fill_replicas([owner, *kept][:factor], factor, active_ids, counts)
         return Placement(owner, replicas, guards)
 

@@ -13,11 +13,19 @@ One :class:`ReplicaFetcher` per topic this broker holds a replica of and does no
    (none at or below, or a log written before replication) is emptied and fetched again.
 2. **Fetch** from its next offset (which tells the owner every offset below it is fsynced
    here), append the batches with :meth:`WriteAheadLog.append_replica` (one ``pwritev`` and one
-   ``fdatasync``), and keep the owner's high watermark (segments roll only below it, so a later
-   truncation never touches a sealed segment).
+   ``fdatasync``), and keep the owner's high watermark (a new owner starts its own there). A
+   replica log rolls its segments by size and age alone: nothing reads it, and waiting for a
+   watermark that only its next fetch can raise would stall it. A truncation that would cut
+   into a sealed segment (a tail sealed just before its owner died) starts the log again from
+   the owner's first local offset instead.
 3. A follower below the owner's first local offset (new, or away while the owner's local
    retention deleted segments it never fetched) starts again at that offset: everything below
-   is in object storage already (local retention deletes only verified-tiered segments).
+   is in object storage already (local retention deletes only verified-tiered segments). A
+   replica that becomes the owner reads what lies below its own log from object storage, as
+   every owner does.
+4. **Local retention** follows the owner's: a sealed segment of the replica log whose offsets
+   all lie below the owner's first local offset is deleted (the owner deletes a segment only
+   once object storage verifiably holds it, so these offsets are there).
 """
 
 from __future__ import annotations
@@ -42,8 +50,10 @@ from broker.storage.wal.log import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
-FETCH_MAX_BYTES = 4 * 1024 * 1024
-"""Bytes of batches per fetch, at most."""
+FETCH_MAX_BYTES = 1024 * 1024
+"""Bytes of batches per fetch, at most (one batch more when the first is larger)."""
+FETCH_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 256 * 1024 * 1024),)
+"""The channels to owners take any fetch answer: a batch may be as large as the owner took."""
 FETCH_MAX_WAIT_MS = 500
 """How long the owner holds a fetch that has nothing to send."""
 RETRY_S = 0.2
@@ -123,8 +133,6 @@ class ReplicaFetcher:
                 segment_max_age_s=self.config.segment_max_age_s,
                 initial_offset=initial_offset,
             )
-            # Segments roll only below the HW; before the first fetch nothing may roll.
-            self.wal.set_high_watermark(self.high_watermark if self.high_watermark is not None else 0)
         return self.wal
 
     async def _restart_at(self, offset: int) -> WriteAheadLog:
@@ -181,7 +189,17 @@ class ReplicaFetcher:
             if response.batches:
                 await wal.append_replica([(b.leader_epoch, b.data) for b in response.batches])
             self.high_watermark = min(response.high_watermark, wal.next_offset)
-            wal.set_high_watermark(self.high_watermark)
+            await self._retain(wal, response.log_start_offset)
+
+    async def _retain(self, wal: WriteAheadLog, owner_start: int) -> None:
+        """Local retention of a replica log: the oldest sealed segments whose offsets all lie
+        below the owner's first local offset go (module docstring, 4)."""
+        for segment in wal.sealed_segments():
+            if segment.end_offset >= owner_start:
+                break
+            freed = await wal.delete_oldest_sealed(segment.start_offset)
+            log.info("topic %s: replica segment %d..%d deleted (%d bytes): below the owner's local log, so in "
+                     "object storage", self.name, segment.start_offset, segment.end_offset, freed)
 
     async def _truncate(self, stub: pb_grpc.ReplicationStub, wal: WriteAheadLog) -> WriteAheadLog:
         """Truncate by epoch against the owner (module docstring, 1)."""

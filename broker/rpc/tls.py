@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,14 +239,18 @@ class BrokerChannels:
     Args:
         tls_files: ``(ca_file, cert_file, key_file)`` for mutual TLS with the broker's own
             certificate (:func:`broker_tls_files`); ``None`` opens plaintext channels.
+        options: gRPC channel options (``grpc.max_receive_message_length`` for fetches).
 
     Attributes:
         reopened: how many times a change of the files closed the open channels (for tests
             and diagnostics).
     """
 
-    def __init__(self, tls_files: tuple[Path | None, Path, Path] | None) -> None:
+    def __init__(
+        self, tls_files: tuple[Path | None, Path, Path] | None, *, options: Sequence[tuple[str, int]] = ()
+    ) -> None:
         self._tls_files = tls_files
+        self._options = list(options)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stamps: tuple[_FileStamp | None, ...] | None = None
         self.reopened = 0
@@ -278,9 +283,9 @@ class BrokerChannels:
         if channel is None:
             credentials = _files_credentials(self._tls_files)
             if credentials is None:
-                channel = grpc.aio.insecure_channel(address)
+                channel = grpc.aio.insecure_channel(address, options=self._options)
             else:
-                channel = grpc.aio.secure_channel(address, credentials)
+                channel = grpc.aio.secure_channel(address, credentials, options=self._options)
             self._channels[address] = channel
         return channel
 

@@ -167,7 +167,8 @@ def fetch_range(objects: ObjectStore, topic: TopicName, descriptor: ObjectDescri
         objects: the object store.
         topic: the object's topic.
         descriptor: its completed descriptor.
-        position: byte position of a batch (from :func:`seek_position`).
+        position: byte position of a batch, of its entry in a version 3 object (the leader
+            epoch before it, :mod:`danube_pipeline.format.segments`; from :func:`seek_position`).
         base: that batch's base offset.
 
     Returns:

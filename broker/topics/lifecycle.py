@@ -29,7 +29,7 @@ from broker.cluster.ownership import OwnerSession, commit_takeover, plan_takeove
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.reconcile import Reconciler
-from broker.replication.manager import ReplicaManager
+from broker.replication.manager import ReplicaManager, replica_set
 from broker.replication.takeover import previous_isr, start_replication
 from broker.storage.disk import DiskMonitor
 from broker.storage.memory_log import MemoryLog
@@ -201,6 +201,21 @@ class TopicLoader:
                 segment_max_age_s=cfg.segment_max_age_s,
                 initial_offset=floor,
             )
+            if wal.next_offset < floor and not plan.in_sync and self.replicas is not None and (
+                self._broker_id in replica_set(self._cache, name)
+            ):
+                # A replica log that fell behind (not in the ISR): the offsets it lacks are with
+                # the previous owner and in object storage, so it goes (or is kept as released
+                # segments when it may hold the only copy of an unavailable range, §5.5).
+                log.warning("topic %s: the replica log here ends at %d, below %d: set aside, the WAL starts at %d",
+                            name, wal.next_offset - 1, floor - 1, floor)
+                await wal.close()
+                await self.replicas.dispose(name)
+                holds_data = False
+                wal = await WriteAheadLog.open(
+                    wal_dir, segment_max_bytes=cfg.segment_max_bytes, segment_max_age_s=cfg.segment_max_age_s,
+                    initial_offset=floor,
+                )
         except BaseException:
             remote.close()
             raise
@@ -227,6 +242,7 @@ class TopicLoader:
             remote.close()
             raise
         wal.offset_guard = ownership
+        wal.leader_epoch = ownership.epoch  # stored with each batch (segment format 3); takeover records it
         wal.storage_monitor = self._disk
         topic = Topic(
             name,

@@ -12,10 +12,21 @@ Segment header (little endian, 32 bytes)::
 The 8 reserved bytes are ignored by readers; the broker's WAL keeps its last write's position
 and size there (``broker.storage.wal.segment``, the write record), zero in older files.
 
-Format version 2 (:data:`FORMAT_VERSION`, written since record batches) holds producer-framed
-record batches (:mod:`danube_pipeline.format.batches`). Format version 1
-(:data:`LEGACY_FORMAT_VERSION`, written before) holds one frame per record, below; segments and
-objects of version 1 stay readable.
+Format version 3 (:data:`FORMAT_VERSION`, what the WAL writes for every new segment since
+replication) holds *entries*: each entry is the leader epoch the batch was written in, then one
+stored record batch exactly as in version 2::
+
+    leader_epoch u64 | stored record batch (base offset set; its CRC32C does not cover the epoch)
+
+Epoch 0 means unknown (a topic whose WAL was never given an epoch). Byte positions into a
+version 3 segment (the WAL's sparse offset index, an object descriptor's ``offset_index``,
+:attr:`ScanResult.positions`) point at the entry start, the epoch. A torn or corrupt entry (a
+short epoch, a bad batch) ends the valid prefix as a bad batch does in version 2.
+
+Format version 2 (:data:`BATCH_FORMAT_VERSION`, written since record batches) holds
+producer-framed record batches (:mod:`danube_pipeline.format.batches`) with no epoch. Format
+version 1 (:data:`LEGACY_FORMAT_VERSION`, written before) holds one frame per record, below.
+Segments and objects of versions 1 and 2 stay readable everywhere.
 
 Version 1 record framing (little endian)::
 
@@ -46,11 +57,15 @@ import crc32c as _crc32c
 from danube_pipeline.errors import CorruptRecordError
 
 MAGIC = b"DNB1"
-FORMAT_VERSION = 2
-"""The version new segments are written in: record batches."""
+FORMAT_VERSION = 3
+"""The version the WAL writes new segments in: leader epoch + record batch entries."""
+BATCH_FORMAT_VERSION = 2
+"""Record batches without epochs; still read (and the default of :class:`SegmentHeader`)."""
 LEGACY_FORMAT_VERSION = 1
 """One frame per record; still read."""
-SUPPORTED_FORMAT_VERSIONS = (LEGACY_FORMAT_VERSION, FORMAT_VERSION)
+SUPPORTED_FORMAT_VERSIONS = (LEGACY_FORMAT_VERSION, BATCH_FORMAT_VERSION, FORMAT_VERSION)
+EPOCH_PREFIX_SIZE = 8
+"""Bytes of the leader epoch before each batch in a version 3 segment (u64, little endian)."""
 OBJECT_SUFFIX = ".dnb1"
 
 _HEADER = struct.Struct("<4sHHQQ8x")
@@ -99,11 +114,15 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
-    """The 32-byte header at the start of every segment file and object."""
+    """The 32-byte header at the start of every segment file and object.
+
+    ``format_version`` defaults to :data:`BATCH_FORMAT_VERSION` (bare batches follow); the WAL
+    passes :data:`FORMAT_VERSION` for the segments it creates.
+    """
 
     start_offset: int
     created_at_ms: int
-    format_version: int = FORMAT_VERSION
+    format_version: int = BATCH_FORMAT_VERSION
     flags: int = 0
 
     def encode(self) -> bytes:
@@ -198,7 +217,10 @@ class ScanResult:
         first_offset: offset of the first good record, or ``None`` if there is none.
         last_offset: offset of the last good record, or ``None``.
         error: why scanning stopped before the end of the data, or ``None`` if it did not.
-        positions: ``(offset, byte_position)`` of every good record, when requested.
+        positions: ``(offset, byte_position)`` of every good record (batch, entry), when requested.
+        epoch_starts: in a version 3 scan, ``(leader_epoch, base_offset)`` of every good batch
+            whose epoch differs from the previous batch's (the first batch's always), epoch 0
+            included: where each run of one epoch starts.
     """
 
     valid_length: int
@@ -207,6 +229,7 @@ class ScanResult:
     last_offset: int | None
     error: str | None
     positions: list[tuple[int, int]] = field(default_factory=list)
+    epoch_starts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def scan_records(

@@ -1,9 +1,18 @@
-"""Reading whole segments of either format version: scanning for recovery, decoding for
-tiering and tests.
+"""Reading whole segments of any format version: scanning for recovery, decoding for tiering
+and tests.
 
-A segment is a :class:`~danube_pipeline.format.records.SegmentHeader` followed by record batches
-(version 2, :mod:`danube_pipeline.format.batches`) or by one frame per record (version 1,
-:mod:`danube_pipeline.format.records`). Offsets are contiguous from the header's start offset.
+A segment is a :class:`~danube_pipeline.format.records.SegmentHeader` followed by
+
+* version 3 (:data:`~danube_pipeline.format.records.FORMAT_VERSION`, what the WAL writes):
+  entries of ``leader_epoch u64`` (little endian, 0 = unknown) immediately followed by one
+  stored record batch as in version 2 (the batch CRC32C does not cover the epoch);
+* version 2: stored record batches (:mod:`danube_pipeline.format.batches`);
+* version 1: one frame per record (:mod:`danube_pipeline.format.records`).
+
+Offsets are contiguous from the header's start offset. In version 3 every byte position
+(scan positions, the sparse offset index) is the entry start, and a :class:`StoredBatch` carries
+the entry's epoch in :attr:`StoredBatch.leader_epoch` while its :attr:`StoredBatch.data` is the
+batch alone (what consumers and followers receive).
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from typing import Generic, TypeVar
 from danube_pipeline.format import batches
 from danube_pipeline.errors import CorruptRecordError, MalformedRequestError, OffsetRangeError
 from danube_pipeline.format.records import (
+    EPOCH_PREFIX_SIZE,
+    FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     Record,
@@ -25,7 +36,9 @@ from danube_pipeline.format.records import (
     scan_records,
 )
 
-__all__ = ["DecodedSegment", "StoredBatch", "decode_segment", "iter_stored_batches", "scan_segment"]
+__all__ = [
+    "DecodedSegment", "StoredBatch", "decode_segment", "has_epoch_prefix", "iter_stored_batches", "scan_segment",
+]
 
 MAX_BATCH_BYTES = 256 * 1024 * 1024
 """Sanity bound for scanning: a longer batch_length is treated as corruption."""
@@ -33,6 +46,13 @@ MAX_BATCH_BYTES = 256 * 1024 * 1024
 _PREFIX = struct.Struct("<QII")
 _COUNT = struct.Struct("<I")
 _COUNT_POSITION = 20  # record_count within a batch
+_EPOCH = struct.Struct("<Q")
+
+
+def has_epoch_prefix(format_version: int) -> bool:
+    """Whether each batch of a segment of ``format_version`` is prefixed by its leader epoch
+    (version 3 and later)."""
+    return format_version >= FORMAT_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +62,15 @@ class StoredBatch:
     Attributes:
         base_offset: the first record's offset.
         record_count: records in the batch.
-        data: the whole batch.
+        data: the whole batch (in version 3 without the epoch before it).
+        leader_epoch: the leader epoch the batch was written in (version 3); 0 when unknown
+            (versions 1 and 2, or a WAL never given an epoch).
     """
 
     base_offset: int
     record_count: int
     data: bytes
+    leader_epoch: int = 0
 
     @property
     def last_offset(self) -> int:
@@ -61,60 +84,76 @@ def scan_batches(
     start_position: int = SEGMENT_HEADER_SIZE,
     expected_first_offset: int | None = None,
     keep_positions: bool = False,
+    epoch_prefix: bool = False,
 ) -> ScanResult:
-    """Walk stored batches and stop at the first one that is torn, corrupt or out of sequence.
+    """Walk stored batches (or version 3 entries) and stop at the first one that is torn,
+    corrupt or out of sequence.
 
     Checks each batch's length, magic and CRC32C, and that base offsets are contiguous; the
     records inside a batch whose CRC matches are not walked. Never raises for bad data.
 
+    Args:
+        epoch_prefix: each batch is preceded by its 8-byte leader epoch (version 3 entries);
+            a short epoch ends the valid prefix like a torn batch.
+
     Returns:
         A :class:`~danube_pipeline.format.records.ScanResult`; ``positions`` (when requested) holds the
-        ``(base_offset, byte_position)`` of every good batch and ``record_count`` the records.
+        ``(base_offset, byte_position)`` of every good batch (its entry start in version 3),
+        ``record_count`` the records, and ``epoch_starts`` (version 3) where each epoch's run
+        of batches starts.
     """
     view = memoryview(data)
     end = len(view)
     pos = start_position
+    skip = EPOCH_PREFIX_SIZE if epoch_prefix else 0
     expected = expected_first_offset
     first: int | None = None
     last: int | None = None
     count = 0
     positions: list[tuple[int, int]] = []
+    epoch_starts: list[tuple[int, int]] = []
     error: str | None = None
     while pos < end:
-        if end - pos < batches.BATCH_HEADER_SIZE:
-            error = f"torn batch header at byte {pos}"
+        at = pos + skip  # the batch
+        if end - at < batches.BATCH_HEADER_SIZE:
+            error = f"torn {'entry' if skip else 'batch header'} at byte {pos}"
             break
-        base, length, _crc = _PREFIX.unpack_from(view, pos)
+        base, length, _crc = _PREFIX.unpack_from(view, at)
         total = 12 + length
         if total < batches.BATCH_HEADER_SIZE or total > MAX_BATCH_BYTES:
-            error = f"implausible batch length {length} at byte {pos}"
+            error = f"implausible batch length {length} at byte {at}"
             break
-        if pos + total > end:
-            error = f"torn batch at byte {pos}: {total} bytes run past the end"
+        if at + total > end:
+            error = f"torn batch at byte {at}: {total} bytes run past the end"
             break
-        if view[pos + 16] != batches.MAGIC:
-            error = f"batch magic {view[pos + 16]} at byte {pos}"
+        if view[at + 16] != batches.MAGIC:
+            error = f"batch magic {view[at + 16]} at byte {at}"
             break
-        if not batches.crc_matches(view, pos, total):
-            error = f"CRC32C mismatch in the batch at byte {pos}"
+        if not batches.crc_matches(view, at, total):
+            error = f"CRC32C mismatch in the batch at byte {at}"
             break
         if expected is not None and base != expected:
-            error = f"batch base offset {base} at byte {pos}, expected {expected}"
+            error = f"batch base offset {base} at byte {at}, expected {expected}"
             break
-        records = _COUNT.unpack_from(view, pos + _COUNT_POSITION)[0]
+        records = _COUNT.unpack_from(view, at + _COUNT_POSITION)[0]
         if records < 1:
-            error = f"empty batch at byte {pos}"
+            error = f"empty batch at byte {at}"
             break
         if keep_positions:
             positions.append((base, pos))
+        if skip:
+            epoch = _EPOCH.unpack_from(view, pos)[0]
+            if not epoch_starts or epoch_starts[-1][0] != epoch:
+                epoch_starts.append((epoch, base))
         if first is None:
             first = base
         last = base + records - 1
         expected = last + 1
         count += records
-        pos += total
+        pos = at + total
     return ScanResult(
-        valid_length=pos, record_count=count, first_offset=first, last_offset=last, error=error, positions=positions
+        valid_length=pos, record_count=count, first_offset=first, last_offset=last, error=error, positions=positions,
+        epoch_starts=epoch_starts,
     )
 
 
@@ -128,8 +167,12 @@ def scan_segment(
         CorruptRecordError: the header is unusable.
     """
     header = SegmentHeader.decode(data)
-    scan = scan_records if header.format_version == LEGACY_FORMAT_VERSION else scan_batches
-    return scan(data, expected_first_offset=expected_first_offset, keep_positions=keep_positions)
+    if header.format_version == LEGACY_FORMAT_VERSION:
+        return scan_records(data, expected_first_offset=expected_first_offset, keep_positions=keep_positions)
+    return scan_batches(
+        data, expected_first_offset=expected_first_offset, keep_positions=keep_positions,
+        epoch_prefix=has_epoch_prefix(header.format_version),
+    )
 
 
 def iter_stored_batches(
@@ -138,7 +181,8 @@ def iter_stored_batches(
     """Yield ``(byte_position, batch)`` for every batch from ``start_position``, strictly.
 
     Records of a version 1 segment come as one-record batches
-    (:func:`~danube_pipeline.format.batches.batch_from_record`).
+    (:func:`~danube_pipeline.format.batches.batch_from_record`). In version 3,
+    ``byte_position`` is the entry start and the batch carries the entry's epoch.
 
     Raises:
         CorruptRecordError: a torn or corrupt batch or record.
@@ -150,18 +194,21 @@ def iter_stored_batches(
     view = memoryview(data)
     end = len(view)
     pos = start_position
+    skip = EPOCH_PREFIX_SIZE if has_epoch_prefix(format_version) else 0
     while pos < end:
-        if end - pos < batches.BATCH_HEADER_SIZE:
-            raise CorruptRecordError(where, pos, "torn batch header")
-        base, length, _crc = _PREFIX.unpack_from(view, pos)
+        at = pos + skip
+        if end - at < batches.BATCH_HEADER_SIZE:
+            raise CorruptRecordError(where, pos, "torn entry" if skip else "torn batch header")
+        base, length, _crc = _PREFIX.unpack_from(view, at)
         total = 12 + length
-        if total < batches.BATCH_HEADER_SIZE or pos + total > end:
+        if total < batches.BATCH_HEADER_SIZE or at + total > end:
             raise CorruptRecordError(where, pos, f"bad batch length {length}")
-        if not batches.crc_matches(view, pos, total):
+        if not batches.crc_matches(view, at, total):
             raise CorruptRecordError(where, pos, "CRC32C mismatch")
-        count = _COUNT.unpack_from(view, pos + _COUNT_POSITION)[0]
-        yield pos, StoredBatch(base, count, bytes(view[pos : pos + total]))
-        pos += total
+        count = _COUNT.unpack_from(view, at + _COUNT_POSITION)[0]
+        epoch = _EPOCH.unpack_from(view, pos)[0] if skip else 0
+        yield pos, StoredBatch(base, count, bytes(view[at : at + total]), epoch)
+        pos = at + total
 
 
 RecordsT = TypeVar("RecordsT", bound=Sequence[Record])
@@ -177,8 +224,9 @@ class DecodedSegment(Generic[RecordsT]):
             :class:`~danube_pipeline.format.records.Record` (:func:`decode_segment`), or columns
             (:func:`~danube_pipeline.lake.segment_columns.decode_segment_columns`).
         offset_index: sparse ``[offset, byte_position]`` pairs (``docs/etcd-layout.md`` §5.1
-            ``offset_index``): the first record, then the first record of the batch (version 2)
-            or the record (version 1) that follows each ``index_interval_records`` records.
+            ``offset_index``): the first record, then the first record of the batch (version 2),
+            entry (version 3, the position of its epoch) or the record (version 1) that follows
+            each ``index_interval_records`` records.
         size_bytes: total bytes.
     """
 
@@ -202,8 +250,8 @@ class DecodedSegment(Generic[RecordsT]):
 def decode_segment(
     data: bytes | memoryview, *, where: str = "segment", index_interval_records: int = 1000
 ) -> DecodedSegment[list[Record]]:
-    """Decode and verify a complete segment of either version (header, every CRC, contiguous
-    offsets, and in version 2 every batch's record framing, as
+    """Decode and verify a complete segment of any version (header, every CRC, contiguous
+    offsets, and in versions 2 and 3 every batch's record framing, as
     :func:`~danube_pipeline.format.batches.validate_batch` checks it).
 
     Args:

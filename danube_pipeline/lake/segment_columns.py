@@ -2,10 +2,12 @@
 
 Tiering reads every record of a segment object once, to turn it into table rows. Building a
 :class:`~danube_pipeline.format.records.Record` per record costs about 10 µs in Python, more than all
-the other steps together. :func:`decode_segment_columns` reads a segment (format version 2:
-:mod:`danube_pipeline.format.batches`) into a :class:`RecordColumns` instead:
+the other steps together. :func:`decode_segment_columns` reads a segment (format version 2 or
+3: :mod:`danube_pipeline.format.batches`, :mod:`danube_pipeline.format.segments`) into a
+:class:`RecordColumns` instead:
 
-* the batch headers are walked here: each batch's length, CRC32C, magic, record count,
+* the batch headers are walked here (in version 3 past each entry's 8-byte leader epoch, which
+  tiering does not keep): each batch's length, CRC32C, magic, record count,
   producer name and base offset checked, as :func:`~danube_pipeline.format.segments.decode_segment`
   checks them;
 * the records inside are walked in C (``danube_pipeline/lake/_framing.c``), which checks their
@@ -39,8 +41,14 @@ import pyarrow as pa
 
 from danube_pipeline.format import batches
 from danube_pipeline.errors import MalformedRequestError
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, SEGMENT_HEADER_SIZE, Record, SegmentHeader
-from danube_pipeline.format.segments import DecodedSegment, decode_segment
+from danube_pipeline.format.records import (
+    EPOCH_PREFIX_SIZE,
+    LEGACY_FORMAT_VERSION,
+    SEGMENT_HEADER_SIZE,
+    Record,
+    SegmentHeader,
+)
+from danube_pipeline.format.segments import DecodedSegment, decode_segment, has_epoch_prefix
 
 __all__ = ["ATTRIBUTES_TYPE", "RecordColumns", "decode_segment_columns", "native_framing", "schema_keys"]
 
@@ -308,6 +316,7 @@ def _walk(
     view = memoryview(data)
     end = len(view)
     pos = SEGMENT_HEADER_SIZE
+    skip = EPOCH_PREFIX_SIZE if has_epoch_prefix(header.format_version) else 0
     expected = next_index_at = header.start_offset
     index: list[list[int]] = []
     entries = bytearray()
@@ -318,6 +327,7 @@ def _walk(
     schema_ids: list[int] = []
     versions: list[int] = []
     while pos < end:
+        entry, pos = pos, pos + skip  # the entry (its epoch in version 3), then the batch
         if end - pos < batches.BATCH_HEADER_SIZE:
             raise _Refused(f"torn batch header at byte {pos}")
         base, length, _crc = _PREFIX.unpack_from(view, pos)
@@ -337,7 +347,7 @@ def _walk(
         if h.first_timestamp_us >= _MAX_FIRST_TIMESTAMP_US:
             raise _Refused(f"first timestamp {h.first_timestamp_us} at byte {pos}")
         if base >= next_index_at:
-            index.append([base, pos])
+            index.append([base, entry])
             next_index_at = base + index_interval_records
         entries += _ENTRY.pack(pos, pos + h.records_start, pos + total, h.record_count)
         counts.append(h.record_count)

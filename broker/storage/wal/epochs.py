@@ -12,6 +12,13 @@ and durably on every change (temporary file, ``fsync``, rename, directory ``fsyn
 :func:`~broker.storage.wal.segment.write_durably`). A missing file is an empty cache: a WAL
 that never records an epoch never writes one. Every method does blocking file I/O; the WAL
 calls them from a worker thread or before it writes.
+
+Batches in segments of format version 3 carry their epoch too
+(:mod:`danube_pipeline.format.segments`). When the WAL opens and its newest batch carries an
+epoch above the cache's latest (the file was lost, or the epochs were never recorded, as for
+an unreplicated topic whose owner epoch the WAL writes), the cache is rebuilt from the batches
+(:meth:`LeaderEpochCache.merge_batch_epochs`), as Kafka's ``LogLoader`` rebuilds its cache
+from the log.
 """
 
 from __future__ import annotations
@@ -149,6 +156,60 @@ class LeaderEpochCache:
         self._write(new)
         self._entries = new
         log.info("WAL %s: leader epoch %d starts at offset %d", self.directory, epoch, start_offset)
+
+    def merge_batch_epochs(self, epoch_starts: list[tuple[int, int]]) -> bool:
+        """Merge the epochs found in the log's version 3 batches into the cache, durably.
+
+        The batches win: each epoch they show starts at its first batch (or lower, where a
+        cache entry says so: offsets in version 1/2 segments before it carry no epoch). Cache
+        entries of epochs the batches do not show are kept where they fit the order (an
+        epoch begun before its first append, or one of version 1/2 batches).
+
+        Args:
+            epoch_starts: ``(epoch, base_offset)`` where each run of batches of one epoch
+                starts, ascending by offset (:attr:`~danube_pipeline.format.records.ScanResult.epoch_starts`
+                of every version 3 segment); epoch 0 (unknown) and epochs not above the one
+                before them are skipped (logged).
+
+        Returns:
+            Whether the cache changed.
+
+        Raises:
+            OSError: the checkpoint cannot be written (the cache is unchanged).
+        """
+        runs: dict[int, int] = {}
+        latest = 0
+        for epoch, start in epoch_starts:
+            if epoch == 0 or epoch == latest:
+                continue
+            if epoch < latest:
+                log.warning("WAL %s: batches of leader epoch %d at offset %d follow epoch %d; ignored",
+                            self.directory, epoch, start, latest)
+                continue
+            runs[epoch] = start
+            latest = epoch
+        if not runs:
+            return False
+        merged: dict[int, tuple[int, bool]] = {e: (s, False) for e, s in self._entries}
+        for epoch, start in runs.items():
+            cached = merged.get(epoch)
+            merged[epoch] = (min(start, cached[0]) if cached else start, True)
+        new: list[tuple[int, int, bool]] = []  # (epoch, start, shown by the batches)
+        for epoch in sorted(merged):
+            start, shown = merged[epoch]
+            if not shown and new and start <= new[-1][1] and new[-1][2]:
+                continue  # a cache entry the batches contradict
+            while new and (start < new[-1][1] or (start == new[-1][1] and not new[-1][2])):
+                new.pop()  # a cache entry the batches contradict, or an epoch that held no batch
+            new.append((epoch, start, shown))
+        entries = tuple((epoch, start) for epoch, start, _ in new)
+        if entries == self._entries:
+            return False
+        self._write(entries)
+        log.warning("WAL %s: leader epochs rebuilt from the batches: %s (the checkpoint held %s)",
+                    self.directory, entries, self._entries)
+        self._entries = entries
+        return True
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Where ``epoch`` ends in this log (KIP-279's ``OffsetsForLeaderEpoch`` answer).

@@ -37,6 +37,11 @@ queued after them (KIP-101: an epoch's start offset is known before its first ba
 disk); and a follower's copies of the owner's batches (:meth:`GroupCommit.enqueue_replica`),
 written at their own offsets through the same group commit, without the
 :class:`OffsetGuard` (a follower reserves no offsets).
+
+Every batch written to a version 3 segment (every segment the WAL creates) is preceded by its
+leader epoch (:mod:`danube_pipeline.format.segments`): an append gets :attr:`GroupCommit.leader_epoch`
+as it is when the append is queued, a replica batch the owner's epoch it came with. A version 2
+active segment found at open is appended to in version 2 (no epochs) until it rolls.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ from typing import Protocol
 
 from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
-from danube_pipeline.format.segments import StoredBatch
+from danube_pipeline.format.records import EPOCH_PREFIX_SIZE
+from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix
 from danube_pipeline.outages import OutageLog
 
 from broker import metrics
@@ -64,6 +70,10 @@ from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
 from broker.tasks import run_to_completion
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
+
+ROLL_HOLD_MAX_S = 2.0
+"""How long a full active segment holds further writes back while the high watermark is below
+its end (:meth:`GroupCommit._hold_for_roll`); past it, writes go on into the segment."""
 
 SYNC_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="wal-sync")
 """The threads every WAL's writes and ``fdatasync`` calls run in (one at a time per WAL), apart
@@ -126,6 +136,8 @@ class GroupCommit:
 
     Attributes:
         next_offset: the offset the next enqueued batch gets.
+        leader_epoch: the epoch written before each batch :meth:`enqueue` queues (0: unknown),
+            set by :meth:`begin_epoch` or by the WAL's owner directly.
         failed: the error that disabled the WAL (a file that could not be cut back), or ``None``.
         storage_full: whether the last write failed for lack of space.
         storage_monitor: told when the disk becomes full and when it takes writes again.
@@ -154,8 +166,10 @@ class GroupCommit:
         self.record_count = 0
         self.byte_count = 0
         self.next_offset = 0
+        self.leader_epoch = 0
         self._queue: list[PendingAppend | EpochStart] = []
         self._roll_check = False
+        self._roll_hold_since: float | None = None
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -186,7 +200,7 @@ class GroupCommit:
             A future resolving to ``(first_offset, last_offset)`` once durable.
         """
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut))
+        self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut, leader_epoch=self.leader_epoch))
         self.next_offset += record_count
         self._wakeup.set()
         return fut
@@ -209,6 +223,7 @@ class GroupCommit:
         """Queue ``(epoch, next_offset)`` for the epoch cache: the writer records it durably
         before it writes anything queued after this call. If appends queued before it fail,
         their offsets are handed out again and the entry moves down with :attr:`next_offset`.
+        :attr:`leader_epoch` becomes ``epoch`` at once: appends queued from now on carry it.
 
         Returns:
             A future resolving once the entry is durable (at once when ``epoch`` is already
@@ -222,8 +237,10 @@ class GroupCommit:
         if latest is not None and epoch <= latest:
             if epoch < latest:
                 raise ValueError(f"WAL {self._directory}: leader epoch {epoch} is below the latest epoch {latest}")
+            self.leader_epoch = epoch
             fut.set_result(None)
             return fut
+        self.leader_epoch = epoch
         self._queue.append(EpochStart(epoch, self.next_offset, fut))
         self._wakeup.set()
         return fut
@@ -247,7 +264,9 @@ class GroupCommit:
                 latest = epoch
             last = loop.create_future()
             last.add_done_callback(_consume)
-            self._queue.append(PendingAppend(item.base_offset, item.data, item.record_count, last, replica=True))
+            self._queue.append(
+                PendingAppend(item.base_offset, item.data, item.record_count, last, replica=True, leader_epoch=epoch)
+            )
         assert last is not None
         end = batches[-1][1].last_offset + 1
         last.add_done_callback(lambda fut: _settle(done, fut, end))
@@ -274,6 +293,8 @@ class GroupCommit:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 continue
+            if await self._hold_for_roll():
+                continue
             async with self._io_lock:
                 if self._local.roll_pending:
                     try:
@@ -297,6 +318,40 @@ class GroupCommit:
                 self._reserve_outage.succeeded()
                 await self._write_batch(batch, last_owned)
                 await self._seal_if_full()
+
+    async def _hold_for_roll(self) -> bool:
+        """Hold the queued writes back while the active segment is full and the high watermark
+        is below its end (a replicated topic: it may not be sealed yet), until the watermark
+        passes it and it is sealed, at most :data:`ROLL_HOLD_MAX_S` per segment. Without the
+        hold, a steady stream of writes would keep some offset of the active segment above the
+        watermark, and it would never roll (nor be tiered). Costs one replication round trip
+        per segment.
+
+        Returns:
+            Whether it waited (the caller looks at the queue again).
+        """
+        active = self._local.active
+        high_watermark = self._local.high_watermark
+        if (
+            high_watermark is None or active is None or active.is_empty
+            or active.length < self.segment_max_bytes or active.end < high_watermark
+        ):
+            self._roll_hold_since = None
+            return False
+        now = time.monotonic()
+        if self._roll_hold_since is None:
+            self._roll_hold_since = now
+        left = self._roll_hold_since + ROLL_HOLD_MAX_S - now
+        if left <= 0:
+            return False
+        self._wakeup.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), left)
+        if self._roll_check:
+            self._roll_check = False
+            async with self._io_lock:
+                await self._seal_if_full()
+        return True
 
     async def _seal_if_full(self) -> None:
         """Seal the active segment once it reached ``segment_max_bytes`` (the caller holds the
@@ -342,12 +397,13 @@ class GroupCommit:
         room = self.segment_max_bytes - self._local.active.length
         if room <= 0 and self._local.high_watermark is not None:
             room = self.segment_max_bytes
+        prefix = EPOCH_PREFIX_SIZE if has_epoch_prefix(self._local.active.format_version) else 0
         batch: list[PendingAppend] = []
         size = 0
         for item in self._queue:
-            if isinstance(item, EpochStart) or (batch and size + len(item.data) > room):
+            if isinstance(item, EpochStart) or (batch and size + prefix + len(item.data) > room):
                 break
-            size += len(item.data)
+            size += prefix + len(item.data)
             batch.append(item)
         self._queue = self._queue[len(batch):]
         return batch
@@ -358,7 +414,7 @@ class GroupCommit:
         fd = active.fd
         start_length = active.length
 
-        buffers, positions, size = plan_write(batch, start_length)
+        buffers, positions, size = plan_write(batch, start_length, epoch_prefix=has_epoch_prefix(active.format_version))
         pending = encode_write_record(start_length, size, synced=False)
         synced = encode_write_record(start_length, size, synced=True)
 

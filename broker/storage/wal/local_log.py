@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError, LogTruncationError, SegmentUnreadableError
-from danube_pipeline.format.segments import StoredBatch, scan_segment
+from danube_pipeline.format.records import SEGMENT_HEADER_SIZE
+from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix, scan_batches, scan_segment
 
 from broker import metrics
 from broker.storage.wal.abandoned import AbandonedRange
@@ -87,7 +88,9 @@ class LocalLog:
         self.high_watermark: int | None = None
 
     def load(self, initial_offset: int) -> int:
-        """Recover the directory (:mod:`broker.storage.wal.recovery`); blocking.
+        """Recover the directory (:mod:`broker.storage.wal.recovery`) and load the epoch
+        cache, rebuilt from the batches' own epochs when the newest batch carries an epoch
+        above the cache's latest (:meth:`_rebuild_epochs`); blocking.
 
         Returns:
             The next offset to hand out.
@@ -102,7 +105,43 @@ class LocalLog:
         self.unreadable = {start: q for start, q in loaded.unreadable.items()}
         next_offset = loaded.active.end + 1
         self.epochs = LeaderEpochCache.load(self.directory, log_end_offset=next_offset)
+        self._rebuild_epochs()
         return next_offset
+
+    def _rebuild_epochs(self) -> None:
+        """Merge the epochs of the version 3 batches into the epoch cache when the newest
+        batch's epoch is above the cache's latest (a lost checkpoint, or epochs never
+        recorded: :mod:`broker.storage.wal.epochs`). Only the newest batch is read unless a
+        rebuild is needed; then every version 3 segment is scanned once.
+
+        Raises:
+            OSError: a segment cannot be read or the checkpoint written.
+        """
+        newest = self.active if self.active is not None and not self.active.is_empty else (
+            self._sealed[-1] if self._sealed else None
+        )
+        if newest is None or not has_epoch_prefix(newest.format_version):
+            return
+        from_pos = newest.index.floor(newest.end)[1] if newest.index is not None else SEGMENT_HEADER_SIZE
+        tail = self._epoch_starts(newest, from_pos)
+        latest = self.epochs.latest_epoch
+        if not tail or tail[-1][0] == 0 or (latest is not None and latest >= tail[-1][0]):
+            return
+        starts: list[tuple[int, int]] = []
+        for seg in [*self._sealed, self.active]:
+            if seg is not None and not seg.is_empty and has_epoch_prefix(seg.format_version):
+                starts.extend(self._epoch_starts(seg, SEGMENT_HEADER_SIZE))
+        self.epochs.merge_batch_epochs(starts)
+
+    @staticmethod
+    def _epoch_starts(seg: Segment, from_pos: int) -> list[tuple[int, int]]:
+        """``(epoch, base_offset)`` where each epoch's batches start in the good entries of
+        version 3 segment ``seg`` from byte ``from_pos`` (an entry start) through its end offset."""
+        with open(seg.path, "rb") as f:
+            f.seek(from_pos)
+            data = f.read(max(seg.length - from_pos, 0))
+        scan = scan_batches(data, start_position=0, epoch_prefix=True)
+        return [(epoch, base) for epoch, base in scan.epoch_starts if base <= seg.end]
 
     def _create_active(self, start: int) -> Segment:
         return create_active_segment(self.directory, start, self.index_interval_bytes)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
 from danube_pipeline.format.batches import set_base_offset
+from danube_pipeline.format.records import EPOCH_PREFIX_SIZE
 from danube_pipeline.format.segments import StoredBatch, scan_batches
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_EPOCH = struct.Struct("<Q")  # the leader epoch of a version 3 entry
 
 
 @dataclass(slots=True)
@@ -23,6 +26,12 @@ class PendingAppend:
         data: the batch as the producer framed it (base offset field still 0).
         record_count: records in the batch.
         future: resolved with ``(first_offset, last_offset)`` after the ``fdatasync``.
+        replica: a follower's copy of the owner's batch
+            (:meth:`~broker.storage.wal.log.WriteAheadLog.append_replica`): its offsets are
+            the owner's, not reserved here.
+        leader_epoch: the leader epoch written before the batch in a version 3 segment (the
+            WAL's :attr:`~broker.storage.wal.log.WriteAheadLog.leader_epoch` when it was
+            queued, or the owner's epoch of a replica batch).
     """
 
     first_offset: int
@@ -30,8 +39,7 @@ class PendingAppend:
     record_count: int
     future: asyncio.Future[tuple[int, int]]
     replica: bool = False
-    """A follower's copy of the owner's batch (:meth:`~broker.storage.wal.log.WriteAheadLog.append_replica`):
-    its offsets are the owner's, not reserved here."""
+    leader_epoch: int = 0
 
     @property
     def last_offset(self) -> int:
@@ -92,24 +100,27 @@ def check_replica_batches(
 
 
 def plan_write(
-    pending: Sequence[PendingAppend], start_position: int
+    pending: Sequence[PendingAppend], start_position: int, *, epoch_prefix: bool = False
 ) -> tuple[list[bytes | memoryview], list[tuple[int, int]], int]:
     """The buffers to write for ``pending`` and where each batch lands.
 
     Each batch becomes two buffers, its base offset and the rest of its bytes (unchanged), so
-    nothing is copied before the write.
+    nothing is copied before the write; with ``epoch_prefix`` (a version 3 segment,
+    :mod:`danube_pipeline.format.segments`) its 8-byte leader epoch comes first.
 
     Returns:
         ``(buffers, positions, size_bytes)``: ``positions`` is each batch's
-        ``(base_offset, byte_position)``.
+        ``(base_offset, byte_position)``, the position of its epoch with ``epoch_prefix``.
     """
     buffers: list[bytes | memoryview] = []
     positions: list[tuple[int, int]] = []
     pos = start_position
     for item in pending:
+        if epoch_prefix:
+            buffers.append(_EPOCH.pack(item.leader_epoch))
         buffers.extend(set_base_offset(item.data, item.first_offset))
         positions.append((item.first_offset, pos))
-        pos += len(item.data)
+        pos += len(item.data) + (EPOCH_PREFIX_SIZE if epoch_prefix else 0)
     return buffers, positions, pos - start_position
 
 

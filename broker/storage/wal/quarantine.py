@@ -18,12 +18,16 @@ import crc32c as _crc32c
 from danube_pipeline.errors import SegmentQuarantinedError
 from danube_pipeline.format import batches
 from danube_pipeline.format.records import (
+    BATCH_FORMAT_VERSION,
+    EPOCH_PREFIX_SIZE,
+    FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     MAX_RECORD_BODY_BYTES,
     RECORD_FIXED_SIZE,
     RECORD_FRAME_SIZE,
 )
-from danube_pipeline.format.segments import MAX_BATCH_BYTES
+from danube_pipeline.format.records import SEGMENT_HEADER_SIZE
+from danube_pipeline.format.segments import MAX_BATCH_BYTES, has_epoch_prefix, scan_batches
 
 QUARANTINE_SUFFIX = ".quarantine"
 """Suffix of the marker written next to a quarantined segment: ``{segment file name}.quarantine``."""
@@ -166,6 +170,8 @@ def find_valid_after(
     :mod:`danube_pipeline.format.batches`) or a complete record frame (version 1: plausible length,
     CRC32C; :mod:`danube_pipeline.format.records`) whose (base) offset is above
     ``last_good_offset``. The batch at ``position`` itself never counts, whatever its offset.
+    In version 3 the batch must have room for its 8-byte epoch after ``position``, and the
+    entry start (the epoch's position) is returned; the entry at ``position`` never counts.
 
     Args:
         data: the whole segment file.
@@ -188,8 +194,9 @@ def find_valid_after(
             if offset > last_good_offset and _crc32c.crc32c(memoryview(data)[body : body + length]) == crc:
                 return pos, offset
         return None
+    skip = EPOCH_PREFIX_SIZE if has_epoch_prefix(format_version) else 0
     magic = bytes([batches.MAGIC])
-    at = position + 1 + _BATCH_MAGIC_AT
+    at = position + 1 + skip + _BATCH_MAGIC_AT
     while (at := data.find(magic, at)) >= 0:
         pos = at - _BATCH_MAGIC_AT
         at += 1
@@ -204,5 +211,27 @@ def find_valid_after(
             and _BATCH_COUNT.unpack_from(data, pos + _BATCH_COUNT_AT)[0] >= 1
             and batches.crc_matches(data, pos, total)
         ):
-            return pos, base
+            return pos - skip, base
     return None
+
+
+def batch_format_version(data: bytes, start_offset: int) -> tuple[int, bool]:
+    """The batch format (version 3 or 2) of a segment whose header is damaged.
+
+    Returns:
+        ``(format_version, intact)``: ``intact`` when a whole batch of base offset
+        ``start_offset`` starts at byte 32 in that version (its header can be rebuilt);
+        otherwise the version under which the first valid batch found after byte 32 starts the
+        longer run of valid batches (version 3 on a tie, what the WAL writes).
+    """
+    records: dict[int, int] = {}
+    for version in (FORMAT_VERSION, BATCH_FORMAT_VERSION):
+        prefix = has_epoch_prefix(version)
+        first = scan_batches(data, keep_positions=True, epoch_prefix=prefix)
+        if first.positions and first.positions[0] == (start_offset, SEGMENT_HEADER_SIZE):
+            return version, True
+        found = find_valid_after(data, SEGMENT_HEADER_SIZE - 1, start_offset - 1, format_version=version)
+        if found is not None:
+            records[version] = scan_batches(data, start_position=found[0], epoch_prefix=prefix).record_count
+    best = max(records.values(), default=0)
+    return next((v for v, n in records.items() if n == best), FORMAT_VERSION), False

@@ -58,8 +58,13 @@ segment ready for appends. The rules, in the order they are applied:
   An active file whose records all lie in sealed files is set aside; one that overlaps sealed
   files with records beyond them refuses the open (the same offsets would exist twice).
 * An active file written in format version 1 (one frame per record, before record batches)
-  is sealed as it is, once its tail is checked; new batches go to a new version 2 file. Sealed
-  files of either version stay readable. The tail check applies the same rule to version 1
+  is sealed as it is, once its tail is checked; new batches go to a new file. Every file the
+  WAL creates is of version 3 (each batch preceded by its leader epoch,
+  :mod:`danube_pipeline.format.segments`); an active version 2 file (batches without epochs)
+  is appended to in version 2 until it rolls. Sealed files of every version stay readable, and
+  the rules here apply to version 3 entries as to version 2 batches (a short epoch is a torn
+  entry). A damaged header is rebuilt with the version whose first batch is intact at byte 32
+  (version 2) or 40 (version 3). The tail check applies the same rule to version 1
   frames (a later frame whose CRC32C matches and whose offset is above the last good one
   means quarantine); a quarantined version 1 file is not sealed.
 * With no record at all, the WAL starts at ``initial_offset`` (the sealed state's
@@ -80,18 +85,18 @@ from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.format.records import (
-    FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     SEGMENT_HEADER_SIZE,
     ScanResult,
     SegmentHeader,
 )
-from danube_pipeline.format.segments import scan_batches, scan_segment
+from danube_pipeline.format.segments import scan_segment
 
 from broker.storage.wal.abandoned import AbandonedRange, next_offset_floor, read_abandoned
 from broker.storage.wal.quarantine import (
     QUARANTINE_SUFFIX,
     Quarantine,
+    batch_format_version,
     find_valid_after,
     marker_path,
     read_marker,
@@ -367,9 +372,11 @@ class LogLoader:
         if len(data) <= SEGMENT_HEADER_SIZE:  # no batch was ever in it: nothing to lose
             self._set_aside(path, f"damaged header ({why}) and nothing after it")
             return self._create_active(expected_start)
-        first = scan_batches(data, keep_positions=True)
-        if first.positions and first.positions[0] == (start, SEGMENT_HEADER_SIZE):
-            header = SegmentHeader(start_offset=start, created_at_ms=int(path.stat().st_mtime * 1000))
+        version, intact = batch_format_version(data, start)
+        if intact:
+            header = SegmentHeader(
+                start_offset=start, created_at_ms=int(path.stat().st_mtime * 1000), format_version=version
+            )
             fd = os.open(path, os.O_WRONLY)
             try:
                 os.pwrite(fd, header.encode(), 0)
@@ -379,7 +386,7 @@ class LogLoader:
             log.warning("WAL %s: rebuilt the damaged header of %s (%s): its first batch starts at offset %d",
                         self.directory, path.name, why, start)
             return header.encode() + data[SEGMENT_HEADER_SIZE:], header
-        found = find_valid_after(data, SEGMENT_HEADER_SIZE - 1, start - 1, format_version=FORMAT_VERSION)
+        found = find_valid_after(data, SEGMENT_HEADER_SIZE - 1, start - 1, format_version=version)
         quarantine = write_marker(Quarantine(
             segment=path, position=0, last_good_offset=start - 1,
             next_valid_offset=found[1] if found else start,
@@ -393,7 +400,9 @@ class LogLoader:
             self.directory,
         )
         self.quarantines.append(quarantine)
-        seg = Segment(start, path, created_at_ms=now_ms(), interval_bytes=self.index_interval_bytes)
+        seg = Segment(
+            start, path, created_at_ms=now_ms(), interval_bytes=self.index_interval_bytes, format_version=version
+        )
         seg.fd = os.open(path, os.O_RDONLY)  # never appended to
         return seg
 

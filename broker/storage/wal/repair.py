@@ -64,10 +64,16 @@ from danube_pipeline.format.records import (
     SegmentHeader,
     scan_records,
 )
-from danube_pipeline.format.segments import scan_batches, scan_segment
+from danube_pipeline.format.segments import has_epoch_prefix, scan_batches, scan_segment
 
 from broker.storage.wal.abandoned import ABANDONED_FILE, record_abandoned
-from broker.storage.wal.quarantine import QUARANTINE_SUFFIX, Quarantine, find_valid_after, read_marker
+from broker.storage.wal.quarantine import (
+    QUARANTINE_SUFFIX,
+    Quarantine,
+    batch_format_version,
+    find_valid_after,
+    read_marker,
+)
 from broker.storage.wal.segment import ACTIVE_NAME_RE, SEALED_NAME_RE, fsync_dir, now_ms, sealed_name
 
 EVIDENCE_SUFFIX = ".quarantined"
@@ -157,7 +163,8 @@ def scan_quarantined(data: bytes, *, where: str, start_offset: int | None = None
         damaged = True
     if damaged:
         assert start_offset is not None
-        header = SegmentHeader(start_offset=start_offset, created_at_ms=now_ms())
+        version, _ = batch_format_version(data, start_offset)
+        header = SegmentHeader(start_offset=start_offset, created_at_ms=now_ms(), format_version=version)
         prefix = ScanResult(valid_length=0, record_count=0, first_offset=None, last_offset=None,
                             error="damaged segment header")
         position = SEGMENT_HEADER_SIZE - 1  # batches are looked for from byte 32 on
@@ -168,9 +175,12 @@ def scan_quarantined(data: bytes, *, where: str, start_offset: int | None = None
     runs: list[ValidRun] = []
     last = header.start_offset + prefix.record_count - 1
     while position < len(data) and (found := find_valid_after(data, position, last, format_version=version)):
-        scan = (scan_records if version == LEGACY_FORMAT_VERSION else scan_batches)(
-            data, start_position=found[0], keep_positions=True
-        )
+        if version == LEGACY_FORMAT_VERSION:
+            scan = scan_records(data, start_position=found[0], keep_positions=True)
+        else:
+            scan = scan_batches(
+                data, start_position=found[0], keep_positions=True, epoch_prefix=has_epoch_prefix(version)
+            )
         assert scan.last_offset is not None  # the batch at found[0] is valid
         runs.append(ValidRun(
             position=found[0], end_position=scan.valid_length, first_offset=found[1], last_offset=scan.last_offset,

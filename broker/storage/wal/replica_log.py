@@ -5,6 +5,9 @@ methods for the same, KIP-101 and KIP-279).
 Everything here is unused unless called: a WAL that never calls these methods writes, rolls
 and reads exactly as without them, and writes no epoch file.
 
+* :attr:`ReplicaLogMixin.leader_epoch`: the epoch written before every batch appended from
+  now on (segment format version 3, :mod:`danube_pipeline.format.segments`); 0 (unknown)
+  until set, directly (an unreplicated topic's owner epoch) or by :meth:`begin_epoch`.
 * :meth:`ReplicaLogMixin.begin_epoch`: the owner records ``(epoch, next offset)`` in the
   leader-epoch cache (:mod:`broker.storage.wal.epochs`) at takeover, durably, before any
   later append is written.
@@ -69,6 +72,21 @@ class ReplicaLogMixin:
         return self._local.epochs
 
     @property
+    def leader_epoch(self: _Wal) -> int:
+        """The leader epoch stored before each batch :meth:`append` queues from now on (a
+        version 3 segment's entry, :mod:`danube_pipeline.format.segments`); 0 = unknown, the
+        default. :meth:`begin_epoch` sets it; an unreplicated topic's owner sets it directly
+        to its owner epoch (no epoch cache entry is written then). A batch keeps the epoch
+        it was queued with."""
+        return self._commit.leader_epoch
+
+    @leader_epoch.setter
+    def leader_epoch(self: _Wal, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"leader epoch {epoch} is negative")
+        self._commit.leader_epoch = epoch
+
+    @property
     def latest_epoch(self: _Wal) -> int | None:
         """The latest leader epoch recorded, or ``None``."""
         return self._local.epochs.latest_epoch
@@ -76,7 +94,9 @@ class ReplicaLogMixin:
     async def begin_epoch(self: _Wal, epoch: int) -> None:
         """Record that leader epoch ``epoch`` starts at :attr:`next_offset`, durably, before any
         append made after this call is written (KIP-101: the owner calls it at takeover,
-        before it appends). A no-op when ``epoch`` is already the latest. The entry goes
+        before it appends), and makes it :attr:`leader_epoch` at once (the epoch written
+        before every batch appended after this call). A no-op for the cache when ``epoch`` is
+        already the latest. The entry goes
         through the writer's queue: appends queued before the call land before it (and if
         they fail, the entry moves down to the offset handed out again).
 
@@ -141,8 +161,10 @@ class ReplicaLogMixin:
                 any is durable).
 
         Returns:
-            ``(epoch, batch)`` pairs: the epoch of the cache entry whose range holds the batch,
-            0 when none does (batches written before epochs were recorded).
+            ``(epoch, batch)`` pairs: the batch's own epoch in a version 3 segment
+            (:attr:`StoredBatch.leader_epoch`), else (0 there, or a version 1/2 segment) the
+            epoch of the cache entry whose range holds the batch, 0 when none does (batches
+            written before epochs were recorded).
 
         Raises:
             CorruptRecordError, SegmentUnreadableError: see :meth:`read`.
@@ -150,7 +172,7 @@ class ReplicaLogMixin:
         epochs = self._local.epochs
         out: list[tuple[int, StoredBatch]] = []
         for batch in self._local.read(from_offset, sys.maxsize, max_bytes=max_bytes):
-            epoch = epochs.epoch_at(batch.base_offset)
+            epoch = batch.leader_epoch or epochs.epoch_at(batch.base_offset)
             out.append((0 if epoch is None else epoch, batch))
         return out
 

@@ -1,16 +1,18 @@
 """One WAL segment file and its sparse offset index (the role of Kafka's ``LogSegment`` and
 ``OffsetIndex``).
 
-Every segment file is a :class:`danube_pipeline.format.records.SegmentHeader` followed by record
-batches (format version 2, :mod:`danube_pipeline.format.batches`), or, in segments written before
-batches, one frame per record (version 1, still read). File names carry the offsets,
-zero-padded to 20 digits so they sort in offset order:
+Every segment file is a :class:`danube_pipeline.format.records.SegmentHeader` followed by
+entries of a leader epoch and a record batch (format version 3, written for every new segment;
+:mod:`danube_pipeline.format.segments`), by bare record batches (version 2, written before
+epochs; an active version 2 segment found at open is appended to in version 2 until it rolls),
+or by one frame per record (version 1, written before batches). Versions 1 and 2 stay
+readable. File names carry the offsets, zero-padded to 20 digits so they sort in offset order:
 
     {start:020d}.log                  the active segment (appended to)
     {start:020d}-{end:020d}.dnb1      a sealed, immutable segment (end inclusive)
 
 The last 8 bytes of the header (bytes 24..32, zero in the format and ignored by readers) hold
-the *write record* of a version 2 segment the WAL appends to: the byte position where its
+the *write record* of a version 2 or 3 segment the WAL appends to: the byte position where its
 latest group commit starts (u32) and that write's size (31 bits of a u32, little endian),
 whose top bit says the write's ``fdatasync`` returned. The group commit writes the record
 (not synced yet) before its batches, so the same ``fdatasync`` covers both, and writes it
@@ -36,6 +38,7 @@ from pathlib import Path
 from danube_pipeline.format import batches
 from danube_pipeline.errors import CorruptRecordError
 from danube_pipeline.format.records import (
+    EPOCH_PREFIX_SIZE,
     FORMAT_VERSION,
     LEGACY_FORMAT_VERSION,
     RECORD_FRAME_SIZE,
@@ -44,7 +47,7 @@ from danube_pipeline.format.records import (
     crc32c,
     decode_body,
 )
-from danube_pipeline.format.segments import StoredBatch, scan_batches, scan_segment
+from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix, scan_batches, scan_segment
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ _OFFSET = struct.Struct("<Q")
 _BATCH_PREFIX = struct.Struct("<QI")  # base_offset, batch_length
 _BATCH_COUNT = struct.Struct("<I")
 _BATCH_PEEK_BYTES = 24  # through record_count
+_EPOCH = struct.Struct("<Q")
 
 
 WRITE_RECORD_AT = 24
@@ -301,7 +305,8 @@ class Segment:
         sealed_at_ms: when it was sealed; 0 while active.
         index: its sparse offset index; ``None`` until first read for a recovered sealed file.
         fd: an open descriptor (the active segment always has one; sealed ones on demand).
-        format_version: 2 (record batches) or 1 (one frame per record, written before batches).
+        format_version: 3 (epoch + batch entries), 2 (record batches, written before epochs) or
+            1 (one frame per record, written before batches).
     """
 
     __slots__ = ("start", "end", "path", "length", "created_at_ms", "sealed_at_ms", "index", "fd", "format_version")
@@ -362,7 +367,7 @@ class Segment:
         return self.index
 
     def truncation_point(self, offset: int) -> tuple[int, int]:
-        """Where to cut this (active, version 2) segment so that no offset at or above
+        """Where to cut this (active, version 2 or 3) segment so that no offset at or above
         ``offset`` remains (Kafka's ``LogSegment.truncateTo``); blocking, reads only.
 
         The cut falls on the batch that holds ``offset``: a batch is removed whole, so when
@@ -376,10 +381,11 @@ class Segment:
         Raises:
             CorruptRecordError: the durable batches from the index entry on do not scan.
         """
-        assert self.fd is not None and self.index is not None and self.format_version == FORMAT_VERSION
+        assert self.fd is not None and self.index is not None and self.format_version != LEGACY_FORMAT_VERSION
         _, start = self.index.floor(offset)
         data = os.pread(self.fd, self.length - start, start)
-        scan = scan_batches(data, start_position=0, keep_positions=True)
+        prefix = has_epoch_prefix(self.format_version)
+        scan = scan_batches(data, start_position=0, keep_positions=True, epoch_prefix=prefix)
         if scan.error is not None or scan.valid_length != self.length - start:
             raise CorruptRecordError(str(self.path), start + scan.valid_length, scan.error or "short read")
         bases = [base for base, _ in scan.positions]
@@ -404,14 +410,17 @@ class Segment:
         if next_offset > self.start:
             return None
         self.created_at_ms = now_ms()
-        return SegmentHeader(start_offset=self.start, created_at_ms=self.created_at_ms).encode()
+        return SegmentHeader(
+            start_offset=self.start, created_at_ms=self.created_at_ms, format_version=self.format_version
+        ).encode()
 
     def read(self, fd: int, offset: int, max_records: int, max_bytes: int) -> tuple[list[StoredBatch], int]:
         """Durable batches of this segment holding ``offset`` and the offsets after it.
 
         Seeks with the index, then reads ``pread`` chunks of :data:`READ_CHUNK_BYTES`; never
         returns a batch past :attr:`end`, and checks each batch's CRC32C. The first batch may
-        start before ``offset``. Records of a version 1 segment come as one-record batches.
+        start before ``offset``. Records of a version 1 segment come as one-record batches;
+        batches of a version 3 segment carry their entry's leader epoch.
 
         Args:
             fd: an open descriptor of the file.
@@ -430,20 +439,22 @@ class Segment:
         assert self.index is not None
         _, pos = self.index.floor(offset)
         end_pos = self.length
+        skip = EPOCH_PREFIX_SIZE if has_epoch_prefix(self.format_version) else 0
+        peek = skip + _BATCH_PEEK_BYTES
         out: list[StoredBatch] = []
         records = used = 0
         buf = b""
         buf_start = pos
         while pos < end_pos and records < max_records and used < max_bytes:
             rel = pos - buf_start
-            if len(buf) - rel < _BATCH_PEEK_BYTES:
+            if len(buf) - rel < peek:
                 buf = os.pread(fd, min(READ_CHUNK_BYTES, end_pos - pos), pos)
                 buf_start, rel = pos, 0
-                if len(buf) < _BATCH_PEEK_BYTES:
+                if len(buf) < peek:
                     raise CorruptRecordError(str(self.path), pos, "short read of a durable batch header")
-            base, length = _BATCH_PREFIX.unpack_from(buf, rel)
-            count = _BATCH_COUNT.unpack_from(buf, rel + 20)[0]
-            total = 12 + length
+            base, length = _BATCH_PREFIX.unpack_from(buf, rel + skip)
+            count = _BATCH_COUNT.unpack_from(buf, rel + skip + 20)[0]
+            total = skip + 12 + length  # the entry: epoch (version 3) and batch
             if base > self.end:  # never read past the segment's known end
                 break
             if base + count - 1 >= offset:
@@ -452,11 +463,12 @@ class Segment:
                     buf_start, rel = pos, 0
                     if len(buf) < total:
                         raise CorruptRecordError(str(self.path), pos, "short read of a durable batch")
-                if not batches.crc_matches(buf, rel, total):
+                if not batches.crc_matches(buf, rel + skip, total - skip):
                     raise CorruptRecordError(str(self.path), pos, "CRC32C mismatch")
-                out.append(StoredBatch(base, count, buf[rel : rel + total]))
+                epoch = _EPOCH.unpack_from(buf, rel)[0] if skip else 0
+                out.append(StoredBatch(base, count, buf[rel + skip : rel + total], epoch))
                 records += base + count - max(base, offset)
-                used += total
+                used += total - skip
             pos += total
         return out, used
 
@@ -497,8 +509,9 @@ class Segment:
 
 
 def create_active_segment(directory: Path, start: int, interval_bytes: int) -> Segment:
-    """Create ``{start:020d}.log`` with a synced header (temporary file, rename, directory sync)
-    and open it for appending.
+    """Create ``{start:020d}.log`` with a synced header of format version 3
+    (:data:`~danube_pipeline.format.records.FORMAT_VERSION`; temporary file, rename, directory
+    sync) and open it for appending.
 
     Raises:
         OSError: the file cannot be created or synced.
@@ -508,13 +521,13 @@ def create_active_segment(directory: Path, start: int, interval_bytes: int) -> S
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, SegmentHeader(start_offset=start, created_at_ms=created).encode())
+        os.write(fd, SegmentHeader(start_offset=start, created_at_ms=created, format_version=FORMAT_VERSION).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
     fsync_dir(directory)
-    seg = Segment(start, path, created_at_ms=created, interval_bytes=interval_bytes)
+    seg = Segment(start, path, created_at_ms=created, interval_bytes=interval_bytes, format_version=FORMAT_VERSION)
     seg.fd = os.open(path, os.O_RDWR)  # written at explicit positions (pwritev), never O_APPEND
     return seg
 

@@ -176,8 +176,8 @@ def check_segment_bytes(data: bytes, container: str = "bytes", *, strict: bool =
 
 
 def check_segment_round_trip(case_and_interval: tuple[SegmentCase, int]) -> None:
-    """A segment of either version decodes back to its records; the sparse index, the scan
-    and the stored batches all agree with its layout."""
+    """A segment of any version decodes back to its records; the sparse index, the scan and
+    the stored batches (with their epochs) all agree with its layout."""
     case, interval = case_and_interval
     decoded = decode_segment(case.data, index_interval_records=interval)
     assert decoded.records == list(case.records)
@@ -199,6 +199,8 @@ def check_segment_round_trip(case_and_interval: tuple[SegmentCase, int]) -> None
     stored = list(iter_stored_batches(case.data, format_version=case.format_version))
     assert [(p, b.base_offset, b.record_count) for p, b in stored] == [
         (p, o, n) for (o, p), n in zip(units, case.unit_counts)]
+    if case.epochs:
+        assert tuple(b.leader_epoch for _, b in stored) == case.epochs
     # Every stored batch is one a producer could have sent (version 1 records become batches).
     split = [r for _, b in stored for r in _check_accepted_batch(b.data, validate_batch(b.data))]
     assert split == list(case.records)
@@ -206,8 +208,9 @@ def check_segment_round_trip(case_and_interval: tuple[SegmentCase, int]) -> None
 
 def check_segment_mutation(case_and_mutation: tuple[SegmentCase, Mutation]) -> None:
     """A changed segment: decode_segment refuses it or returns exactly the original records
-    (only the header's unchecked bytes changed, or the cut fell between units); the scan stops
-    at the damaged unit and its prefix decodes to the original records."""
+    (only unchecked bytes changed: the header's, or a version 3 entry's epoch; or the cut fell
+    between units); the scan stops at the damaged unit and its prefix decodes to the original
+    records."""
     case, m = case_and_mutation
     data = m.apply(case.data)
     check_segment_bytes(data)
@@ -221,20 +224,27 @@ def check_segment_mutation(case_and_mutation: tuple[SegmentCase, Mutation]) -> N
     elif m.kind == "extend":
         assert isinstance(err, CorruptRecordError), f"trailing garbage accepted: {decoded or err!r}"
     elif decoded is not None:
-        assert m.position < SEGMENT_HEADER_SIZE, f"{m} inside the data went unnoticed"
+        assert m.position < SEGMENT_HEADER_SIZE or case.in_epoch(m.position), f"{m} inside the data went unnoticed"
         assert decoded.records == list(case.records)
+    elif case.in_epoch(m.position):
+        raise AssertionError(f"{m} in an epoch (which no check covers) was refused: {err!r}")
     if m.kind == "truncate" and m.position < SEGMENT_HEADER_SIZE:
         return
     header, _ = outcome("SegmentHeader.decode", HEADER_ERRORS, lambda: SegmentHeader.decode(data))
     if header is None:
         assert m.kind in ("flip", "byte") and m.position < 8, f"{m} broke the header"
         return
+    if header.format_version != case.format_version:  # versions 2 and 3 differ by one bit
+        assert m.kind in ("flip", "byte") and 4 <= m.position < 6, f"{m} changed the format version"
+        return
     if header.start_offset != case.start_offset:
         assert m.kind in ("flip", "byte") and 8 <= m.position < 16, f"{m} changed the start offset"
         assert (decoded is None) == bool(case.records), "records accepted after a changed start offset"
         return
     scan = scan_segment(data, expected_first_offset=case.start_offset)
-    if m.kind == "truncate" or (m.kind != "extend" and m.position >= SEGMENT_HEADER_SIZE):
+    if m.kind == "truncate" or (
+        m.kind != "extend" and m.position >= SEGMENT_HEADER_SIZE and not case.in_epoch(m.position)
+    ):
         want = case.boundary_at_or_before(m.position)
     else:
         want = len(case.data)

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for the record formats: batches and segments of both versions, valid,
+"""Hypothesis strategies for the record formats: batches and segments of every version, valid,
 mutated (a bit flip, a byte change, a cut, appended garbage) or crafted (bytes changed under a
 recomputed CRC), with the records a reader must get back."""
 
@@ -11,7 +11,15 @@ import crc32c as _crc32c
 from hypothesis import strategies as st
 
 from danube_pipeline.format.batches import BatchBuilder, set_base_offset
-from danube_pipeline.format.records import LEGACY_FORMAT_VERSION, Record, SegmentHeader, encode_record
+from danube_pipeline.format.records import (
+    BATCH_FORMAT_VERSION,
+    EPOCH_PREFIX_SIZE,
+    FORMAT_VERSION,
+    LEGACY_FORMAT_VERSION,
+    Record,
+    SegmentHeader,
+    encode_record,
+)
 
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
@@ -82,8 +90,10 @@ class BatchCase:
 class SegmentCase:
     """A whole segment and what it holds.
 
-    ``boundaries`` are the byte positions where each unit (a batch in version 2, a record in
-    version 1) starts, then the segment's end; ``unit_counts`` the records of each unit.
+    ``boundaries`` are the byte positions where each unit (a batch in version 2, an entry of
+    an epoch and a batch in version 3, a record in version 1) starts, then the segment's end;
+    ``unit_counts`` the records of each unit; ``epochs`` each unit's leader epoch (0 before
+    version 3).
     """
 
     data: bytes
@@ -92,6 +102,16 @@ class SegmentCase:
     format_version: int
     boundaries: tuple[int, ...]
     unit_counts: tuple[int, ...]
+    epochs: tuple[int, ...] = ()
+
+    @property
+    def epoch_prefix(self) -> int:
+        """Bytes of each unit before its batch: the epoch of a version 3 entry, else 0."""
+        return EPOCH_PREFIX_SIZE if self.format_version >= FORMAT_VERSION else 0
+
+    def in_epoch(self, position: int) -> bool:
+        """Whether byte ``position`` lies in a version 3 entry's epoch (no check covers it)."""
+        return any(b <= position < b + self.epoch_prefix for b in self.boundaries[:-1])
 
     def records_before(self, position: int) -> int:
         """Records in the units that end at or before byte ``position``."""
@@ -176,18 +196,35 @@ def batch_cases(draw: st.DrawFn, max_records: int = 6) -> BatchCase:
 def segments_v2(draw: st.DrawFn, max_batches: int = 4, *, tierable: bool = False) -> SegmentCase:
     """A version 2 segment of 0..``max_batches`` batches with contiguous offsets
     (``tierable``: offsets and timestamps below :data:`INT64_SAFE_MAX`, as tiering takes them)."""
+    return draw(_batch_segments(BATCH_FORMAT_VERSION, max_batches, tierable=tierable))
+
+
+@st.composite
+def segments_v3(draw: st.DrawFn, max_batches: int = 4, *, tierable: bool = False) -> SegmentCase:
+    """A version 3 segment: :func:`segments_v2`'s batches, each behind any u64 leader epoch
+    (non-decreasing, as the WAL writes them; epoch 0 included)."""
+    return draw(_batch_segments(FORMAT_VERSION, max_batches, tierable=tierable))
+
+
+@st.composite
+def _batch_segments(draw: st.DrawFn, version: int, max_batches: int, *, tierable: bool) -> SegmentCase:
     specs = draw(st.lists(batch_specs(max_records=4, tierable=tierable), max_size=max_batches))
     start = draw(st.integers(0, INT64_SAFE_MAX if tierable else U64_MAX - 4 * max_batches))
-    out = bytearray(SegmentHeader(start, draw(st.integers(0, U64_MAX))).encode())
+    out = bytearray(SegmentHeader(start, draw(st.integers(0, U64_MAX)), format_version=version).encode())
+    epochs = sorted(draw(st.lists(st.integers(0, U64_MAX), min_size=len(specs), max_size=len(specs))))
+    if version != FORMAT_VERSION:
+        epochs = [0] * len(specs)
     records: list[Record] = []
     boundaries = [len(out)]
-    for spec in specs:
+    for spec, epoch in zip(specs, epochs):
         head, rest = set_base_offset(spec.build(), start + len(records))
         records += spec.expected(start + len(records))
+        if version == FORMAT_VERSION:
+            out += epoch.to_bytes(EPOCH_PREFIX_SIZE, "little")
         out += head + rest
         boundaries.append(len(out))
     counts = tuple(len(s.records) for s in specs)
-    return SegmentCase(bytes(out), tuple(records), start, 2, tuple(boundaries), counts)
+    return SegmentCase(bytes(out), tuple(records), start, version, tuple(boundaries), counts, tuple(epochs))
 
 
 @st.composite
@@ -212,8 +249,8 @@ def segments_v1(draw: st.DrawFn, max_records: int = 6) -> SegmentCase:
 
 
 def segments() -> st.SearchStrategy[SegmentCase]:
-    """A segment of either format version."""
-    return st.one_of(segments_v2(), segments_v1())
+    """A segment of any format version."""
+    return st.one_of(segments_v3(), segments_v2(), segments_v1())
 
 
 def mutations(length: int) -> st.SearchStrategy[Mutation]:
@@ -235,13 +272,14 @@ def mutated_batches(draw: st.DrawFn) -> tuple[BatchCase, Mutation]:
 
 @st.composite
 def mutated_segments(draw: st.DrawFn, *, tierable: bool = False) -> tuple[SegmentCase, Mutation]:
-    """A segment and one mutation of it (``tierable``: of :func:`segments_v2` ``tierable``)."""
-    case = draw(segments_v2(tierable=True) if tierable else segments())
+    """A segment and one mutation of it (``tierable``: of :func:`segments_v2` or
+    :func:`segments_v3` ``tierable``)."""
+    case = draw(st.one_of(segments_v2(tierable=True), segments_v3(tierable=True)) if tierable else segments())
     return case, draw(mutations(len(case.data)))
 
 
 def recompute_crc(data: bytearray, unit: int, end: int, version: int) -> None:
-    """Recompute the CRC of the batch (version 2) or record frame (version 1) at ``unit``."""
+    """Recompute the CRC of the batch (versions 2 and 3) or record frame (version 1) at ``unit``."""
     if version == LEGACY_FORMAT_VERSION:
         data[unit + 4 : unit + 8] = _crc32c.crc32c(bytes(data[unit + 8 : end])).to_bytes(4, "little")
     else:
@@ -271,6 +309,7 @@ def crafted_segments(draw: st.DrawFn) -> bytes:
     if len(case.boundaries) > 1:
         i = draw(st.integers(0, len(case.boundaries) - 2))
         unit, end = case.boundaries[i], case.boundaries[i + 1]
+        unit += case.epoch_prefix  # the batch of a version 3 entry
         covered = unit + (8 if case.format_version == LEGACY_FORMAT_VERSION else 16)
         for where, mask in draw(byte_edits):
             data[covered + where % (end - covered)] ^= mask

@@ -27,6 +27,7 @@ from danube_pipeline.dev.fuzzing.formats import (
     mutated_segments,
     segments,
     segments_v2,
+    segments_v3,
 )
 from danube_pipeline.dev.fuzzing.rpcs import Rpc, raw_requests, requests, rpcs
 from danube_pipeline.dev.fuzzing.target import BrokerTarget, check_request
@@ -48,7 +49,10 @@ def _unpacked(check: Callable[..., None], **kw: Any) -> Callable[[tuple[bytes, s
 
 def decoder_properties() -> list[Property]:
     """The decoder properties, in process (the same ones ``tests/test_fuzz.py`` runs)."""
-    any_segment = st.binary(max_size=300).map(lambda b: SegmentHeader(0, 0).encode() + b) | st.binary(max_size=300)
+    any_segment = st.tuples(st.sampled_from((2, 3)), st.binary(max_size=300)).map(
+        lambda vb: SegmentHeader(0, 0, format_version=vb[0]).encode() + vb[1]
+    ) | st.binary(max_size=300)
+    columns_cases = segments() | segments_v2(tierable=True) | segments_v3(tierable=True)
     return [
         Property("batch_round_trip", batch_cases(), check_batch_round_trip),
         Property("segment_round_trip", st.tuples(segments(), st.integers(1, 5)), check_segment_round_trip),
@@ -58,8 +62,8 @@ def decoder_properties() -> list[Property]:
         Property("segment_any_bytes", st.tuples(any_segment, containers), _unpacked(check_segment_bytes)),
         Property("segment_mutated", mutated_segments(), check_segment_mutation),
         Property("segment_crafted", st.tuples(crafted_segments(), containers), _unpacked(check_segment_bytes, strict=False)),
-        Property("segment_columns", st.tuples((segments() | segments_v2(tierable=True)).map(lambda c: c.data),
-                                               containers), _unpacked(check_segment_columns)),
+        Property("segment_columns", st.tuples(columns_cases.map(lambda c: c.data), containers),
+                 _unpacked(check_segment_columns)),
         Property("segment_columns_mutated", mutated_segments(tierable=True).map(lambda cm: cm[1].apply(cm[0].data)),
                  lambda data: check_segment_columns(data)),
         Property("segment_columns_crafted", st.tuples(crafted_segments(), containers), _unpacked(check_segment_columns)),
