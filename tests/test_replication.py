@@ -253,3 +253,42 @@ async def test_replica_logs_follow_the_owners_local_retention(
         )
         for b in followers:  # what they keep is the owner's log from there on
             assert [x for x in log_batches(b, name) if x[0] >= owner_start] == log_batches(owner, name)
+
+
+async def test_an_owner_killed_before_it_wrote_rejoins_as_a_follower(
+    etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """An owner that began its leader epoch and died before writing a batch in it: its log's
+    latest epoch is one the next owner never saw. Back, it truncates by epoch (dropping the empty
+    epoch, KIP-279's "ask again for the epoch below") and follows again; it does not loop."""
+    brokers = [start_broker(extra_args=ARGS) for _ in range(3)]
+    name = TopicName.parse(TOPIC)
+    async with replicated_topic(etcd_endpoints, brokers) as (meta, client):
+        async with client.producer(TOPIC, producer_name="p", max_batch_messages=10) as producer:
+            for i in range(50):
+                await producer.send(f"m{i}".encode())
+        await eventually(lambda: full_isr(meta, name), timeout_s=20, what="three in-sync replicas")
+        first = by_id(brokers, await owner_of(meta, name) or 0)
+        first.kill()
+
+        async def taken_over() -> bool:
+            record = await isr_record(meta, name)
+            return record is not None and record.owner != first.broker_id
+
+        await eventually(taken_over, timeout_s=20, what="the second owner's ISR record")
+        second = by_id(brokers, await owner_of(meta, name) or 0)
+        second.kill()  # nothing was produced meanwhile: its epoch holds no batch
+        third = next(b for b in brokers if b not in (first, second))
+        await eventually(lambda: owner_of_is(meta, name, third.broker_id), timeout_s=20, what="the third owner")
+        first.start()
+        second.start()
+        await eventually(lambda: full_isr(meta, name), timeout_s=30, what="both back in the ISR")
+        async with client.producer(TOPIC, producer_name="q") as producer:
+            await producer.send(b"after")
+        await eventually(
+            lambda: len({tuple(log_batches(b, name)) for b in brokers}) == 1, timeout_s=20, what="identical logs"
+        )
+
+
+async def owner_of_is(meta: MetadataStore, name: TopicName, broker_id: int) -> bool:
+    return await owner_of(meta, name) == broker_id

@@ -59,6 +59,9 @@ FETCH_MAX_WAIT_MS = 500
 RETRY_S = 0.2
 """The pause after a failed call (owner unreachable, not the owner yet)."""
 CALL_TIMEOUT_S = 5.0
+MAX_EPOCH_ROUNDS = 32
+"""``OffsetForLeaderEpoch`` rounds of one truncation at most, one epoch lower each; past them
+the replica log starts again from the owner's first local offset."""
 
 
 class ReplicaFetcher:
@@ -203,7 +206,7 @@ class ReplicaFetcher:
 
     async def _truncate(self, stub: pb_grpc.ReplicationStub, wal: WriteAheadLog) -> WriteAheadLog:
         """Truncate by epoch against the owner (module docstring, 1)."""
-        while True:
+        for _ in range(MAX_EPOCH_ROUNDS):
             epoch = wal.latest_epoch
             response = await stub.OffsetForLeaderEpoch(
                 pb.OffsetForLeaderEpochRequest(
@@ -211,6 +214,7 @@ class ReplicaFetcher:
                 ),
                 timeout=CALL_TIMEOUT_S,
             )
+            self._owner_epoch = response.owner_epoch
             has_records = wal.next_offset > wal.first_offset
             if response.leader_epoch < 0 or (epoch is None and has_records):
                 if has_records or wal.next_offset != response.log_start_offset:
@@ -218,22 +222,28 @@ class ReplicaFetcher:
                 self._owner_epoch = response.owner_epoch
                 return wal
             if epoch is None:  # an empty log
-                self._owner_epoch = response.owner_epoch
                 return wal
             _, local_end = wal.epochs.end_offset_for(response.leader_epoch, wal.next_offset)
             end = min(response.end_offset, local_end, wal.next_offset)
-            if end < wal.next_offset:
-                if end <= wal.first_offset:
-                    wal = await self._restart_at(max(end, response.log_start_offset))
-                else:
-                    log.warning("topic %s: replica log truncated from %d to %d (leader epoch %d ends there on the "
-                                "owner)", self.name, wal.next_offset, end, response.leader_epoch)
-                    try:
-                        await wal.truncate_to(end)
-                    except LogTruncationError as exc:  # a sealed segment holds offsets past it
-                        log.warning("topic %s: %s; the replica log starts again", self.name, exc)
-                        wal = await self._restart_at(response.log_start_offset)
-            if wal.latest_epoch == response.leader_epoch:
+            if has_records and end <= wal.first_offset:
+                wal = await self._restart_at(max(end, response.log_start_offset))
                 self._owner_epoch = response.owner_epoch
                 return wal
+            if end < wal.next_offset or epoch != response.leader_epoch:
+                if end < wal.next_offset:
+                    log.warning("topic %s: replica log truncated from %d to %d (leader epoch %d ends there on the "
+                                "owner)", self.name, wal.next_offset, end, response.leader_epoch)
+                try:  # also drops the epochs that start at or after it, written to or not
+                    await wal.truncate_to(end)
+                except LogTruncationError as exc:  # a sealed segment holds offsets past it
+                    log.warning("topic %s: %s; the replica log starts again", self.name, exc)
+                    wal = await self._restart_at(response.log_start_offset)
+                    self._owner_epoch = response.owner_epoch
+                    return wal
+            if wal.latest_epoch == response.leader_epoch:
+                return wal
             # The owner holds an older epoch than this log's latest: ask again for the one below.
+        log.warning("topic %s: no common leader epoch with the owner after %d rounds; the replica log starts again",
+                    self.name, MAX_EPOCH_ROUNDS)
+        wal = await self._restart_at(wal.first_offset)
+        return wal
