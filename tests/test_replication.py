@@ -19,11 +19,13 @@ import contextlib
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from helpers import eventually
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_pipeline.admin.namespaces import update_namespace_policy
 from danube_pipeline.client import DanubeClient, InitialPosition
@@ -92,10 +94,27 @@ def by_id(brokers: list[BrokerProcess], broker_id: int) -> BrokerProcess:
     return next(b for b in brokers if b.broker_id == broker_id)
 
 
+async def metric(meta: MetadataStore, broker_id: int, name: str) -> float:
+    """The sum of ``name``'s samples on ``broker_id``'s ``/metrics`` (0 when none)."""
+    kv = await meta.get(keys.broker_register(broker_id))
+    assert kv is not None
+    url = values.BrokerRegistration.from_json(kv.value).prom_exporter
+    assert url is not None
+
+    def scrape() -> float:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a loopback test URL
+            text = response.read().decode()
+        return sum(
+            s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name
+        )
+
+    return await asyncio.to_thread(scrape)
+
+
 async def test_an_owners_sigkill_loses_no_acked_message_and_blocks_no_reader(
     etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess], tmp_path: Path
 ) -> None:
-    brokers = [start_broker(extra_args=ARGS) for _ in range(3)]
+    brokers = [start_broker(extra_args=[*ARGS, "--metrics-listen", "127.0.0.1:0"]) for _ in range(3)]
     name = TopicName.parse(TOPIC)
     async with replicated_topic(etcd_endpoints, brokers) as (meta, client):
         acked: dict[int, bytes] = {}
@@ -112,6 +131,8 @@ async def test_an_owners_sigkill_loses_no_acked_message_and_blocks_no_reader(
         owner_id = await owner_of(meta, name)
         assert owner_id is not None
         owner = by_id(brokers, owner_id)
+        for family in ("danube_topic_under_replicated", "danube_topic_under_min_isr"):  # steady state
+            assert await metric(meta, owner_id, family) == 0, family
         followers = [b for b in brokers if b is not owner]
         await eventually(
             lambda: all(log_batches(b, name) == log_batches(owner, name) for b in followers), what="identical logs"
@@ -145,8 +166,13 @@ async def test_an_owners_sigkill_loses_no_acked_message_and_blocks_no_reader(
                     break
         assert {o: received[o] for o in acked} == acked
 
+        assert new_owner is not None
+        assert await metric(meta, new_owner, "danube_topic_under_replicated") == 1  # two of three in sync
+        assert await metric(meta, new_owner, "danube_topic_under_min_isr") == 0
         owner.start()  # back on its disk: it truncates by epoch and rejoins
         await eventually(lambda: full_isr(meta, name), timeout_s=30, what="the old owner back in the ISR")
+        assert await metric(meta, new_owner, "danube_topic_under_replicated") == 0
+        assert await metric(meta, new_owner, "danube_topic_isr_expands_total") >= 1
         await eventually(
             lambda: all(log_batches(b, name) == log_batches(followers[0], name) for b in brokers),
             timeout_s=20, what="identical logs on all three",
