@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import pytest
 
+from danube_pipeline.admin.namespaces import update_namespace_policy
 from danube_pipeline.auth import mint_token
 from danube_pipeline.client import DanubeClient
 from danube_pipeline.dev.localcluster import BrokerProcess
@@ -275,3 +276,21 @@ async def test_without_a_port_verifying_certificates_the_broker_warns_once(
         kv = await meta.get(keys.broker_register(broker.broker_id))
     assert kv is not None and isinstance(kv.value, dict)
     assert list(kv.value) == ["admin_addr", "advertised_addr", "broker_addr", "prom_exporter"]  # no internal_addr
+
+
+async def test_followers_fetch_the_owners_log_over_the_internal_port(
+    brokers: list[BrokerProcess], pki: dict[str, Any], etcd_endpoints: list[str]
+) -> None:
+    """At replication factor 2 and ``min_insync_replicas`` 2 a producer is acked only once the
+    follower fetched its batch: over the owner's internal port, with the follower's broker
+    certificate (``Replication.FetchLog``, mutual TLS)."""
+    async with _client(brokers[0], pki) as client, await MetadataStore.connect(etcd_endpoints) as meta:
+        await update_namespace_policy(meta, "default", {"replication_factor": 2, "min_insync_replicas": 2})
+        await client.admin.create_topic("/default/copied")
+        async with client.producer("/default/copied", producer_name="p") as producer:
+            offsets = [int(await producer.send(f"m{i}".encode())) for i in range(20)]
+        assert offsets == list(range(20))
+        described = await client.admin.describe_topic("/default/copied")
+        assert sorted(described.isr) == sorted(b.broker_id for b in brokers)
+        assert described.high_watermark == 20
+        assert [f.log_end_offset for f in described.followers] == [20]

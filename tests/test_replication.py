@@ -244,12 +244,13 @@ async def test_double_failover_with_divergent_tails_ends_with_identical_logs(
         assert len(payloads) == len(set(payloads)), "an acknowledged message written twice"
 
 
-async def test_replica_logs_follow_the_owners_local_retention(
+async def test_replica_logs_follow_the_owners_local_retention_and_go_with_the_topic(
     etcd_endpoints: list[str], start_broker: Callable[..., BrokerProcess], tmp_path: Path
 ) -> None:
     """Replica logs keep no more than the owner's: once the owner's local retention deleted
     segments that object storage verifiably holds, each follower deletes its sealed segments
-    below the owner's first local offset (``broker/replication/follower.py``)."""
+    below the owner's first local offset (``broker/replication/follower.py``). A deleted topic's
+    replica logs are deleted too (``broker/replication/manager.py``)."""
     url = (tmp_path / "objects").as_uri()
     brokers = [
         start_broker(extra_args=[*ARGS, "--object-store-url", url], segment_max_bytes=2048) for _ in range(3)
@@ -279,6 +280,12 @@ async def test_replica_logs_follow_the_owners_local_retention(
         )
         for b in followers:  # what they keep is the owner's log from there on
             assert [x for x in log_batches(b, name) if x[0] >= owner_start] == log_batches(owner, name)
+
+        await client.admin.delete_topic(TOPIC, force=True)  # every copy goes with the topic
+        await eventually(
+            lambda: not any((b.data_dir / "wal" / name.namespace / name.topic).exists() for b in brokers),
+            timeout_s=20, what="the replica logs deleted with the topic",
+        )
 
 
 async def test_an_owner_killed_before_it_wrote_rejoins_as_a_follower(

@@ -155,12 +155,20 @@ class ReplicaManager:
             if self.follows(name):
                 wanted.add(name.path)
         for path in sorted(set(self.fetchers) - wanted):
+            name = TopicName.parse(path)
             async with self._served.exclusive(path):
                 fetcher = self.fetchers.pop(path, None)
-                if fetcher is not None:
-                    hw = await fetcher.stop()
-                    if hw is not None:
-                        self.handed_over_hw[path] = hw
+                if fetcher is None:
+                    continue
+                hw = await fetcher.stop()
+                if hw is not None:
+                    self.handed_over_hw[path] = hw
+                if not self._cluster.is_assigned_here(name) and path not in self._served.topics:
+                    # Out of the replica set (replaced, moved away, or the topic deleted): the
+                    # copy is not needed; deleted, or kept as released segments when an
+                    # unavailable range still names this broker (TopicReleaser.dispose_replica_log).
+                    log.info("topic %s: no longer a replica here; its replica log goes", name)
+                    await self.dispose(name)
         for path in sorted(wanted - set(self.fetchers)):
             name = TopicName.parse(path)
             async with self._served.exclusive(path):

@@ -34,6 +34,7 @@ from danube_pipeline.metadata import keys, values
 from danube_pipeline.names import TopicName
 
 from broker.storage.wal.log import WriteAheadLog
+from broker.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class ReplicaTracker:
         if fetch_offset >= self.wal.durable_end:
             progress.caught_up_at = now
             if follower_id not in self.isr and fetch_offset >= self.high_watermark and not self._changing.locked():
-                asyncio.get_running_loop().create_task(self._expand(follower_id))
+                spawn(self._expand(follower_id), name=f"isr-expand:{self.name}")
         self._recompute()
 
     def _member_end(self, broker_id: int) -> int:

@@ -329,11 +329,14 @@ class TopicReleaser:
         wal_dir = self._config.wal_dir / name.namespace / name.topic
         if not wal_dir.exists():
             return None
-        if self.replicas is not None and self._broker_id in replica_set(self._cache, name):
-            # A replica's log: its fetcher truncates it by epoch against the new owner, or hands
-            # it back here (dispose_replica_log) when the new owner did not take it over in sync.
-            log.info("topic %s: WAL kept in place as a replica's log", name)
-            self.replicas.wake()
+        if self.replicas is not None and self._cache.contains(keys.replica_assignment(name)):
+            if self._broker_id in replica_set(self._cache, name):
+                # A replica's log: its fetcher truncates it by epoch against the new owner, or
+                # hands it back (dispose_replica_log) when the owner did not take it over in sync.
+                log.info("topic %s: WAL kept in place as a replica's log", name)
+                self.replicas.wake()
+            else:  # no longer a replica: its offsets are with the ISR (unless a range names it)
+                await self.dispose_replica_log(name)
             return None
         return await self._keep_wal_as_released(name, wal_dir)
 
