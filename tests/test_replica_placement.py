@@ -165,7 +165,8 @@ async def test_unclean_replica_election_takes_a_replica_outside_the_isr(
 
 async def test_make_dev_with_three_brokers_replicates_the_default_namespace(etcd_endpoints: list[str]) -> None:
     """``make dev BROKERS=3`` sets ``default`` to replication factor 3, 2 in sync, through the
-    ``set-policy`` path; ``BROKERS=1`` writes nothing (1 and 1 apply)."""
+    ``set-policy`` path; ``BROKERS=1`` writes nothing (1 and 1 apply), unless a stack of three
+    left 3 and 2: then it sets 1 and 1 again."""
     from danube_pipeline.dev.stack import dev_replication, set_dev_replication
 
     assert [dev_replication(n) for n in (1, 2, 3, 5)] == [(1, 1), (2, 1), (3, 2), (3, 2)]
@@ -176,3 +177,9 @@ async def test_make_dev_with_three_brokers_replicates_the_default_namespace(etcd
         stored = await meta.get(keys.namespace_policy("default"))
     assert stored is not None
     assert NamespacePolicy.from_json(stored.value) == NamespacePolicy(replication_factor=3, min_insync_replicas=2)
+    assert await set_dev_replication(etcd_endpoints, 3) is None  # already so: nothing written
+    # One broker after three: 1 and 1 again, or every producer would be refused.
+    assert await set_dev_replication(etcd_endpoints, 1) == {"replication_factor": 1, "min_insync_replicas": 1}
+    async with await MetadataStore.connect(etcd_endpoints) as meta:
+        stored = await meta.get(keys.namespace_policy("default"))
+    assert stored is not None and NamespacePolicy.from_json(stored.value).replication_factor == 1

@@ -38,8 +38,10 @@ from danube_pipeline.dev.secure import (
     PIPELINE,
     DevSecurity,
 )
+from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.connection import EtcdSecurity
 from danube_pipeline.metadata.store import MetadataStore
+from danube_pipeline.metadata.values import NamespacePolicy
 
 
 DEV_NAMESPACE = "default"
@@ -129,7 +131,9 @@ async def set_dev_replication(
 ) -> dict[str, int] | None:
     """Set the ``default`` namespace's replication (:func:`dev_replication`) the way
     ``danube-admin namespaces set-policy --replication-factor N --min-insync-replicas M`` does;
-    nothing for one broker (a stored policy stays as it is).
+    nothing when the stored policy already has it (one broker and no stored replication: nothing
+    is written). One broker after a stack of three sets 1 and 1 again: producers would be
+    refused otherwise (``NotEnoughReplicasError``).
 
     Returns:
         The fields written, ``None`` when nothing was.
@@ -141,10 +145,15 @@ async def set_dev_replication(
     from danube_pipeline.admin.namespaces import update_namespace_policy
 
     factor, min_insync = dev_replication(brokers)
-    if factor == 1:
-        return None
     changes: dict[str, int | str] = {"replication_factor": factor, "min_insync_replicas": min_insync}
     async with await MetadataStore.connect(etcd_endpoints, security=etcd_security) as store:
+        stored = await store.get(keys.namespace_policy(DEV_NAMESPACE))
+        try:
+            current = NamespacePolicy.from_json(stored.value) if stored is not None else NamespacePolicy()
+        except ValueError:
+            current = NamespacePolicy()
+        if (current.replication_factor, current.min_insync_replicas) == (factor, min_insync):
+            return None
         await update_namespace_policy(store, DEV_NAMESPACE, changes)
     return {"replication_factor": factor, "min_insync_replicas": min_insync}
 
