@@ -65,7 +65,8 @@ metric                                                   type      labels (besid
                                                                    dispatch waited for its rate
                                                                    (scrape)
 ``danube_wal_append_total``                              counter   record batches written to WALs
-``danube_wal_append_bytes_total``                        counter   bytes written to WALs
+``danube_wal_append_bytes_total``                        counter   bytes written to WALs, each batch
+                                                                   behind its 8-byte leader epoch
 ``danube_wal_flush_latency_ms``                          histogram one ``fdatasync`` of a group
                                                                    commit
 ``danube_wal_group_commit_messages``                     histogram messages made durable per
