@@ -19,9 +19,11 @@ import time
 
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.cache import LocalCache
-from danube_pipeline.metadata.replica_values import InSyncReplicas, ReplicaAssignment
+from danube_pipeline.metadata.replica_values import ReplicaAssignment
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
+
+from broker.replication.manager import in_sync_record
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,8 @@ def _replicas(cache: LocalCache, name: TopicName) -> ReplicaAssignment | None:
 
 def in_sync(cache: LocalCache, name: TopicName, broker_id: int) -> bool:
     """Whether the topic's ISR record (§5.9) names ``broker_id``."""
-    raw = cache.get(keys.in_sync_replicas(name))
-    try:
-        return raw is not None and broker_id in InSyncReplicas.from_json(raw).isr
-    except (ValueError, TypeError):
-        return False
+    record = in_sync_record(cache, name)
+    return record is not None and broker_id in record.isr
 
 
 async def _write_set(store: MetadataStore, cache: LocalCache, epoch: int, name: TopicName, replicas: list[int]) -> bool:
