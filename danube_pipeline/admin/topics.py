@@ -65,15 +65,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 
 import click
 
 from danube_pipeline.admin import stats
 from danube_pipeline.admin.arguments import parse_namespace, parse_topic
 from danube_pipeline.admin.config import AdminError, Config, danube_client, metadata_store, run
-from danube_pipeline.admin.output import Json, emit, field_lines, owner_json, owner_text, table
+from danube_pipeline.admin.output import Json, emit, owner_json, owner_text, table
 from danube_pipeline.admin.read_path import topics_set_read_path
+from danube_pipeline.admin.topic_text import describe_text
 from danube_pipeline.client import DanubeClient, DeliveryMode
 from danube_pipeline.metadata import keys
 from danube_pipeline import settings
@@ -348,81 +348,12 @@ async def _topics_describe(cfg: Config, topic: TopicName) -> Json:
     }
 
 
-def _describe_text(d: Json) -> str:
-    if "partitions" in d:
-        head = field_lines(
-            [("topic", d["topic"]), ("partitions", d["partitions"]), ("delivery", d["delivery"]), ("table", d["table"])]
-        )
-        rows = table(
-            ["PARTITION", "OWNER", "NEXT_OFFSET"],
-            [[p["topic"], owner_text(p["owner"]), p["next_offset"]] for p in d["partition_topics"]],
-        )
-        return f"{head}\n\npartitions:\n{rows}"
-    summary = field_lines(
-        [
-            ("topic", d["topic"]),
-            ("owner", owner_text(d["owner"])),
-            ("delivery", d["delivery"]),
-            ("Iceberg table", d["table"]),
-            ("schema subject", d["schema_subject"] or "(none: raw payloads)"),
-            ("next offset", d["next_offset"]),
-            ("not yet tiered", "-" if d["tiering_lag_offsets"] is None else f"{d['tiering_lag_offsets']} offsets"),
-            ("committed to table", "-" if d["committed_end_offset"] is None else (
-                f"through offset {d['committed_end_offset']} at "
-                f"{dt.datetime.fromtimestamp(d['committed_at_ms'] / 1000, dt.UTC):%Y-%m-%d %H:%M:%S} UTC")),
-            ("first local offset", d["first_local_offset"]),
-            ("WAL bytes", d["wal_bytes"]),
-            ("sealed segments", d["sealed_segments"]),
-            ("remote offsets", "-" if d["remote_first_offset"] is None
-             else f"{d['remote_first_offset']}..{d['remote_end_offset']}"),
-            ("earliest offset", d["earliest_offset"]),
-            ("owner epoch", d["owner_epoch"]),
-            ("reserved through", d["reserved_end_offset"]),
-            ("publish throttled", f"{d['publish_throttled_ms']} ms"),
-            ("high watermark", d["high_watermark"]),
-            *(
-                [("replicas", ", ".join(map(str, d["replicas"]))), ("in-sync replicas", ", ".join(map(str, d["isr"])))]
-                if d["replicas"]
-                else []
-            ),
-            *(
-                [
-                    ("in memory", f"{d['buffered_messages']} messages, {d['buffered_bytes']} bytes"),
-                    ("dropped", f"{d['dropped_messages']} (buffer full, oldest first)"),
-                ]
-                if d["delivery"] == DeliveryMode.NON_RELIABLE.value
-                else []
-            ),
-        ]
-    )
-    ranges = d["unavailable_ranges"]
-    unavailable = "" if not ranges else "\n\nunavailable ranges (held by failed brokers, §5.5):\n" + table(
-        ["START", "END", "BROKER", "LAST_WRITTEN", "ABANDONED"],
-        [[u["start_offset"], u["end_offset"], u["broker_id"], u["last_written"], u["abandoned"]] for u in ranges],
-    )
-    followers = "" if not d["followers"] else "\n\nfollowers:\n" + table(
-        ["BROKER", "LOG_END", "LAG", "LAST_FETCH_S", "IN_SYNC"],
-        [[f["broker_id"], f["log_end_offset"], f["lag"], f["last_fetch_s"], f["in_sync"]] for f in d["followers"]],
-    )
-    subs = table(
-        ["SUBSCRIPTION", "TYPE", "CURSOR", "READ_POSITION", "CONSUMERS", "DISPATCH_THROTTLED_MS"],
-        [
-            [s["name"], s["type"], s["cursor"], s["read_position"], s["consumers"], s["dispatch_throttled_ms"]]
-            for s in d["subscriptions"]
-        ],
-    )
-    producers = table(
-        ["PRODUCER", "PRODUCER_ID"], [[p["producer_name"], p["producer_id"]] for p in d["producers"]]
-    )
-    return f"{summary}{unavailable}{followers}\n\nopen producers:\n{producers}\n\nloaded subscriptions:\n{subs}"
-
-
 @topics.command("describe")
 @click.argument("topic", callback=parse_topic)
 @click.pass_obj
 def topics_describe(cfg: Config, topic: TopicName) -> None:
     """Where TOPIC's offsets live: owner, WAL, object storage (§5.1), loaded subscriptions."""
-    emit(cfg, run(_topics_describe(cfg, topic)), _describe_text)
+    emit(cfg, run(_topics_describe(cfg, topic)), describe_text)
 
 
 @topics.command("stats")
