@@ -23,21 +23,13 @@ from danube_pipeline.metadata.replica_values import ReplicaAssignment
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.replication.manager import in_sync_record
+from broker.replication.manager import in_sync_record, replica_assignment
 
 log = logging.getLogger(__name__)
 
 REPLICA_CATCH_UP_S = 60.0
 """How long a move waits for its target to join the ISR."""
 _POLL_S = 0.1
-
-
-def _replicas(cache: LocalCache, name: TopicName) -> ReplicaAssignment | None:
-    raw = cache.get(keys.replica_assignment(name))
-    try:
-        return None if raw is None else ReplicaAssignment.from_json(raw)
-    except (ValueError, TypeError):
-        return None
 
 
 def in_sync(cache: LocalCache, name: TopicName, broker_id: int) -> bool:
@@ -81,7 +73,7 @@ async def replicate_to_target(
     Raises:
         MetadataStoreError: etcd unreachable.
     """
-    assignment = _replicas(cache, name)
+    assignment = replica_assignment(cache, name)
     if assignment is None:
         return True
     if target not in assignment.replicas:
@@ -91,7 +83,7 @@ async def replicate_to_target(
     deadline = time.monotonic() + catch_up_s
     while not in_sync(cache, name, target):
         if time.monotonic() >= deadline:
-            current = _replicas(cache, name)
+            current = replica_assignment(cache, name)
             if current is not None and target in current.replicas and target not in assignment.replicas:
                 await _write_set(store, cache, epoch, name, [b for b in current.replicas if b != target])
             log.warning("topic %s: broker %d did not join the ISR within %.0f s; the move is given up",

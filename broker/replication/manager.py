@@ -35,15 +35,21 @@ RECONCILE_INTERVAL_S = 1.0
 """The fetchers are also reconciled this often (a topic unloaded here is followed afterwards)."""
 
 
-def replica_set(cache: LocalCache, name: TopicName) -> set[int]:
-    """The brokers of the topic's replica assignment (§1.9); empty without one (or unreadable)."""
+def replica_assignment(cache: LocalCache, name: TopicName) -> values.ReplicaAssignment | None:
+    """The topic's replica assignment (§1.9) from the cache; ``None`` without one (or unreadable)."""
     raw = cache.get(keys.replica_assignment(name))
     if raw is None:
-        return set()
+        return None
     try:
-        return set(values.ReplicaAssignment.from_json(raw).replicas)
+        return values.ReplicaAssignment.from_json(raw)
     except (ValueError, TypeError):
-        return set()
+        return None
+
+
+def replica_set(cache: LocalCache, name: TopicName) -> set[int]:
+    """The brokers of the topic's replica assignment (§1.9); empty without one (or unreadable)."""
+    assignment = replica_assignment(cache, name)
+    return set() if assignment is None else set(assignment.replicas)
 
 
 def in_sync_record(cache: LocalCache, name: TopicName) -> values.InSyncReplicas | None:
