@@ -1,14 +1,19 @@
-"""The one C extension, declared here because ``[tool.setuptools.ext-modules]`` in
+"""The C extensions, declared here because ``[tool.setuptools.ext-modules]`` in
 ``pyproject.toml`` is still experimental in setuptools (it warns at every install); everything
 else about the package is in ``pyproject.toml``.
 
-The record walker ``danube_pipeline/lake/_framing.c`` is used by
-``danube_pipeline/lake/segment_columns.py`` for tiering. It is optional: without a C compiler the
-install still succeeds and the same columns come from the pure-Python decoder, slower
-(``scripts/install-system-deps.sh`` installs gcc).
+Both are optional: without a C compiler the install still succeeds and the same results come
+from pure Python, slower (``scripts/install-system-deps.sh`` installs gcc):
+
+* ``danube_pipeline/lake/_framing.c``, the record walker that
+  ``danube_pipeline/lake/segment_columns.py`` uses for tiering;
+* ``danube_pipeline/format/_batch_builder.c``, which frames a producer's records (no key, no
+  attributes) into a record batch for ``danube_pipeline/format/batches.py``.
 """
 
 from setuptools import Extension, setup
+
+_FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
 
 setup(
     ext_modules=[
@@ -16,7 +21,13 @@ setup(
             "danube_pipeline.lake._framing",
             sources=["danube_pipeline/lake/_framing.c"],
             optional=True,
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
-        )
+            extra_compile_args=_FLAGS,
+        ),
+        Extension(
+            "danube_pipeline.format._batch_builder",
+            sources=["danube_pipeline/format/_batch_builder.c"],
+            optional=True,
+            extra_compile_args=_FLAGS,
+        ),
     ]
 )

@@ -23,7 +23,11 @@
    files per commit, dead-letter rows (:mod:`assets.writer_metrics`).
 
 A record therefore waits at most about ``commit_interval_s + poll_interval_s`` plus one tiering
-pass before it is queryable (``benchmarks/freshness.py`` measures it).
+pass before it is queryable (``benchmarks/freshness.py`` measures it): the interval counts from
+the previous seal, so a pass slower than it does not add the interval again. After each commit
+the table step's upkeep merges small data files and expires snapshots
+(:mod:`danube_pipeline.lake.iceberg.upkeep`), so one commit a second leaves a bounded number of
+both.
 
 It coexists with the sensor path (``sealed_segments_sensor`` → ``tiering_job``): both steps
 are idempotent. A completed descriptor or a committed end offset makes the other writer skip
@@ -180,7 +184,8 @@ class _TopicState:
     active_start: int | None = None
     """First offset of the active segment when the writer last looked."""
     pending_since: float | None = None
-    """Monotonic time the writer first saw records in that active segment."""
+    """Monotonic time the writer first saw records in that active segment, or sealed the segment
+    before it (its records arrived after that seal)."""
     committed_end_offset: int | None = None
     """The table's committed end offset for the topic after the writer's last table step."""
     last_full_pass: float | None = None
@@ -393,6 +398,10 @@ class ContinuousWriter:
         state.pending_since = None
         if segment is None:
             return sealed_end, None
+        # the next segment's records arrive from now on: they have waited since the seal at most,
+        # however long this pass's tiering and commit take (a pass slower than the interval no
+        # longer adds the interval again after it)
+        state.active_start, state.pending_since = segment.end_offset + 1, now
         log.debug("%s: sealed %d..%d after %.1f s (%d records)", topic.path, segment.start_offset,
                   segment.end_offset, waited, segment.record_count)
         return max(segment.end_offset, sealed_end if sealed_end is not None else -1), segment.end_offset

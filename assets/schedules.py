@@ -1,5 +1,6 @@
 """Schedules, on by default: hourly compaction and hourly retention of the (topic, day)
-partitions that need it (retention at half past, so the two Spark jobs of a topic do not start
+partitions that need it (the day being written is kept small by tiering's own size-tiered
+merging, :data:`TODAY_COMPACTION_MIN_FILES`) (retention at half past, so the two Spark jobs of a topic do not start
 together).
 
 Each tick reads the tables' manifests (no data file) to find the days with work, and requests
@@ -28,8 +29,16 @@ from danube_pipeline.partitions import partition_of
 from danube_pipeline.lake.retention import days_with_expired_rows
 
 COMPACTION_MIN_FILES = 2
-"""A day is compacted when it has at least this many data files (or one written under an older
-partition spec)."""
+"""A day before today is compacted when it has at least this many data files (or one written
+under an older partition spec)."""
+
+TODAY_COMPACTION_MIN_FILES = 40
+"""Today is compacted by Spark only past this many data files (or with a file of an older
+spec). Every tiering pass merges today's small files itself, size-tiered
+(:mod:`danube_pipeline.lake.iceberg.small_files`: fewer than ten per size class, about 30 at
+most), so a day being written stays below it; a Spark rewrite of it would race those merges
+(its commit fails when a file it rewrites was merged meanwhile). Once the day is over, the
+next hourly run rewrites it into files of the target size."""
 
 
 def _today(context: ScheduleEvaluationContext) -> dt.date:
@@ -73,7 +82,8 @@ def _topics(context: ScheduleEvaluationContext, etcd: EtcdResource) -> list[tupl
     default_status=DefaultScheduleStatus.RUNNING,
     description=(
         f"Every hour, one compaction_job run per (topic, day) whose table partitions hold "
-        f"{COMPACTION_MIN_FILES} data files or more, or a file of an older partition spec."
+        f"{COMPACTION_MIN_FILES} data files or more ({TODAY_COMPACTION_MIN_FILES} today, whose small files "
+        f"tiering merges as it commits), or a file of an older partition spec."
     ),
 )
 def compaction_schedule(
@@ -88,7 +98,8 @@ def compaction_schedule(
         if not catalog.table_exists(ident):
             continue
         for day, files in data_files_by_day(catalog.load_table(ident)).items():
-            if day <= today and (files.data_files >= COMPACTION_MIN_FILES or files.older_spec_files):
+            least = COMPACTION_MIN_FILES if day < today else TODAY_COMPACTION_MIN_FILES
+            if day <= today and (files.data_files >= least or files.older_spec_files):
                 wanted.append((key, day))
     _add_days(context, {day for _, day in wanted})
     for key, day in wanted:

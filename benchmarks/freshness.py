@@ -19,7 +19,11 @@ After the producer stops it waits up to ``--drain-s`` for the last records; a re
 visible then counts with the time waited (a lower bound) and is reported. Every process it
 started is stopped by pid at the end (also on Ctrl-C or SIGTERM).
 
-It ends with one line, figures of that run: ``freshness: p50_s=X p95_s=X max_s=X``.
+It ends with one line, figures of that run:
+``freshness: p50_s=X p95_s=X max_s=X files=N snapshots=N``, the last two the table's live data
+files and its snapshots at the end (the writer's table upkeep merges small files and expires
+snapshots, :mod:`danube_pipeline.lake.iceberg.upkeep`; both must stay bounded however long the
+run).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from danube_pipeline.dev.localcluster import (
     DEV_SEGMENT_MAX_AGE_S,
     free_port,
 )
+from danube_pipeline.dev.localcluster.processes import DEV_POLL_INTERVAL_S
 from danube_pipeline.names import TopicName
 from results import binned, write_result  # a sibling module (benchmarks/ is on sys.path)
 
@@ -136,6 +141,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def table_counts(env: dict[str, str]) -> tuple[int, int]:
+    """``(live data files, snapshots)`` of the topic's table now."""
+    catalog = iceberg.load_catalog(
+        name=env["DANUBE_CATALOG_NAME"], uri=env["DANUBE_CATALOG_URI"], warehouse=env["DANUBE_WAREHOUSE"]
+    )
+    table = catalog.load_table(iceberg.table_identifier(TOPIC))
+    return iceberg.data_file_count(table), len(table.metadata.snapshots)
+
+
 def count_materializations(stack: DevStack) -> int | None:
     """``iceberg_table`` materializations in the stack's Dagster instance (``None`` without one)."""
     if stack.dagster_home is None:
@@ -178,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         dagster_port=free_port(),
     )
     print(f"make dev defaults: segment_max_age_s={DEV_SEGMENT_MAX_AGE_S:g}, writer commit_interval_s="
-          f"{DEV_COMMIT_INTERVAL_S:g}, Dagster {'off' if args.no_dagster else 'on (sensors running)'}; state in {home}")
+          f"{DEV_COMMIT_INTERVAL_S:g} poll_interval_s={DEV_POLL_INTERVAL_S:g}, Dagster {'off' if args.no_dagster else 'on (sensors running)'}; state in {home}")
     signal.signal(signal.SIGTERM, _on_sigterm)
     seen = Visibility()
     stop = threading.Event()
@@ -220,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{missing} records not visible after {args.drain_s:g} s of drain; {seen.errors} failed polls")
         if materializations is not None:
             print(f"dagster: {materializations} iceberg_table materializations recorded")
+        files, snapshots = table_counts(stack.env)
         print(f"freshness: p50_s={percentile(latencies, 50):.2f} p95_s={percentile(latencies, 95):.2f} "
-              f"max_s={max(latencies):.2f}")
+              f"max_s={max(latencies):.2f} files={files} snapshots={snapshots}")
         write_result("freshness", {
             "rate_per_s": args.rate, "duration_s": args.duration_s, "dagster": not args.no_dagster, "bin_s": 1.0,
             "over_time": binned(((t - acked[0][1], f) for (_, t), f in zip(acked, latencies, strict=True)), 1.0),
             "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95), "max_s": max(latencies),
-            "missing": missing,
+            "missing": missing, "files": files, "snapshots": snapshots,
         })
         return 0 if missing == 0 else 1
     except KeyboardInterrupt:

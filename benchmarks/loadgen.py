@@ -39,6 +39,7 @@ __all__ = [
     "CaseResult",
     "LoopResult",
     "Send",
+    "SendMany",
     "Session",
     "make_payload",
     "measure",
@@ -46,10 +47,15 @@ __all__ = [
     "percentile",
     "proc_cpu_s",
     "window_loop",
+    "window_loop_many",
 ]
 
 Send = Callable[[bytes], Awaitable["asyncio.Future[Any]"]]
 """Queue one message; the returned future resolves on the server's ack (fails on its error)."""
+
+SendMany = Callable[[list[bytes]], Awaitable["asyncio.Future[Any]"]]
+"""Queue several messages in one call; the one returned future resolves when the server has
+acknowledged every one of them (fails on the first error)."""
 
 WARMUP_MESSAGES = 1_000
 """Unmeasured messages sent before each case (N if fewer)."""
@@ -176,8 +182,23 @@ class _Recorder:
 
         fut.add_done_callback(done)
 
-    def _fail(self, index: int, text: str) -> None:
-        self.failed += 1
+    def watch_many(self, fut: asyncio.Future[Any], index: int, count: int) -> None:
+        """Record ``fut``'s completion time (or failure) as the ack of messages ``index`` ..
+        ``index + count - 1``."""
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                self._fail(index, "cancelled", count)
+            elif (exc := f.exception()) is not None:
+                self._fail(index, f"{type(exc).__name__}: {exc}", count)
+            else:
+                self.ack_s[index : index + count] = [time.perf_counter()] * count
+                self.acked[index : index + count] = [True] * count
+
+        fut.add_done_callback(done)
+
+    def _fail(self, index: int, text: str, count: int = 1) -> None:
+        self.failed += count
         if self.first_error is None:
             self.first_error = f"message {index}: {text}"
 
@@ -304,6 +325,73 @@ async def window_loop(
     return result
 
 
+async def window_loop_many(
+    send_many: SendMany,
+    payload: bytes,
+    *,
+    messages: int,
+    window: int,
+    chunk: int,
+    server_pids: Sequence[int] = (),
+    time_limit_s: float = 300.0,
+) -> LoopResult:
+    """:func:`window_loop` handing the target ``chunk`` messages per call (its bulk send): at
+    most ``window`` messages unacked, each call's messages acked together by one future.
+
+    A call takes ``min(chunk, room in the window, messages left)`` messages; when the window
+    is full the loop waits for the oldest call's ack. Every message of a call has that call's
+    send and ack times, so the latency percentiles stay per message.
+
+    Args:
+        send_many: the target's bulk send (see :data:`SendMany`).
+        payload: the message bytes.
+        messages: how many to send.
+        window: most unacked messages, at least 1.
+        chunk: messages per call, at least 1.
+        server_pids: processes whose CPU counts as the server's.
+        time_limit_s: stop sending (and stop waiting for acks) after this many wall seconds.
+
+    Returns:
+        The measurement; latency is from just before each call to its ack.
+    """
+    if window < 1 or messages < 1 or chunk < 1:
+        raise ValueError("window, messages and chunk must be at least 1")
+    rec = _Recorder(messages)
+    unacked: collections.deque[tuple[asyncio.Future[Any], int]] = collections.deque()
+    result = LoopResult(messages=messages, size_bytes=len(payload))
+    clock = time.perf_counter
+    meter = _CpuMeter(server_pids)
+    started_s = clock()
+    deadline_s = started_s + time_limit_s
+    sent = in_flight = 0
+    while sent < messages:
+        count = min(chunk, window - in_flight, messages - sent)
+        rec.start_s[sent : sent + count] = [clock()] * count
+        fut = await send_many([payload] * count)
+        rec.watch_many(fut, sent, count)
+        unacked.append((fut, count))
+        sent += count
+        in_flight += count
+        while unacked and unacked[0][0].done():
+            in_flight -= unacked.popleft()[1]
+        while in_flight >= window:
+            if not await _wait_oldest(unacked[0][0], deadline_s):
+                break
+            while unacked and unacked[0][0].done():
+                in_flight -= unacked.popleft()[1]
+        if in_flight >= window or clock() > deadline_s:
+            result.timed_out = sent < messages
+            break
+    result.send_span_s = clock() - started_s
+    acks_done = await _drain(collections.deque(f for f, _ in unacked), deadline_s)
+    await asyncio.sleep(0)  # let the last done-callbacks run
+    meter.stop(result)
+    _finish(result, rec, sent, started_s, acks_done)
+    result.timed_out = result.timed_out or not acks_done
+    result.latencies_s = rec.latencies(sent, rec.start_s)
+    return result
+
+
 async def open_loop(
     send: Send,
     payload: bytes,
@@ -385,6 +473,8 @@ class Case:
         size_bytes: payload size, in bytes.
         window: most unacked messages (window cases; 1 = one in flight).
         rate_per_s: the open loop's schedule, in messages per second.
+        chunk: window cases with ``window`` > 1: messages per call of the target's bulk send
+            (:func:`window_loop_many`); 1 = one ``send`` per message (:func:`window_loop`).
     """
 
     key: str
@@ -393,6 +483,7 @@ class Case:
     size_bytes: int
     window: int = 1
     rate_per_s: float = 0.0
+    chunk: int = 1
 
     @property
     def label(self) -> str:
@@ -401,7 +492,8 @@ class Case:
             return f"open loop {self.rate_per_s:,.0f} msg/s, {self.messages:,} x {self.size_bytes} B"
         if self.window == 1:
             return f"one in flight, {self.messages:,} x {self.size_bytes} B"
-        return f"{self.size_bytes} B x {self.messages:,}, W={self.window}"
+        bulk = f", {self.chunk} per bulk send" if self.chunk > 1 else ""
+        return f"{self.size_bytes} B x {self.messages:,}, W={self.window}{bulk}"
 
 
 @dataclass
@@ -410,6 +502,8 @@ class Session:
 
     Attributes:
         send: queue one message (see :data:`loadgen.Send`).
+        send_many: queue several messages in one call (see :data:`loadgen.SendMany`); the
+            window cases use it when the run asks for bulk sends (``Case.chunk`` > 1).
         stored: messages the server holds in this case's stream or topic.
         counters: the server's own counters for it, by name (``"fsyncs"`` where the server
             counts its fsyncs), or None where it keeps none.
@@ -420,6 +514,7 @@ class Session:
     stored: Callable[[], Awaitable[int]]
     counters: Callable[[], Awaitable[dict[str, int]]] | None
     settings: str
+    send_many: SendMany | None = None
 
 
 @dataclass
@@ -448,7 +543,14 @@ async def measure(session: Session, case: Case, *, server_pids: Sequence[int], t
     warmup = min(WARMUP_MESSAGES, case.messages)
     await window_loop(session.send, payload, messages=warmup, window=case.window, time_limit_s=time_limit_s)
     stored0, counters0 = await session.stored(), (await session.counters() if session.counters else {})
-    if case.kind == "window":
+    if case.kind == "window" and case.chunk > 1 and case.window > 1:
+        if session.send_many is None:
+            raise ValueError(f"{case.label}: the target has no bulk send")
+        loop = await window_loop_many(
+            session.send_many, payload, messages=case.messages, window=case.window, chunk=case.chunk,
+            server_pids=server_pids, time_limit_s=time_limit_s,
+        )  # fmt: skip
+    elif case.kind == "window":
         loop = await window_loop(
             session.send, payload, messages=case.messages, window=case.window,
             server_pids=server_pids, time_limit_s=time_limit_s,

@@ -19,13 +19,18 @@ errors):
   PubAck follows the sync.
 * ``nats-default``: the same with the default sync interval (2 minutes): NOT durable at ack.
 
-Every target runs the same cases with one Python producer in this process (``loadgen.py``):
+Every target runs the same cases with one Python producer in this process (``loadgen.py``), on
+uvloop when it is installed (``--asyncio`` for the standard loop; the loop used is printed):
 
 * window: N messages of S bytes with at most W unacked (defaults N=200,000, S in {100, 1024},
   W=256): msg/s; MB/s of payload (10^6 bytes/s); p50/p99/p99.9 send-to-ack latency (ms);
-  client and server CPU (% of one core over wall time); messages per fsync where the server
+  client and server CPU (% of one core over wall time; the client's also in µs per acked
+  message, this process's CPU time over the loop); messages per fsync where the server
   counts its fsyncs (Danube; Redis shows its AOF rewrites instead, NATS neither); and the
   stored count, read from the server after the run;
+  with ``--bulk K``, the window cases hand K messages per call to each target's bulk send
+  (Danube ``Producer.send_many_nowait``; Redis one pipelined write of K ``XADD``; NATS K
+  ``publish_async``), one future per call, for every target alike;
 * one in flight: W=1, 5,000 messages of 100 B: p50 send-to-ack (ms);
 * open loop: 5,000 msg/s for 10 s (50,000 messages of 100 B), sent on schedule whatever the
   acks: p99 from the scheduled send time (ms).
@@ -40,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import math
 import os
@@ -50,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -59,7 +63,6 @@ from typing import Any, Generic, TypeVar
 
 import nats
 import redis.asyncio
-import redis.exceptions
 from nats.aio.client import Client as NatsClient
 from nats.js.api import StorageType
 
@@ -68,6 +71,7 @@ from danube_pipeline.client import DanubeClient
 # Siblings: running ``python benchmarks/peers.py`` puts benchmarks/ first on sys.path.
 from loadgen import WARMUP_MESSAGES, Case, CaseResult, Session, measure
 from peer_servers import HOST, DanubeCluster, NatsServer, RedisServer, Server
+from redis_pipeline import RedisPipeline
 from results import peers_document, write_result
 
 TARGETS = ("danube", "redis", "nats", "nats-default")
@@ -194,88 +198,20 @@ class DanubeTarget(Target[DanubeCluster]):
             topic, producer_name=f"peers-{case.key}", linger_ms=options.linger_ms,
             max_batch_messages=options.max_batch_messages, max_in_flight_batches=options.max_in_flight_batches,
         ) as producer:
-            send_nowait = producer.send_nowait
+            send_nowait, send_many_nowait = producer.send_nowait, producer.send_many_nowait
 
             async def send(payload: bytes) -> asyncio.Future[Any]:
                 return send_nowait(payload)
 
-            yield Session(send, stored, counters, str(options))
+            async def send_many(payloads: list[bytes]) -> asyncio.Future[Any]:
+                return send_many_nowait(payloads)
+
+            yield Session(send, stored, counters, str(options), send_many)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
-
-
-class RedisPipeline:
-    """XADD over one redis-py asyncio connection, pipelined, one future per command.
-
-    ``send`` packs the command with redis-py and queues it; a writer task writes whatever is
-    queued in one ``send_packed_command`` per event-loop tick; a reader task reads the replies
-    in order (``read_response``) and resolves the oldest waiting future with each. The window
-    loop decides how many are unacked; this class adds no limit of its own.
-    """
-
-    settings = "one connection; XADD pipelined: written per event-loop tick, replies read in order"
-
-    def __init__(self, conn: redis.asyncio.Connection, key: str) -> None:
-        self._conn = conn
-        self._key = key
-        self._loop = asyncio.get_running_loop()
-        self._out: list[bytes] = []
-        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self._wake = asyncio.Event()
-        self._failed: BaseException | None = None
-        self._tasks = [self._loop.create_task(self._write_loop()), self._loop.create_task(self._read_loop())]
-
-    async def send(self, payload: bytes) -> asyncio.Future[Any]:
-        """Queue ``XADD key * d payload``; the future resolves with the entry id (bytes)."""
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        if self._failed is not None:
-            fut.set_exception(self._failed)
-            return fut
-        self._out.extend(self._conn.pack_command("XADD", self._key, "*", "d", payload))
-        self._waiting.append(fut)
-        self._wake.set()
-        return fut
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                chunks, self._out = self._out, []
-                if chunks:
-                    await self._conn.send_packed_command(chunks, check_health=False)
-        except Exception as exc:
-            self._fail_all(exc)
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                try:
-                    # timeout=math.inf: redis-py would otherwise arm its 5 s socket timeout
-                    # around every single reply, which costs more than parsing it.
-                    reply: Any = await self._conn.read_response(disable_decoding=True, timeout=math.inf)
-                except redis.exceptions.ResponseError as exc:
-                    self._waiting.popleft().set_exception(exc)
-                    continue
-                self._waiting.popleft().set_result(reply)
-        except Exception as exc:
-            self._fail_all(exc)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        self._failed = exc
-        while self._waiting:
-            if not (fut := self._waiting.popleft()).done():
-                fut.set_exception(exc)
-
-    async def aclose(self) -> None:
-        """Stop the writer and reader tasks and disconnect."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._conn.disconnect()
 
 
 class RedisTarget(Target[RedisServer]):
@@ -322,7 +258,7 @@ class RedisTarget(Target[RedisServer]):
             return {"AOF rewrites": int((await admin.info("persistence"))["aof_rewrites"])}
 
         try:
-            yield Session(pipeline.send, stored, counters, pipeline.settings)
+            yield Session(pipeline.send, stored, counters, pipeline.settings, pipeline.send_many)
         finally:
             await pipeline.aclose()
 
@@ -373,10 +309,13 @@ class NatsTarget(Target[NatsServer]):
             ack: asyncio.Future[Any] = await js.publish_async(subject, payload)
             return ack
 
+        async def send_many(payloads: list[bytes]) -> asyncio.Future[Any]:  # no bulk publish in nats-py
+            return asyncio.gather(*[await js.publish_async(subject, p) for p in payloads])
+
         async def stored() -> int:
             return int((await js.stream_info(stream)).state.messages)
 
-        yield Session(send, stored, None, f"js.publish_async, publish_async_max_pending={pending}")
+        yield Session(send, stored, None, f"js.publish_async, publish_async_max_pending={pending}", send_many)
 
     async def close(self) -> None:
         if self._nc is not None:
@@ -421,7 +360,8 @@ def _print_case(target: Target[Any], r: CaseResult) -> list[str]:
     per_fsync = "n/a" if r.fsyncs is None else _fmt(lp.acked / r.fsyncs if r.fsyncs else math.nan, ",.1f")
     others = "".join(f"  {name} {value:,}" for name, value in r.counters.items() if name != "fsyncs")
     print(
-        f"    client CPU {_fmt(lp.client_cpu_pct, '.0f', '%')}  server CPU {_fmt(lp.server_cpu_pct, '.0f', '%')}  "
+        f"    client CPU {_fmt(lp.client_cpu_pct, '.0f', '%')} ({_fmt(lp.client_cpu_s / max(lp.acked, 1) * 1e6, '.2f')} µs/message)"
+        f"  server CPU {_fmt(lp.server_cpu_pct, '.0f', '%')}  "
         f"messages/fsync {per_fsync}{others}  stored {r.stored:,}{'' if r.stored == case.messages else '  <-- MISMATCH'}"
     )
     found = []
@@ -469,7 +409,7 @@ def _make_target(name: str) -> Target[Any]:
 
 
 def _cases(args: argparse.Namespace) -> list[Case]:
-    cases = [Case(str(s), "window", args.messages, s, window=args.window) for s in args.sizes]
+    cases = [Case(str(s), "window", args.messages, s, window=args.window, chunk=args.bulk) for s in args.sizes]
     cases.append(Case("w1", "window", args.one_messages, 100, window=1))
     cases.append(Case("open", "open", max(1, round(args.open_rate * args.open_seconds)), 100, rate_per_s=args.open_rate))
     return cases
@@ -509,6 +449,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--open-rate", type=float, default=5_000.0, help="open-loop schedule, msg/s (default 5,000)")
     p.add_argument("--open-seconds", type=float, help="open-loop duration, s (default 10; --quick 1)")
     p.add_argument("--time-limit-s", type=float, default=300.0, help="give up on a case after this many s (default 300)")
+    p.add_argument("--bulk", type=int, default=1, help="K, messages per bulk send call in the window cases (default 1: none)")
+    p.add_argument("--asyncio", action="store_true", help="run the clients on asyncio's loop even if uvloop is installed")
     p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
     args = p.parse_args(argv)
     args.messages = args.messages or (10_000 if args.quick else 200_000)
@@ -522,8 +464,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if chosen - set(TARGETS) or not chosen:
         p.error(f"--targets: choose from {', '.join(TARGETS)}")
     args.targets = [t for t in TARGETS if t in chosen]
-    if min(args.messages, args.window, args.one_messages, *args.sizes, 1) < 1 or not args.sizes:
-        p.error("--messages, --window, --one-messages and every size must be positive")
+    if min(args.messages, args.window, args.one_messages, args.bulk, *args.sizes) < 1 or not args.sizes:
+        p.error("--messages, --window, --one-messages, --bulk and every size must be positive")
     if min(args.open_rate, args.open_seconds, args.time_limit_s) <= 0:
         p.error("--open-rate, --open-seconds and --time-limit-s must be positive")
     return args
@@ -550,6 +492,16 @@ class _Stop:
 _stop = _Stop()
 
 
+def _event_loop(standard: bool) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """The clients' event loop factory (None: asyncio's) and its name: uvloop when installed."""
+    if not standard:
+        with contextlib.suppress(ImportError):
+            import uvloop  # noqa: PLC0415 - optional
+
+            return uvloop.new_event_loop, f"uvloop {package_version('uvloop')}"
+    return None, "asyncio (standard)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen targets one after another, print the figures, end with the ``peers:`` line.
 
@@ -559,12 +511,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     cases = _cases(args)
+    loop_factory, loop_name = _event_loop(args.asyncio)
     print(
         f"Danube vs peers ({', '.join(args.targets)}): one producer in this process; window cases "
         f"N={args.messages:,} W={args.window} sizes {args.sizes} B; {WARMUP_MESSAGES:,} warm-up messages per case"
     )
     print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; {time.strftime('%Y-%m-%d %H:%M')}")
-    print("latency: ms from the send call (open loop: from the scheduled time) to the ack; CPU: % of one core")
+    print(f"event loop: {loop_name}; latency: ms from the send call (open loop: from the scheduled time) to the ack; CPU: % of one core")
     results: dict[str, list[CaseResult]] = {}
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="danube-peers-") as tmp:
@@ -572,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             target = _make_target(name)
             try:
                 target.start(Path(tmp))
-                results[name] = asyncio.run(_run_target(target, cases, args.time_limit_s, problems))
+                with asyncio.Runner(loop_factory=loop_factory) as runner:
+                    results[name] = runner.run(_run_target(target, cases, args.time_limit_s, problems))
             except asyncio.CancelledError:
                 if _stop.requested:
                     raise KeyboardInterrupt from None

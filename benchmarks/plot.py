@@ -15,7 +15,11 @@ end of a run) and draws, with matplotlib's Agg backend (no display needed):
   (median and maximum per second of acks);
 * ``cluster_timeline.png`` (``cluster.json``): acks per second under load with the topic moves
   (each shaded for the time until the topic served again) and the SIGKILL of the owner
-  (shaded until the first ack by another broker).
+  (shaded until the first ack by another broker);
+* ``scale.png`` (``scale.json``): one broker as its work grows: RSS, the time to load every
+  topic after a restart, msg/s spread over the topics and etcd bytes per topic, by topic
+  count; msg/s and RSS by concurrent producers and consumers; recovery time by WAL size; the
+  Iceberg commit time by snapshot count (each panel with its target where the issue sets one).
 
 A chart whose input is missing is skipped and named. The run ends with one line per chart
 written, ``plot: PATH``.
@@ -249,6 +253,92 @@ def plot_cluster_timeline(doc: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _log_x(ax: Axes, xlabel: str) -> None:
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _unmeasured(ax: Axes, points: Sequence[object]) -> None:
+    """Say so on a panel whose part did not run."""
+    if not points:
+        ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center", color="#888888")
+
+
+_Line = tuple[str, Sequence[float], str]
+"""One line of a panel: ``(style, values, label)``; the first line is Danube's colour, the
+others grey or green."""
+_LINE_COLORS = (_color("danube"), "#7f8c8d", "#27ae60")
+
+
+def _panel(ax: Axes, x: Sequence[float], lines: Sequence[_Line], *, title: str, ylabel: str,
+           target: tuple[float, str] | None = None, xlabel: str = "topics", log_x: bool = True) -> None:
+    """One curve panel of ``scale.png``: its lines by ``x``, the target as a dotted line."""
+    for (style, values, label), color in zip(lines, _LINE_COLORS, strict=False):
+        ax.plot(list(x), list(values), style, color=color, label=label)
+    if target is not None and x:
+        ax.axhline(target[0], color="#c0392b", linewidth=0.8, linestyle=":", label=target[1])
+    if log_x:
+        _log_x(ax, xlabel)
+    else:
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    _unmeasured(ax, x)
+
+
+def plot_scale(doc: dict[str, Any], path: Path) -> Path:
+    """``scale.png``: the curves of ``benchmarks/scale.py``, one panel each.
+
+    Raises:
+        ValueError: the document holds no curve.
+    """
+    topics: list[dict[str, Any]] = doc.get("topics") or []
+    clients: list[dict[str, Any]] = doc.get("clients") or []
+    recovery = (doc.get("recovery") or {}).get("points") or []
+    commit = (doc.get("commit") or {}).get("points") or []
+    if not (topics or clients or recovery or commit):
+        raise ValueError("no curve in scale.json")
+    fig = Figure(figsize=(18, 8.5), layout="constrained")
+    top, bottom = fig.subplots(2, 4)
+    n = [p["topics"] for p in topics]
+    _panel(top[0], n, [("o-", [p["rss_mib"] for p in topics], "peak over the step"),
+                       ("s--", [p["rss_loaded_mib"] for p in topics], "after a restart, no client")],
+           title="memory by topic count", ylabel="broker RSS, MiB", target=(1024, "target 1 GiB"))
+    _panel(top[1], n, [("o-", [p["load_s"] for p in topics], "every topic served again"),
+                       ("s--", [p["ready_s"] for p in topics], "ready file written")],
+           title="load after a restart", ylabel="s from the start after SIGTERM", target=(60, "target 60 s"))
+    one = topics[0]["msgs_per_s"] if topics else 0.0
+    _panel(top[2], n, [("o-", [p["msgs_per_s"] for p in topics], "msg/s, one producer loop")],
+           title="msg/s spread over the topics", ylabel="acked msg/s", target=(0.7 * one, "target 0.7 x one topic"))
+    _panel(top[3], n, [("o-", [p["etcd_bytes_per_topic"] for p in topics], "bytes per topic")],
+           title="etcd per topic", ylabel="etcd bytes (keys + values) per topic")
+    for x, p in zip(n, topics, strict=True):
+        top[3].annotate(f"{p['etcd_keys_per_topic']:.1f} keys", (x, p["etcd_bytes_per_topic"]), fontsize=7,
+                        textcoords="offset points", xytext=(0, 6), ha="center")
+    c = [p["clients"] for p in clients]
+    _panel(bottom[0], c, [("o-", [p["produce_msgs_per_s"] for p in clients], "produce"),
+                          ("s--", [p["consume_msgs_per_s"] for p in clients], "consume")],
+           title="n producers + n consumers", ylabel="msg/s", xlabel="producers (= consumers)")
+    _panel(bottom[1], c, [("o-", [p["rss_mib"] for p in clients], "broker RSS, peak")],
+           title="memory by client count", ylabel="MiB", xlabel="producers (= consumers)")
+    wal = [p["wal_mib"] for p in recovery]
+    _panel(bottom[2], wal, [("o-", [p["recovery_s"] for p in recovery], "SIGKILL to serving"),
+                            (":", [5 * w / 1024 for w in wal], "target 5 s per GiB")],
+           title="recovery after SIGKILL", ylabel="s", xlabel="WAL, MiB", log_x=False)
+    first = commit[0]["commit_ms"] if commit else 0.0
+    _panel(bottom[3], [p["snapshots"] for p in commit], [("o-", [p["commit_ms"] for p in commit], "commit time")],
+           title="Iceberg commit by history", ylabel="ms", xlabel="snapshots in the table", log_x=False,
+           target=(2 * first, "target 2 x the first"))
+    fig.suptitle(f"One broker as its work grows ({doc.get('size_bytes')} B messages)")
+    _footer(fig, doc)
+    return _save(fig, path)
+
+
 def _load(directory: Path, name: str) -> dict[str, Any] | None:
     path = directory / f"{name}.json"
     return read_result(path) if path.exists() else None
@@ -263,6 +353,7 @@ def render_all(results: Path, out: Path) -> tuple[list[Path], list[str], list[st
     """
     peers, ingest = _load(results, "peers"), _load(results, "ingest")
     freshness, cluster = _load(results, "freshness"), _load(results, "cluster")
+    scale = _load(results, "scale")
     written: list[Path] = []
     skipped: list[str] = []
     failed: list[str] = []
@@ -272,6 +363,7 @@ def render_all(results: Path, out: Path) -> tuple[list[Path], list[str], list[st
          "peers.json or ingest.json"),
         ("freshness.png", freshness is not None, lambda p: plot_freshness(freshness or {}, p), "freshness.json"),
         ("cluster_timeline.png", cluster is not None, lambda p: plot_cluster_timeline(cluster or {}, p), "cluster.json"),
+        ("scale.png", scale is not None, lambda p: plot_scale(scale or {}, p), "scale.json"),
     ]  # fmt: skip
     for name, present, draw, needs in jobs:
         if not present:

@@ -29,6 +29,13 @@ quantiles (:func:`quantiles_ms`), series over time are binned (:func:`binned`,
     "kill", "duration_ms": float | null}], "move_ms": [float | null], "failover_s", "cv",
     "lost", "duplicated"}``: acks over time since the load started, with the moves and the
     SIGKILL on the same clock.
+``scale.json``
+    ``{"topics": [point], "clients": [point], "recovery": {...} | null, "commit": {...} | null,
+    "size_bytes", "window", "messages"}``: a topics point per topic count (``topics``,
+    ``rss_mib``, ``rss_loaded_mib``, ``load_s``, ``ready_s``, ``msgs_per_s``, ``msgs_ratio``,
+    ``etcd_keys_per_topic``, ``etcd_bytes_per_topic``, ...), a clients point per producer and
+    consumer count (``clients``, ``produce_msgs_per_s``, ``consume_msgs_per_s``, ``rss_mib``),
+    and what ``scale_recovery.measure_recovery`` and ``scale_commit.measure_commit`` returned.
 """
 
 from __future__ import annotations
@@ -176,6 +183,7 @@ def peers_document(results: dict[str, list[CaseResult]]) -> dict[str, Any]:
                     "kind": r.case.kind,
                     "size_bytes": r.case.size_bytes,
                     "window": r.case.window,
+                    "chunk": r.case.chunk,
                     "rate_per_s": r.case.rate_per_s,
                     "messages": r.case.messages,
                     "msgs_per_s": r.loop.msgs_per_s,

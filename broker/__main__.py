@@ -41,6 +41,7 @@ from typing import Any
 from danube_pipeline import logs
 from danube_pipeline.logs import LOG_FORMATS
 
+from broker import event_loop
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
@@ -296,10 +297,16 @@ async def run(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop_requested.set)
+    lag = event_loop.LoopLagRecorder.from_environment()
     try:
         await broker.start()
+        event_loop.freeze_heap()  # full collections skip the start-up heap (broker/event_loop.py)
+        if lag is not None:
+            lag.start()
         await stop_requested.wait()
     finally:
+        if lag is not None:
+            await lag.stop()
         await broker.stop()
 
 
@@ -339,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("INSECURE: serving metrics %s on non-loopback address %s (--insecure)",
                     metrics_exposed, config.metrics_listen)
     try:
-        asyncio.run(run(config))
+        event_loop.run(run(config))  # uvloop when installed (broker/event_loop.py)
     except KeyboardInterrupt:
         return 130
     except Exception:

@@ -64,6 +64,9 @@ class ClusterView:
         self.broker_id = broker_id
         self.store = store
         self.cache = cache
+        self._owners: dict[str, set[int]] | None = None
+        """Topic path -> ids of the brokers with its assignment key (§1.4), kept from the cache's
+        events once first read: a lookup does not scan the assignments of every topic."""
 
     # ------------------------------------------------------------------ assignments
 
@@ -109,15 +112,38 @@ class ClusterView:
         return self.cache.contains(keys.topic_assignment(self.broker_id, name))
 
     def assigned_broker(self, name: TopicName) -> int | None:
-        """The broker id the topic is assigned to, from ``/cluster/brokers/*/{ns}/{topic}``."""
-        suffix = f"/{name.namespace}/{name.topic}"
-        for key in self.cache.get_prefix(keys.BROKERS_PREFIX):
-            if not key.endswith(suffix):
-                continue
-            broker_part = key[len(keys.BROKERS_PREFIX) : -len(suffix)]
-            if broker_part.isdigit():
-                return int(broker_part)
-        return None
+        """The broker id the topic is assigned to, from ``/cluster/brokers/*/{ns}/{topic}``
+        (the lowest id in key order when two keys exist for a moment)."""
+        owners = self._assignment_index().get(name.path)
+        return min(owners, key=str) if owners else None
+
+    def _assignment_index(self) -> dict[str, set[int]]:
+        """Topic path -> broker ids of its assignment keys: loaded from the cache at first use,
+        then kept current by a listener on ``/cluster/brokers/`` (the cache also replays what
+        changed across a watch break as events)."""
+        if self._owners is None:
+            owners: dict[str, set[int]] = {}
+            for key in self.cache.get_prefix(keys.BROKERS_PREFIX):
+                parsed = _assignment(key)
+                if parsed is not None:
+                    owners.setdefault(parsed[1], set()).add(parsed[0])
+            self._owners = owners
+            self.cache.add_listener(keys.BROKERS_PREFIX, self._on_assignment_event)
+        return self._owners
+
+    def _on_assignment_event(self, event: WatchEvent) -> None:
+        parsed = _assignment(event.key)
+        if parsed is None or self._owners is None:
+            return
+        broker_id, path = parsed
+        if event.type is WatchEventType.PUT:
+            self._owners.setdefault(path, set()).add(broker_id)
+        else:
+            owners = self._owners.get(path)
+            if owners is not None:
+                owners.discard(broker_id)
+                if not owners:
+                    del self._owners[path]
 
     async def topic_exists(self, name: TopicName) -> bool:
         """Whether the topic root (§3.1) exists. A cache miss is checked against etcd (another
@@ -244,3 +270,12 @@ class ClusterView:
         """The id in ``/cluster/leader`` (§1.7), 0 when none is recorded."""
         leader = self.cache.get(keys.CLUSTER_LEADER)
         return leader if isinstance(leader, int) and not isinstance(leader, bool) else 0
+
+
+def _assignment(key: str) -> tuple[int, str] | None:
+    """``(broker id, "/{ns}/{topic}")`` of an assignment key ``/cluster/brokers/{id}/{ns}/{topic}``
+    (§1.4); ``None`` for any other key under the prefix (a broker's ``state``)."""
+    parts = key[len(keys.BROKERS_PREFIX) :].split("/")
+    if len(parts) != 3 or not parts[0].isdigit():
+        return None
+    return int(parts[0]), f"/{parts[1]}/{parts[2]}"

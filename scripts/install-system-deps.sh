@@ -31,8 +31,9 @@ if command -v promtool >/dev/null 2>&1 || [ -x "$(dirname "${DANUBE_PROMETHEUS_B
   need_prometheus=0
 fi
 need_venv=0; python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_venv=1
-# A C compiler and Python's headers build the record walker (danube_pipeline/lake/_framing.c);
-# without them the install still works, with the slower pure-Python decoder.
+# A C compiler and Python's headers build the record walker (danube_pipeline/lake/_framing.c) and
+# the producer's batch builder (danube_pipeline/format/_batch_builder.c); without them the install
+# still works, with the slower pure-Python twins.
 need_cc=0; command -v cc >/dev/null 2>&1 || need_cc=1
 need_headers=0
 python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \

@@ -2,7 +2,9 @@
 
 Every test decodes the same records both ways, through ``table_rows`` with the writer's batch
 decoder and with it removed, and requires equal rows and equal dead letters; the tricky cases
-also check that the batch decoder refuses the batch rather than guessing.
+also check that the batch decoder refuses the batch rather than guessing. Every test runs twice:
+with the C decoder (``decode_avro`` in danube_pipeline/lake/_framing.c) and with the polars
+decoder that replaces it when the extension is not built.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pytest
 
 from danube_pipeline.dev.flights import FLIGHT_AVRO_SCHEMA, encode_flight, iter_flights
+from danube_pipeline.lake.iceberg import avro_batch
 from danube_pipeline.lake.iceberg.avro_batch import batch_decoder
 from danube_pipeline.lake.iceberg.rows import BoundWriter, TableRows, table_rows
 from danube_pipeline.lake.iceberg.schema import schema_from_columns
@@ -25,6 +28,18 @@ from danube_pipeline.lake.iceberg.writer import WriterSchema, avro_writer
 from danube_pipeline.format.records import Record
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=["c", "polars"])
+def decoder_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the C decoder, then with polars (the extension's absence simulated)."""
+    if request.param == "c":
+        assert avro_batch._native_decode is not None, "the C extension was not built"
+    else:
+        monkeypatch.setattr(avro_batch, "_native_decode", None)
+    decoder = batch_decoder("long")
+    assert decoder is not None and decoder.native == (request.param == "c")
+    return str(request.param)
 
 TRICKY: dict[str, Any] = {
     "type": "record",

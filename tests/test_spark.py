@@ -207,15 +207,19 @@ async def _produce_raw(address: str, topic: str, count: int, *, start: int = 0) 
 
 
 async def _tier_and_commit(address: str, endpoints: list[str], topic: TopicName, objects: Any, catalog: Any) -> Any:
+    """Tier and commit with the table's own upkeep off (no small-file merge or expiry by the
+    writer), so that what the test's Spark procedures leave is theirs alone."""
     from danube_pipeline.client import DanubeClient
     from danube_pipeline.metadata.store import MetadataStore
     from danube_pipeline.schemas.registry import SchemaRegistry
+    from danube_pipeline.lake.iceberg.upkeep import UpkeepPolicy
     from danube_pipeline.lake.tiering import commit_objects_to_table, tier_sealed_segments
 
     async with await MetadataStore.connect(endpoints) as store, DanubeClient([address]) as client:
         await tier_sealed_segments(topic, store=store, admin=client.admin, objects=objects)
         return await commit_objects_to_table(
-            topic, store=store, objects=objects, catalog=catalog, registry=SchemaRegistry(store)
+            topic, store=store, objects=objects, catalog=catalog, registry=SchemaRegistry(store),
+            upkeep=UpkeepPolicy.disabled(),
         )
 
 

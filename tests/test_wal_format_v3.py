@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ def v2_active_file(directory: Path, batches: int) -> Path:
     wrote it before epochs."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / active_name(0)
-    data = SegmentHeader(start_offset=0, created_at_ms=1, format_version=BATCH_FORMAT_VERSION).encode()
+    # created now: an active segment past its age would be sealed by the age timer at open
+    data = SegmentHeader(start_offset=0, created_at_ms=int(time.time() * 1000), format_version=BATCH_FORMAT_VERSION).encode()
     path.write_bytes(data + b"".join(stored(3 * i) for i in range(batches)))
     return path
 

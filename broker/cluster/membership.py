@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 REREGISTER_RETRY_S = 0.25
 """Pause between two attempts to register again after the lease was lost."""
 
+TOPIC_CHANGE_REPORT_S = 1.0
+"""Topic loads and unloads write the load report at most this often: each report carries the
+whole topic list, so one report per topic made loading 10,000 topics write some 10,000 reports
+of up to 150 KB (``benchmarks/scale.py``)."""
+
 MIN_RATE_WINDOW_S = 1.0
 """Rates are measured over at least this long: a report sooner after the previous one (a topic
 was loaded or unloaded) repeats the previous rates."""
@@ -164,6 +169,7 @@ class Membership:
         self.on_leadership: Callable[[bool], None] = lambda _leader: None
         self._leaving = False
         self._report_wake = asyncio.Event()
+        self._topics_changed = False
         self._reporter: asyncio.Task[None] | None = None
         self._remove_listener: Callable[[], None] | None = None
 
@@ -207,7 +213,9 @@ class Membership:
         self._reporter = asyncio.create_task(self._load_reporter(), name="load-report")
 
     def topics_changed(self) -> None:
-        """Publish a new load report soon (a topic was loaded or unloaded)."""
+        """Publish a new load report soon (a topic was loaded or unloaded): within
+        :data:`TOPIC_CHANGE_REPORT_S` of the previous one."""
+        self._topics_changed = True
         self._report_wake.set()
 
     async def _register(self, reason: str = "boot") -> Lease:
@@ -296,9 +304,14 @@ class Membership:
     async def _load_reporter(self) -> None:
         outage = OutageLog(log, "registration and load report")
         wait_s = self.load_report_interval_s
+        reported_at = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._report_wake.wait(), wait_s)
+            if self._registered and self._topics_changed:  # coalesce the reports of a burst of loads
+                await asyncio.sleep(max(0.0, reported_at + TOPIC_CHANGE_REPORT_S - time.monotonic()))
+            self._topics_changed = False
+            reported_at = time.monotonic()
             self._report_wake.clear()
             if self._leaving:
                 return

@@ -14,11 +14,11 @@ import contextlib
 import itertools
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
-from danube_pipeline.client._accumulator import Accumulator, Batch
+from danube_pipeline.client._accumulator import Accumulator, Batch, MessageIds, span_offsets
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
 from danube_pipeline.client._tasks import cancel_and_wait
@@ -147,11 +147,33 @@ class BatchSender:
             self._wakeup.set()
         return future
 
+    def append_many(
+        self, payloads: Sequence[bytes], attributes: Mapping[str, str] | None, key: str | None
+    ) -> asyncio.Future[MessageIds]:
+        """Frame several messages into as few batches as the limits allow (see
+        :meth:`Accumulator.append_many`), with one future per batch.
+
+        Returns:
+            A future resolved with their offsets (:class:`MessageIds`), in order, once every batch
+            holding them is acknowledged; failed with the first batch error.
+
+        Raises:
+            MessageTooLargeError: a payload is too large; nothing is queued.
+            MalformedRequestError: the key or an attribute breaks a limit of the record format;
+                nothing is queued.
+            ProducerFencedError: a newer instance of the producer took its name over.
+        """
+        if self._fenced is not None:
+            raise self._fenced
+        spans = self.accumulator.append_many(payloads, attributes, key)
+        if self._adaptive:
+            self._wakeup.set()
+        return span_offsets(asyncio.get_running_loop(), spans)
+
     async def flush(self) -> None:
         """Close the current batch and wait until every queued message is answered."""
         self.accumulator.close_batch()
-        futures = [f for b in itertools.chain(self._inflight, self._pending) for f in b.futures]
-        futures = [f for f in futures if not f.done()]
+        futures = [f for b in itertools.chain(self._inflight, self._pending) for f in b.waiting()]
         if futures:
             await asyncio.wait(futures)
 
@@ -372,7 +394,8 @@ class BatchSender:
                     )
                 else:
                     batch.resolve(response.first_offset)
-                self._wakeup.set()
+                if self._pending or (self._adaptive and self.accumulator.has_open_batch):
+                    self._wakeup.set()  # a slot is free for what waits; else nothing to wake for
 
     async def _run(self) -> None:
         """The sender: keeps a stream open while there is work and writes ready batches."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 from danube_pipeline.client._context import Context
@@ -52,7 +52,7 @@ from danube_pipeline.client._partitioned import in_partition, open_all
 from danube_pipeline.client._partitioner import Partitioner
 from danube_pipeline.client._send_stream import BatchSender
 from danube_pipeline.client.types import MessageId, Schema
-from danube_pipeline.errors import PartitionedTopicError, ProducerClosedError
+from danube_pipeline.errors import MessageTooLargeError, PartitionedTopicError, ProducerClosedError
 from danube_pipeline.names import TopicName, validate_part
 from danube_pipeline.partitions import partition_names
 
@@ -294,6 +294,76 @@ class Producer:
             DanubeError: another refusal from the broker.
         """
         return typing.cast(MessageId, await self.send_nowait(payload, attributes=attributes, key=key))
+
+    def send_many_nowait(
+        self,
+        payloads: Sequence[bytes],
+        *,
+        attributes: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> asyncio.Future[Sequence[MessageId]]:
+        """Frame several messages, in order, without waiting: for callers that already hold a
+        list. The run is split into batches at ``max_batch_messages`` and ``max_batch_bytes``
+        exactly as the same messages sent one by one would be, but each batch's share is
+        framed in one call (in C when ``danube_pipeline.format._batch_builder`` is built) and
+        each batch has one future instead of one per message.
+
+        Args:
+            payloads: the messages' bytes, each at most :attr:`max_message_size_bytes` bytes.
+            attributes: user key/value pairs given to every message.
+            key: the routing key of every message, or ``None``. On a partitioned topic the
+                messages are routed one by one as :meth:`send_nowait` routes them.
+
+        Returns:
+            A future resolved with a sequence of one :class:`MessageId` per payload, in order
+            (made when read, from each batch's first offset), once every
+            batch holding them is acknowledged (after the WAL ``fdatasync``); failed with the
+            first error of a batch holding some of them (the messages of the other batches
+            may be stored: delivery is at least once, as for :meth:`send_nowait`).
+
+        Raises:
+            MessageTooLargeError: a payload exceeds :attr:`max_message_size_bytes`; checked
+                for every payload before queueing, nothing is sent.
+            MalformedRequestError: the key or an attribute breaks a limit of the record format;
+                nothing is sent.
+            ProducerClosedError: the producer is not open.
+            ProducerFencedError: a newer producer opened under the same name fenced this one.
+        """
+        if self._state != "open":
+            raise ProducerClosedError(f"producer {self.producer_name!r} is not open ({self._state})")
+        if not isinstance(payloads, list | tuple):  # e.g. a generator: read once, then framed
+            payloads = list(payloads)
+        if self._partitioner is None:
+            return typing.cast("asyncio.Future[Sequence[MessageId]]", self._sender.append_many(payloads, attributes, key))
+        limit = self.max_message_size_bytes
+        largest = max(map(len, payloads), default=0)
+        if limit and largest > limit:  # checked for all before any is routed
+            raise MessageTooLargeError(largest, limit)
+        futures = [self.send_nowait(p, attributes=attributes, key=key) for p in payloads]
+        return typing.cast("asyncio.Future[Sequence[MessageId]]", asyncio.gather(*futures))
+
+    async def send_many(
+        self,
+        payloads: Sequence[bytes],
+        *,
+        attributes: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> Sequence[MessageId]:
+        """Send several messages and wait until all are acknowledged (see
+        :meth:`send_many_nowait`, which frames them at the call, before the first ``await``).
+
+        Returns:
+            A sequence of one :class:`MessageId` per payload, in order.
+
+        Raises:
+            MessageTooLargeError: a payload is too large (checked before sending anything).
+            SchemaMismatchError: the broker could not decode a payload with the schema.
+            BrokerUnavailableError: no broker took a batch within the retry budget.
+            ProducerClosedError: the producer is not open, or closed before the acks.
+            ProducerFencedError: a newer producer opened under the same name fenced this one.
+            DanubeError: another refusal from the broker.
+        """
+        return await self.send_many_nowait(payloads, attributes=attributes, key=key)
 
     async def flush(self) -> None:
         """Close the current batch and wait until every queued message is answered.

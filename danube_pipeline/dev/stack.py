@@ -30,6 +30,7 @@ from danube_pipeline.dev.localcluster import (
     die_with_parent,
 )
 from danube_pipeline.dev.drain import drain_and_wait
+from danube_pipeline.dev.localcluster.processes import DEV_POLL_INTERVAL_S
 from danube_pipeline.dev.prometheus import DEV_BROKER_METRICS_PORT, PrometheusServer
 from danube_pipeline.dev.etcd_auth import enable_etcd_auth, refuse_secured_etcd
 from danube_pipeline.dev.secure import (
@@ -299,6 +300,7 @@ class DevStack:
                     state_dir=self.home / "writer",
                     env=self.env,
                     commit_interval_s=self.commit_interval_s,
+                    poll_interval_s=DEV_POLL_INTERVAL_S,
                     dagster=self.dagster_home is not None,
                     extra_args=[*(["--metrics-listen", self.writer_metrics_listen] if self.writer_metrics_listen else []),
                                 *self._log_args],

@@ -38,8 +38,9 @@ remains of ``record_length`` after the key and attributes.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import crc32c as _crc32c
@@ -57,6 +58,7 @@ __all__ = [
     "batch_payloads",
     "batch_records",
     "iter_batch",
+    "native_batch_builder",
     "parse_header",
     "set_base_offset",
     "validate_batch",
@@ -355,6 +357,59 @@ def _encode_attributes(attributes: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
+Payload = bytes | bytearray | memoryview
+"""A message's bytes, as :meth:`BatchBuilder.append_payload` takes them."""
+
+
+def _frame_payloads_python(records: bytearray, payloads: Sequence[Payload], delta_us: int) -> int:
+    """Append one record with no key and no attributes per payload, all at ``delta_us``: the
+    pure-Python twin of ``_batch_builder.frame_payloads`` (same bytes, same errors).
+
+    Returns:
+        The bytes added.
+
+    Raises:
+        OverflowError: a record would be over 4 GiB; ``records`` is unchanged (every payload
+            is checked before any is written).
+    """
+    views = [memoryview(payload) for payload in payloads]  # TypeError for a non-buffer
+    for index, view in enumerate(views):
+        if _RECORD_MIN_LENGTH + view.nbytes > _MAX_U32:
+            length = _RECORD_MIN_LENGTH + view.nbytes
+            raise OverflowError(f"payload {index}: a record of {length} bytes, at most {_MAX_U32}")
+    start = len(records)
+    pack = _RECORD.pack
+    for view in views:
+        records += pack(_RECORD_MIN_LENGTH + view.nbytes, delta_us, -1, 0)
+        records += view
+    return len(records) - start
+
+
+def _load_native() -> tuple[Callable[[bytearray, Payload, int], int], Callable[[bytearray, Sequence[Payload], int], int]] | None:
+    """The C framing functions (``danube_pipeline/format/_batch_builder.c``), or None when the
+    extension was not built (no C compiler at install) or ``DANUBE_NO_EXTENSIONS`` is set."""
+    if os.environ.get("DANUBE_NO_EXTENSIONS"):
+        return None
+    try:
+        from danube_pipeline.format import _batch_builder  # type: ignore[attr-defined]  # noqa: PLC0415 - built optionally
+    except ImportError:
+        return None
+    return _batch_builder.frame_payload, _batch_builder.frame_payloads
+
+
+_native = _load_native()
+_frame_payload, _frame_payloads = _native or (
+    lambda records, payload, delta_us: _frame_payloads_python(records, (payload,), delta_us),
+    _frame_payloads_python,
+)
+
+
+def native_batch_builder() -> bool:
+    """Whether records without key and attributes are framed by the C extension
+    (``danube_pipeline.format._batch_builder``) rather than in pure Python."""
+    return _native is not None
+
+
 class BatchBuilder:
     """Frames records into one batch (the producer side).
 
@@ -367,7 +422,6 @@ class BatchBuilder:
     """
 
     __slots__ = ("_records", "first_timestamp_us", "record_count")
-    _pack = _RECORD.pack
 
     def __init__(self, first_timestamp_us: int) -> None:
         self._records = bytearray()
@@ -399,26 +453,55 @@ class BatchBuilder:
         """Bytes of the records framed so far."""
         return len(self._records)
 
-    def append_payload(self, payload: bytes, timestamp_us: int) -> None:
-        """Frame a record with no key and no attributes (the common case, kept short).
+    def append_payload(self, payload: Payload, timestamp_us: int) -> int:
+        """Frame a record with no key and no attributes (the common case, kept short; framed in
+        C when the extension is built, see :func:`native_batch_builder`).
 
         A timestamp before the batch's first (the wall clock stepped back) is stored as the
         first's.
 
+        Returns:
+            :attr:`size_bytes` after the record (the caller's batch limit check needs no
+            second call).
+
         Raises:
             MalformedRequestError: the payload is over 4 GiB, or the timestamp is more than
-                4295 s after the batch's first.
+                4295 s after the batch's first; the builder is unchanged then.
+        """
+        try:
+            _frame_payload(self._records, payload, self._delta(timestamp_us))
+        except OverflowError as exc:
+            raise _malformed(f"{exc}: does not fit the format") from exc
+        self.record_count += 1
+        return len(self._records)
+
+    def append_payloads(self, payloads: Sequence[Payload], timestamp_us: int) -> None:
+        """Frame one record with no key and no attributes per payload, all with the publish
+        time ``timestamp_us``, in one call (in C when the extension is built).
+
+        A timestamp before the batch's first is stored as the first's.
+
+        Raises:
+            MalformedRequestError: a payload is over 4 GiB, or the timestamp is more than
+                4295 s after the batch's first; the builder is unchanged then.
+        """
+        try:
+            _frame_payloads(self._records, payloads, self._delta(timestamp_us))
+        except OverflowError as exc:
+            raise _malformed(f"{exc}: does not fit the format") from exc
+        self.record_count += len(payloads)
+
+    def _delta(self, timestamp_us: int) -> int:
+        """``timestamp_delta_us`` of a record at ``timestamp_us``: 0 for a time before the
+        batch's first (the wall clock stepped back).
+
+        Raises:
+            MalformedRequestError: ``timestamp_us`` is more than 4295 s after the first.
         """
         delta = timestamp_us - self.first_timestamp_us
-        length = _RECORD_MIN_LENGTH + len(payload)
-        if delta < 0:
-            delta = 0
-        elif delta > _MAX_U32 or length > _MAX_U32:
-            raise _malformed(f"record of {length} bytes at timestamp delta {delta} µs does not fit the format")
-        records = self._records
-        records += self._pack(length, delta, -1, 0)
-        records += payload
-        self.record_count += 1
+        if delta > _MAX_U32:
+            raise _malformed(f"timestamp delta {delta} µs does not fit the format")
+        return max(delta, 0)
 
     def append(
         self,

@@ -14,7 +14,8 @@ the other steps together. :func:`decode_segment_columns` reads a segment (format
   framing as :func:`~danube_pipeline.format.batches.validate_batch` does and copies keys, attributes
   and payloads into contiguous Arrow buffers;
 * the per-batch fields (producer, schema id and version, first timestamp) are spread over the
-  batch's records with numpy, and Arrow checks that keys and attributes are UTF-8.
+  batch's records with numpy, and Arrow checks that keys and attributes are UTF-8 (unless the
+  walker saw only ASCII bytes, which are).
 
 The result equals ``RecordColumns.from_records(decode_segment(data).records)`` (the reference
 decoder, tested on random and corrupted segments). Whenever the fast path finds anything
@@ -50,7 +51,14 @@ from danube_pipeline.format.records import (
 )
 from danube_pipeline.format.segments import DecodedSegment, decode_segment, has_epoch_prefix
 
-__all__ = ["ATTRIBUTES_TYPE", "RecordColumns", "decode_segment_columns", "native_framing", "schema_keys"]
+__all__ = [
+    "ATTRIBUTES_TYPE",
+    "RecordColumns",
+    "decode_segment_columns",
+    "native_extension",
+    "native_framing",
+    "schema_keys",
+]
 
 ATTRIBUTES_TYPE = pa.map_(pa.large_string(), pa.large_string())
 """The Arrow type of :attr:`RecordColumns.attributes`."""
@@ -72,6 +80,12 @@ def _load_native() -> ModuleType | None:
 
 
 _native = _load_native()
+
+
+def native_extension() -> ModuleType | None:
+    """The C extension ``danube_pipeline.lake._framing``, or ``None`` when it was not built or
+    ``DANUBE_NO_EXTENSIONS`` is set."""
+    return _native
 
 
 def native_framing() -> bool:
@@ -260,6 +274,17 @@ class RecordColumns(Sequence[Record]):
         return n == 0 or bool(np.array_equal(self.offset, np.arange(self.offset[0], self.offset[0] + n)))
 
 
+def _repeated(names: Sequence[str], counts: npt.NDArray[np.int64]) -> pa.Array:
+    """``names[i]`` repeated ``counts[i]`` times, as one ``large_string`` array (the per-batch
+    producer names spread over the batches' records)."""
+    encoded = [name.encode() for name in names]
+    lengths = np.repeat(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), counts)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(name * int(count) for name, count in zip(encoded, counts.tolist(), strict=True))
+    return pa.Array.from_buffers(pa.large_string(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def _as_dict(value: Any) -> dict[str, str]:
     if value is None:
         return {}
@@ -365,7 +390,7 @@ def _walk(
     except (ValueError, OverflowError) as exc:
         raise _Refused(str(exc)) from None
     (unusual, n, deltas, validity, key_offsets, key_data, key_nulls, map_offsets, name_offsets, name_data,
-     value_offsets, value_data, payload_offsets, payload_data) = walked
+     value_offsets, value_data, payload_offsets, payload_data, ascii) = walked
     if unusual:
         raise _Refused("a record repeats an attribute name, or has more than 64 attributes")
     m = (len(name_offsets) // 8) - 1
@@ -378,7 +403,7 @@ def _walk(
         attribute_names = pa.Array.from_buffers(pa.large_string(), m, [None, buf(name_offsets), buf(name_data)])
         attribute_values = pa.Array.from_buffers(pa.large_string(), m, [None, buf(value_offsets), buf(value_data)])
         for strings in (key, attribute_names, attribute_values):
-            strings.validate(full=True)  # UTF-8
+            strings.validate(full=not ascii)  # UTF-8, unless the walker saw only ASCII
         attributes = pa.MapArray.from_arrays(
             pa.Array.from_buffers(pa.int32(), n + 1, [None, buf(map_offsets)]),
             attribute_names,
@@ -395,9 +420,7 @@ def _walk(
             publish_time_us=np.repeat(np.asarray(first_ts, dtype=np.uint64), per_batch).view(np.int64)
             + np.frombuffer(deltas, dtype="<u4"),
             producer_id=np.repeat(np.asarray(producer_ids, dtype=np.uint64), per_batch),
-            producer_name=pa.array(names, type=pa.large_string()).take(
-                pa.array(np.repeat(np.arange(len(names), dtype=np.int64), per_batch))
-            ),
+            producer_name=_repeated(names, per_batch),
             schema_id=np.repeat(np.asarray(schema_ids, dtype=np.uint64), per_batch),
             schema_version=np.repeat(np.asarray(versions, dtype=np.uint32), per_batch),
             key=key,

@@ -4,11 +4,12 @@ etcd watch (``docs/etcd-layout.md``, "Reads and writes")."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import aetcd
 
@@ -34,6 +35,10 @@ _MAX_RELOAD_BACKOFF_S = 1.0
 """Longest wait between two reload attempts while etcd is unreachable: a broker sees etcd's
 state again within about a second of etcd answering."""
 
+
+LOAD_PAGE_KEYS = 2000
+"""Keys per etcd ``Range`` when the cache loads (or reloads) its prefixes: a page stays far
+below gRPC's 4 MiB message limit (a key and its JSON value rarely exceed 1 KiB)."""
 
 _Revisions = tuple[int, int]
 """A cached key's etcd ``(create_revision, mod_revision)``."""
@@ -81,6 +86,9 @@ class LocalCache:
         self._prefixes = _minimal_prefixes(prefixes)
         self._everything = self._prefixes == ["/"]
         self._data: dict[str, JsonValue] = {}
+        self._keys: list[str] = []
+        """The keys of ``_data``, sorted: :meth:`get_prefix` bisects it instead of scanning
+        every key (a broker with 10,000 topics caches some 80,000 keys)."""
         self._revisions: dict[str, _Revisions] = {}
         self._revision = 0
         self._started = False
@@ -89,7 +97,14 @@ class LocalCache:
         self._task: asyncio.Task[None] | None = None
         self._watch: aetcd.Watch | None = None
         self._advanced = asyncio.Event()
-        self._listeners: dict[int, tuple[str, Callable[[WatchEvent], None]]] = {}
+        self._listeners: dict[str, dict[int, Callable[[WatchEvent], None]]] = {}
+        """Listeners by prefix, then by token (registration order). An event looks up the
+        prefixes of its key (one per registered prefix length), not every listener: a broker
+        with 10,000 topics registers some 20,000 (two per topic's object descriptors)."""
+        self._prefix_lengths: list[int] = []
+        """The distinct lengths of the prefixes in ``_listeners``, ascending."""
+        self._length_counts: dict[int, int] = {}
+        """How many prefixes in ``_listeners`` have each length."""
         self._next_listener = 0
 
     # ---- lifecycle
@@ -105,6 +120,7 @@ class LocalCache:
         self._stopping = False
         data, revisions, revision = await self._load()
         self._data = data
+        self._keys = list(data)  # _load returns the keys in order
         self._revisions = revisions
         self._set_revision(revision)
         self._watch = await self._store.open_watch(ALL_KEYS, ALL_KEYS, revision + 1)
@@ -136,15 +152,19 @@ class LocalCache:
         await self.stop()
 
     async def _load(self) -> tuple[dict[str, JsonValue], dict[str, _Revisions], int]:
-        first, *rest = self._prefixes
-        response = await self._store.range_raw(first.encode(), prefix_range_end(first.encode()))
-        revision = int(response.header.revision)
-        kvs = list(response.kvs)
-        for prefix in rest:
-            pinned = await self._store.range_raw(
-                prefix.encode(), prefix_range_end(prefix.encode()), revision=revision
-            )
-            kvs.extend(pinned.kvs)
+        kvs: list[Any] = []
+        revision = 0  # the first page's revision pins every later page
+        for prefix in self._prefixes:
+            start, end = prefix.encode(), prefix_range_end(prefix.encode())
+            while True:
+                # In pages: one answer holding every key would pass gRPC's 4 MiB message limit
+                # (a broker with 10,000 topics caches some 7 MiB, benchmarks/scale.py).
+                response = await self._store.range_raw(start, end, revision=revision, limit=LOAD_PAGE_KEYS)
+                revision = revision or int(response.header.revision)
+                kvs.extend(response.kvs)
+                if not response.more or not response.kvs:
+                    break
+                start = bytes(response.kvs[-1].key) + b"\0"
         loaded = sorted(map(key_value, kvs), key=lambda kv: kv.key)
         data = {kv.key: kv.value for kv in loaded}
         revisions = {kv.key: (kv.create_revision, kv.mod_revision) for kv in loaded}
@@ -198,6 +218,7 @@ class LocalCache:
             self._store_event(event, revisions.get(event.key, (0, 0)))
             self._notify(event)
         self._data = data
+        self._keys = list(data)
         self._revisions = revisions
         if revision < self._revision:
             log.warning(
@@ -240,12 +261,16 @@ class LocalCache:
         return events
 
     def _store_event(self, event: WatchEvent, revisions: _Revisions) -> None:
+        key = event.key
         if event.type is WatchEventType.PUT:
-            self._data[event.key] = event.value
-            self._revisions[event.key] = revisions
-        else:
-            self._data.pop(event.key, None)
-            self._revisions.pop(event.key, None)
+            if key not in self._data:
+                bisect.insort(self._keys, key)
+            self._data[key] = event.value
+            self._revisions[key] = revisions
+        elif key in self._data:
+            del self._data[key]
+            del self._keys[bisect.bisect_left(self._keys, key)]
+            self._revisions.pop(key, None)
 
     def _apply(self, event: WatchEvent, create_revision: int) -> None:
         self._store_event(event, (create_revision, event.mod_revision))
@@ -259,12 +284,22 @@ class LocalCache:
             self._advanced = asyncio.Event()
 
     def _notify(self, event: WatchEvent) -> None:
-        for prefix, callback in list(self._listeners.values()):
-            if event.key.startswith(prefix):
-                try:
-                    callback(event)
-                except Exception:  # noqa: BLE001 - one bad listener must not stop the cache
-                    log.exception("LocalCache listener for %r failed on %s", prefix, event.key)
+        key = event.key
+        matched: list[tuple[int, str, Callable[[WatchEvent], None]]] = []
+        for length in self._prefix_lengths:
+            if length > len(key):
+                break
+            prefix = key[:length]
+            entries = self._listeners.get(prefix)
+            if entries:
+                matched.extend((token, prefix, callback) for token, callback in entries.items())
+        if len(matched) > 1:
+            matched.sort(key=lambda entry: entry[0])  # registration order, as documented
+        for _token, prefix, callback in matched:
+            try:
+                callback(event)
+            except Exception:  # noqa: BLE001 - one bad listener must not stop the cache
+                log.exception("LocalCache listener for %r failed on %s", prefix, event.key)
 
     # ---- reads
 
@@ -338,7 +373,14 @@ class LocalCache:
             MetadataStoreError: if the cache was never started.
         """
         self._check_key(prefix)
-        return {k: v for k, v in sorted(self._data.items()) if k.startswith(prefix)}
+        keys, data = self._keys, self._data
+        out: dict[str, JsonValue] = {}
+        for i in range(bisect.bisect_left(keys, prefix), len(keys)):
+            key = keys[i]
+            if not key.startswith(prefix):
+                break
+            out[key] = data[key]
+        return out
 
     async def wait_for_revision(self, revision: int, *, timeout_s: float = 5.0) -> None:
         """Wait until the cache has applied ``revision`` (read-your-writes after a put).
@@ -378,9 +420,27 @@ class LocalCache:
         """
         token = self._next_listener
         self._next_listener += 1
-        self._listeners[token] = (prefix, callback)
+        entries = self._listeners.get(prefix)
+        if entries is None:
+            entries = self._listeners[prefix] = {}
+            self._count_length(len(prefix), 1)
+        entries[token] = callback
 
         def unsubscribe() -> None:
-            self._listeners.pop(token, None)
+            entries = self._listeners.get(prefix)
+            if entries is None or entries.pop(token, None) is None or entries:
+                return
+            del self._listeners[prefix]
+            self._count_length(len(prefix), -1)
 
         return unsubscribe
+
+    def _count_length(self, length: int, delta: int) -> None:
+        """Count a listened prefix of ``length`` in or out of :attr:`_prefix_lengths`."""
+        count = self._length_counts.get(length, 0) + delta
+        if count:
+            self._length_counts[length] = count
+        else:
+            del self._length_counts[length]
+        if count in (0, 1) and (count == 0 or delta == 1):
+            self._prefix_lengths = sorted(self._length_counts)

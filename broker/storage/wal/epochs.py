@@ -18,7 +18,10 @@ Batches in segments of format version 3 carry their epoch too
 epoch above the cache's latest (the file was lost, or the epochs were never recorded, as for
 an unreplicated topic whose owner epoch the WAL writes), the cache is rebuilt from the batches
 (:meth:`LeaderEpochCache.merge_batch_epochs`), as Kafka's ``LogLoader`` rebuilds its cache
-from the log.
+from the log. Only the segments an epoch can start in are read
+(:meth:`LeaderEpochCache.rebuild_from_segments`): epochs never decrease along a log, so a segment
+whose first entry carries the same epoch as the next segment's first entry holds that epoch
+throughout, and recovery reads one entry of it instead of the whole file.
 """
 
 from __future__ import annotations
@@ -26,10 +29,16 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.storage.wal.segment import write_durably
+from danube_pipeline.format.records import EPOCH_PREFIX_SIZE, SEGMENT_HEADER_SIZE
+from danube_pipeline.format.segments import has_epoch_prefix, scan_batches
+
+from broker.storage.wal.segment import Segment, write_durably
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
 
@@ -211,6 +220,41 @@ class LeaderEpochCache:
         self._entries = entries
         return True
 
+    def rebuild_from_segments(self, segments: Sequence[Segment]) -> bool:
+        """Merge the epochs of the version 3 batches into the cache when the newest batch's
+        epoch is above the cache's latest (a lost checkpoint, or epochs never recorded: module
+        docstring), as Kafka's ``LogLoader`` rebuilds its cache from the log; blocking.
+
+        Only the newest batch is read unless a rebuild is needed, and then only the segments
+        an epoch can start in (:func:`batch_epoch_starts`): the cost is one small read per
+        segment plus a scan of the segments where the epoch changes and of the last one, not
+        a scan of the whole log.
+
+        Args:
+            segments: the WAL's segments, ascending by offset (sealed ones, then the active
+                one), with their good lengths and end offsets as recovery found them.
+
+        Returns:
+            Whether the cache changed.
+
+        Raises:
+            OSError: a segment cannot be read or the checkpoint written.
+        """
+        kept = [seg for seg in segments if not seg.is_empty]
+        if not kept or not has_epoch_prefix(kept[-1].format_version):
+            return False
+        newest = kept[-1]
+        from_pos = newest.index.floor(newest.end)[1] if newest.index is not None else SEGMENT_HEADER_SIZE
+        tail = segment_epoch_starts(newest, from_pos)
+        latest = self.latest_epoch
+        if not tail or tail[-1][0] == 0 or (latest is not None and latest >= tail[-1][0]):
+            return False
+        began = time.perf_counter()
+        changed = self.merge_batch_epochs(batch_epoch_starts(kept))
+        log.info("WAL %s: leader epochs of %d segments read from the batches in %.3f s",
+                 self.directory, len(kept), time.perf_counter() - began)
+        return changed
+
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Where ``epoch`` ends in this log (KIP-279's ``OffsetsForLeaderEpoch`` answer).
 
@@ -262,3 +306,58 @@ class LeaderEpochCache:
     def _write(self, entries: tuple[tuple[int, int], ...]) -> None:
         text = json.dumps([{"epoch": epoch, "start_offset": start} for epoch, start in entries])
         write_durably(self.path, (text + "\n").encode())
+
+
+def segment_epoch_starts(seg: Segment, from_pos: int = SEGMENT_HEADER_SIZE) -> list[tuple[int, int]]:
+    """``(epoch, base_offset)`` where each epoch's batches start in the good entries of version
+    3 segment ``seg`` from byte ``from_pos`` (an entry start) through its end offset; blocking.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(seg.path, "rb") as f:
+        f.seek(from_pos)
+        data = f.read(max(seg.length - from_pos, 0))
+    scan = scan_batches(data, start_position=0, epoch_prefix=True)
+    return [(epoch, base) for epoch, base in scan.epoch_starts if base <= seg.end]
+
+
+def first_entry_epoch(seg: Segment) -> int | None:
+    """The leader epoch of version 3 segment ``seg``'s first entry (the 8 bytes after its
+    header), or ``None`` when the file is too short; blocking.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    fd = os.open(seg.path, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, EPOCH_PREFIX_SIZE, SEGMENT_HEADER_SIZE)
+    finally:
+        os.close(fd)
+    return int.from_bytes(raw, "little") if len(raw) == EPOCH_PREFIX_SIZE else None
+
+
+def batch_epoch_starts(segments: Sequence[Segment]) -> list[tuple[int, int]]:
+    """``(epoch, base_offset)`` where each run of one epoch's batches starts in the version 3
+    segments among ``segments`` (ascending, none empty), as a scan of every batch would find
+    them, for :meth:`LeaderEpochCache.merge_batch_epochs`; blocking.
+
+    Epochs never decrease along a log (an owner appends above every batch of an earlier
+    epoch, and a truncation cuts a suffix: KIP-101), so a segment whose first entry carries
+    the same epoch as the next version 3 segment's first entry holds that epoch throughout:
+    it gives ``(epoch, start)`` from one 8-byte read. Every other segment (an epoch starts in
+    it or at the next one, and the last) is scanned (:func:`segment_epoch_starts`).
+
+    Raises:
+        OSError: a segment cannot be read.
+    """
+    epoch_segments = [seg for seg in segments if has_epoch_prefix(seg.format_version)]
+    firsts = [first_entry_epoch(seg) for seg in epoch_segments]
+    starts: list[tuple[int, int]] = []
+    for i, seg in enumerate(epoch_segments):
+        first = firsts[i]
+        if first is not None and i + 1 < len(epoch_segments) and firsts[i + 1] == first:
+            starts.append((first, seg.start))
+        else:
+            starts.extend(segment_epoch_starts(seg))
+    return starts

@@ -7,13 +7,17 @@ batch's bytes as received, behind the base offset it was given, then syncs, and 
 waiting future. A producer is acknowledged only after the ``fdatasync`` that covers its batch.
 No Python object is made per message.
 
-The write and its ``fdatasync`` always run in a worker thread (:data:`SYNC_EXECUTOR`), never
-on the event loop: a slow disk must not stall lease keep-alives, which an owner's
-self-fencing depends on. The writer task awaits each write before it starts the next (one
-``pwritev`` + one ``fdatasync`` per group, in order). Each write also updates the segment
-header's *write record* (:func:`~broker.storage.wal.segment.encode_write_record`: where this
-write starts and its size), covered by the same ``fdatasync``, so recovery can tell a torn
-group commit from corruption (:mod:`broker.storage.wal.recovery`).
+The write and its ``fdatasync`` always run in a sync thread
+(:mod:`broker.storage.wal.sync_thread`), never on the event loop: a slow disk must not stall
+lease keep-alives, which an owner's self-fencing depends on. When the ``fdatasync`` returned, the
+thread schedules one callback on the loop, which acknowledges the commit's appends at once
+(:meth:`GroupCommit._synced`); the writer task resumes after it and starts the next write (one
+``pwritev`` + one ``fdatasync`` per group, in order). A failed ``fdatasync`` fails every append
+of its commit, and everything queued after it, before anything else is written. Each write
+also updates the segment header's *write record*
+(:func:`~broker.storage.wal.segment.encode_write_record`: where this write starts and its size),
+covered by the same ``fdatasync``, so recovery can tell a torn group commit from corruption
+(:mod:`broker.storage.wal.recovery`).
 
 After the ``fdatasync`` and before any future is resolved, the writer asks the
 :class:`OffsetGuard` again (:meth:`OffsetGuard.refuse_ack`): an owner that went past its
@@ -53,7 +57,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -67,6 +70,7 @@ from broker import metrics
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.pending import EpochStart, PendingAppend, plan_write, write_all
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
+from broker.storage.wal.sync_thread import Write, in_sync_thread, submit_sync, until_synced
 from broker.tasks import run_to_completion
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
@@ -74,11 +78,6 @@ log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep on
 ROLL_HOLD_MAX_S = 2.0
 """How long a full active segment holds further writes back while the high watermark is below
 its end (:meth:`GroupCommit._hold_for_roll`); past it, writes go on into the segment."""
-
-SYNC_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="wal-sync")
-"""The threads every WAL's writes and ``fdatasync`` calls run in (one at a time per WAL), apart
-from the default executor so that slow disks cannot starve other blocking work."""
-
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -89,11 +88,6 @@ def storage_error(exc: BaseException, path: Path) -> BaseException:
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return StorageFullError(str(path), os.strerror(exc.errno))
     return exc
-
-
-async def _in_sync_thread(work: Callable[[], None]) -> None:
-    """Run ``work`` in :data:`SYNC_EXECUTOR`."""
-    await asyncio.get_running_loop().run_in_executor(SYNC_EXECUTOR, work)
 
 
 class StorageMonitor(Protocol):
@@ -168,6 +162,8 @@ class GroupCommit:
         self.next_offset = 0
         self.leader_epoch = 0
         self._queue: list[PendingAppend | EpochStart] = []
+        self._epoch_starts_queued = 0  # EpochStart entries in _queue
+        self._last_queued_epoch = 0  # the epoch of the last of them (queued in rising order)
         self._roll_check = False
         self._roll_hold_since: float | None = None
         self._wakeup = asyncio.Event()
@@ -213,10 +209,10 @@ class GroupCommit:
     @property
     def queued_epoch(self) -> int | None:
         """The latest leader epoch once everything queued is written: the last epoch start
-        queued, else the epoch cache's latest (``None`` when there is none)."""
-        for item in reversed(self._queue):
-            if isinstance(item, EpochStart):
-                return item.epoch
+        queued (or being recorded), else the epoch cache's latest (``None`` when there is
+        none). Counted, not found by scanning the queue: O(1) whatever the backlog."""
+        if self._epoch_starts_queued:  # O(1): no scan of the backlog (issue 27)
+            return self._last_queued_epoch
         return self._local.epochs.latest_epoch
 
     def begin_epoch(self, epoch: int) -> asyncio.Future[None]:
@@ -241,7 +237,7 @@ class GroupCommit:
             fut.set_result(None)
             return fut
         self.leader_epoch = epoch
-        self._queue.append(EpochStart(epoch, self.next_offset, fut))
+        self._queue_epoch_start(EpochStart(epoch, self.next_offset, fut))
         self._wakeup.set()
         return fut
 
@@ -260,7 +256,7 @@ class GroupCommit:
         last: asyncio.Future[tuple[int, int]] | None = None
         for epoch, item in batches:
             if latest is None or epoch > latest:
-                self._queue.append(EpochStart(epoch, item.base_offset, None))
+                self._queue_epoch_start(EpochStart(epoch, item.base_offset, None))
                 latest = epoch
             last = loop.create_future()
             last.add_done_callback(_consume)
@@ -273,6 +269,11 @@ class GroupCommit:
         self.next_offset = end
         self._wakeup.set()
         return done
+
+    def _queue_epoch_start(self, start: EpochStart) -> None:  # counted for queued_epoch
+        self._queue.append(start)
+        self._epoch_starts_queued += 1
+        self._last_queued_epoch = start.epoch
 
     def request_roll_check(self) -> None:
         """Have the writer seal the active segment if it is full and may roll now (the high
@@ -369,17 +370,22 @@ class GroupCommit:
         """Record the epoch start at the head of the queue in the epoch cache, durably, in the
         sync thread (the caller holds the I/O lock). If that fails, nothing queued after it may
         be written: everything queued fails with the error."""
-        self._queue.pop(0)
+        self._queue.pop(0)  # still counted in queued_epoch until it is in the cache
         epochs = self._local.epochs
         try:
-            await run_to_completion(_in_sync_thread(lambda: epochs.assign(start.epoch, start.start_offset)))
+            await run_to_completion(in_sync_thread(lambda: epochs.assign(start.epoch, start.start_offset)))
         except (OSError, ValueError) as exc:
             log.error("WAL %s: cannot record leader epoch %d: %s", self._directory, start.epoch, exc)
             failed, self._queue = [start, *self._queue], []
+            self._epoch_starts_queued = 0
             assert self._local.active is not None
             self.next_offset = self._local.active.end + 1
             _fail_items(failed, exc)
+        except BaseException:
+            self._epoch_starts_queued -= 1
+            raise
         else:
+            self._epoch_starts_queued -= 1
             if start.future is not None and not start.future.done():
                 start.future.set_result(None)
         self._on_handed_back()  # waiters (truncate_to) re-check the queue
@@ -405,10 +411,14 @@ class GroupCommit:
                 break
             size += prefix + len(item.data)
             batch.append(item)
-        self._queue = self._queue[len(batch):]
+        del self._queue[: len(batch)]  # no copy of the backlog per commit
         return batch
 
     async def _write_batch(self, batch: list[PendingAppend], last_owned: int | None) -> None:
+        """Write ``batch`` and ``fdatasync`` it in a sync thread; its appends are acknowledged
+        from the one loop callback the thread schedules when the sync returned
+        (:meth:`_synced`), before this task resumes. A failed or refused write is cut back
+        here, before anything queued after it is written."""
         active = self._local.active
         assert active is not None and active.fd is not None
         fd = active.fd
@@ -426,33 +436,59 @@ class GroupCommit:
             with contextlib.suppress(OSError):  # the write is durable either way
                 os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
 
-        try:
-            # Never on the event loop (module docstring); run to its end even if this task is
-            # cancelled, so the state below always follows the file.
-            await run_to_completion(_in_sync_thread(work))
-        except BaseException as exc:
-            self._fail_batch(batch, exc, fd, start_length)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        guard = self.offset_guard
-        refused = guard.refuse_ack(last_owned) if guard is not None and last_owned is not None else None
-        if refused is not None:
+        write = Write(batch, positions, start_length, size, last_owned, asyncio.get_running_loop().create_future())
+        # Never on the event loop (module docstring). The commit's state follows the file even
+        # if this task is cancelled meanwhile: _synced runs on the loop either way.
+        submit_sync(work, lambda error: self._synced(write, error))
+        await until_synced(write)
+        if write.error is not None:
+            await self._fail_batch(batch, write.error, fd, start_length)
+            if not isinstance(write.error, Exception):
+                raise write.error
+        elif write.refused is not None:
             # Durable, yet this owner may no longer acknowledge: it may have been failed over,
             # and the producers resend to the new owner. A copy kept here would become a second
             # copy of what the new owner acknowledges, so it is cut off as a failed write is.
             failed = len(batch) + self._queued_appends
-            self._reserve_outage.failed(f"{failed} appends written but not acknowledged, cut off again: {refused}")
-            self._cut_back(batch, refused, fd, start_length)
-            return
+            self._reserve_outage.failed(
+                f"{failed} appends written but not acknowledged, cut off again: {write.refused}"
+            )
+            await self._cut_back(batch, write.refused, fd, start_length)
+
+    def _synced(self, write: Write, error: BaseException | None) -> None:
+        """On the loop, once the sync thread's write of ``write`` returned (``error``: how it
+        failed): unless it failed or the :class:`OffsetGuard` refuses the acknowledgement now,
+        advance the segment and resolve every append's future; then wake the writer task."""
+        try:
+            if error is not None:
+                write.error = error
+                return
+            guard = self.offset_guard
+            if guard is not None and write.last_owned is not None:
+                write.refused = guard.refuse_ack(write.last_owned)
+                if write.refused is not None:
+                    return
+            self._committed(write)
+        except BaseException as exc:  # noqa: BLE001 - the writer task fails the batch
+            write.error = exc
+        finally:
+            write.finished = True
+            if not write.waiter.done():
+                write.waiter.set_result(None)
+
+    def _committed(self, write: Write) -> None:
+        """The write is durable and may be acknowledged: count it, advance the active
+        segment (index, length, end), tell the WAL, resolve the appends' futures."""
+        batch = write.batch
+        active = self._local.active
+        assert active is not None and active.index is not None
         self.sync_count += 1
         self.record_count += sum(item.record_count for item in batch)
-        self.byte_count += size
-        metrics.active().wal.written(batch, size)
-        assert active.index is not None
-        for offset, pos in positions:
+        self.byte_count += write.size
+        metrics.active().wal.written(batch, write.size)
+        for offset, pos in write.positions:
             active.index.add(offset, pos)
-        active.length = start_length + size
+        active.length = write.start_length + write.size
         active.end = batch[-1].last_offset
         if self._local.active_first_append_s is None:
             self._local.active_first_append_s = time.time()
@@ -466,21 +502,27 @@ class GroupCommit:
             if not item.future.done():
                 item.future.set_result((item.first_offset, item.last_offset))
 
-    def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
+    async def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
         """A write failed: drop the batch and everything queued after it (their offsets were
         never acknowledged), cut the file back, and hand the offsets out again."""
-        self._cut_back(batch, self._report_failure(exc, len(batch) + self._queued_appends), fd, good_length)
+        await self._cut_back(batch, self._report_failure(exc, len(batch) + self._queued_appends), fd, good_length)
 
-    def _cut_back(self, batch: list[PendingAppend], error: Exception, fd: int, good_length: int) -> None:
+    async def _cut_back(self, batch: list[PendingAppend], error: Exception, fd: int, good_length: int) -> None:
         """Fail ``batch`` and everything queued after it with ``error``, cut the file back to
-        ``good_length`` (synced), and hand their offsets out again: none was acknowledged."""
-        try:
+        ``good_length`` (synced, in a sync thread), and hand their offsets out again: none was
+        acknowledged. Appends queued meanwhile fail with them."""
+
+        def truncate() -> None:
             os.ftruncate(fd, good_length)
             os.fsync(fd)
+
+        try:
+            await run_to_completion(in_sync_thread(truncate))
         except OSError as trunc_exc:
             self.failed = trunc_exc
             log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self._directory, trunc_exc)
-        self._hand_back(batch, error)
+        finally:
+            self._hand_back(batch, error)
 
     def _refuse_queued(self, batch: list[PendingAppend], exc: Exception) -> None:
         """The offsets of ``batch`` could not be reserved (:attr:`offset_guard`): fail it and
@@ -508,6 +550,10 @@ class GroupCommit:
                 item.start_offset = self.next_offset
                 kept.append(item)
         self._queue = kept
+        starts = [item for item in kept if isinstance(item, EpochStart)]  # all of kept
+        self._epoch_starts_queued = len(starts)
+        if starts:
+            self._last_queued_epoch = starts[-1].epoch
         _fail_items(failed, error)
         self._on_handed_back()  # offsets were handed back: waiters such as seal_active re-check
 

@@ -16,8 +16,7 @@ import os
 from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError, LogTruncationError, SegmentUnreadableError
-from danube_pipeline.format.records import SEGMENT_HEADER_SIZE
-from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix, scan_batches, scan_segment
+from danube_pipeline.format.segments import StoredBatch, scan_segment
 
 from broker import metrics
 from broker.storage.wal.abandoned import AbandonedRange
@@ -56,8 +55,7 @@ class LocalLog:
         active: the active segment (after :meth:`load`); while :attr:`roll_pending`, the
             segment just sealed, for reads and :attr:`durable_end`.
         roll_pending: the active segment was sealed but no new one exists yet.
-        active_first_append_s: when the active segment got its first record (s since the
-            epoch), or ``None`` while it holds none.
+        first_append: set while the active segment holds a record (the age timer waits on it).
         quarantine: the segment recovery quarantined, or ``None``.
         abandoned: the ranges recorded as abandoned (:mod:`broker.storage.wal.abandoned`):
             segments may leave a gap there, which reads step over.
@@ -77,7 +75,8 @@ class LocalLog:
         self._sealed: list[Segment] = []
         self._sealed_starts: list[int] = []
         self.active: Segment | None = None
-        self.active_first_append_s: float | None = None
+        self.first_append = asyncio.Event()
+        self._active_first_append_s: float | None = None
         self.roll_pending = False
         self.quarantine: Quarantine | None = None
         self.abandoned: list[AbandonedRange] = []
@@ -86,6 +85,20 @@ class LocalLog:
         self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
         self.epochs = LeaderEpochCache(directory)
         self.high_watermark: int | None = None
+
+    @property
+    def active_first_append_s(self) -> float | None:
+        """When the active segment got its first record (s since the epoch), or ``None``;
+        :attr:`first_append` is set exactly while it is not ``None``."""
+        return self._active_first_append_s
+
+    @active_first_append_s.setter
+    def active_first_append_s(self, value: float | None) -> None:
+        self._active_first_append_s = value
+        if value is None:
+            self.first_append.clear()
+        else:
+            self.first_append.set()
 
     def load(self, initial_offset: int) -> int:
         """Recover the directory (:mod:`broker.storage.wal.recovery`) and load the epoch
@@ -109,39 +122,13 @@ class LocalLog:
         return next_offset
 
     def _rebuild_epochs(self) -> None:
-        """Merge the epochs of the version 3 batches into the epoch cache when the newest
-        batch's epoch is above the cache's latest (a lost checkpoint, or epochs never
-        recorded: :mod:`broker.storage.wal.epochs`). Only the newest batch is read unless a
-        rebuild is needed; then every version 3 segment is scanned once.
+        """Rebuild the epoch cache from the batches' own epochs when the newest batch carries
+        an epoch above the cache's latest (:meth:`LeaderEpochCache.rebuild_from_segments`).
 
         Raises:
             OSError: a segment cannot be read or the checkpoint written.
         """
-        newest = self.active if self.active is not None and not self.active.is_empty else (
-            self._sealed[-1] if self._sealed else None
-        )
-        if newest is None or not has_epoch_prefix(newest.format_version):
-            return
-        from_pos = newest.index.floor(newest.end)[1] if newest.index is not None else SEGMENT_HEADER_SIZE
-        tail = self._epoch_starts(newest, from_pos)
-        latest = self.epochs.latest_epoch
-        if not tail or tail[-1][0] == 0 or (latest is not None and latest >= tail[-1][0]):
-            return
-        starts: list[tuple[int, int]] = []
-        for seg in [*self._sealed, self.active]:
-            if seg is not None and not seg.is_empty and has_epoch_prefix(seg.format_version):
-                starts.extend(self._epoch_starts(seg, SEGMENT_HEADER_SIZE))
-        self.epochs.merge_batch_epochs(starts)
-
-    @staticmethod
-    def _epoch_starts(seg: Segment, from_pos: int) -> list[tuple[int, int]]:
-        """``(epoch, base_offset)`` where each epoch's batches start in the good entries of
-        version 3 segment ``seg`` from byte ``from_pos`` (an entry start) through its end offset."""
-        with open(seg.path, "rb") as f:
-            f.seek(from_pos)
-            data = f.read(max(seg.length - from_pos, 0))
-        scan = scan_batches(data, start_position=0, epoch_prefix=True)
-        return [(epoch, base) for epoch, base in scan.epoch_starts if base <= seg.end]
+        self.epochs.rebuild_from_segments([*self._sealed, *([self.active] if self.active is not None else [])])
 
     def _create_active(self, start: int) -> Segment:
         return create_active_segment(self.directory, start, self.index_interval_bytes)

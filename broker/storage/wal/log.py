@@ -341,11 +341,22 @@ class WriteAheadLog(ReplicaLogMixin):
             return await self._local.seal()
 
     async def _age_timer(self) -> None:
-        interval = min(1.0, max(0.01, self.segment_max_age_s / 4))
+        """Seal the active segment once its first record is ``segment_max_age_s`` old.
+
+        An idle WAL's timer sleeps until the active segment gets a record, then until it is
+        due: a broker with thousands of idle topics wakes none of them. A seal that failed or
+        was held (the high watermark below the segment) is retried every quarter of the age,
+        at most every second.
+        """
+        retry_s = min(1.0, max(0.01, self.segment_max_age_s / 4))
         while True:
-            await asyncio.sleep(interval)
             first = self._local.active_first_append_s
-            if first is None or time.time() - first < self.segment_max_age_s:
+            if first is None:
+                await self._local.first_append.wait()
+                continue
+            due_s = first + self.segment_max_age_s - time.time()
+            if due_s > 0:
+                await asyncio.sleep(due_s)
                 continue
             try:
                 async with self._io_lock:
@@ -357,6 +368,7 @@ class WriteAheadLog(ReplicaLogMixin):
                         self._seal_outage.succeeded()
             except OSError as exc:
                 self._seal_outage.failed(exc)
+            await asyncio.sleep(retry_s)
 
     def sealed_segments(self) -> list[SealedSegment]:
         """Every sealed segment, ascending by start offset."""

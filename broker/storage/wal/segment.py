@@ -539,5 +539,8 @@ def read_header(path: Path) -> SegmentHeader:
         CorruptRecordError: the header is short, has a bad magic or an unknown version.
         OSError: the file cannot be read.
     """
-    with open(path, "rb") as f:
-        return SegmentHeader.decode(f.read(SEGMENT_HEADER_SIZE), where=str(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:  # unbuffered: the header's bytes only (recovery reads the header of every sealed file)
+        return SegmentHeader.decode(os.pread(fd, SEGMENT_HEADER_SIZE, 0), where=str(path))
+    finally:
+        os.close(fd)

@@ -25,10 +25,14 @@ DEV_SEGMENT_MAX_AGE_S = 10.0
 """``make dev``'s broker ``--segment-max-age-s``: a non-empty WAL segment is sealed after 10 s
 even when the continuous writer is not running (the broker's own default is 60 s)."""
 
-DEV_COMMIT_INTERVAL_S = 5.0
+DEV_COMMIT_INTERVAL_S = 1.0
 """``make dev``'s continuous writer ``--commit-interval-s``: it seals a topic's active segment
-once it has held records for 5 s, then tiers and commits it (produce to queryable in about
-5-10 s; ``benchmarks/freshness.py``)."""
+once it has held records for 1 s, then tiers and commits it (produce to queryable in about
+1-2 s; ``benchmarks/freshness.py``). The small files this makes are merged by the writer's
+table upkeep (:mod:`danube_pipeline.lake.iceberg.small_files`)."""
+
+DEV_POLL_INTERVAL_S = 0.2
+"""``make dev``'s continuous writer ``--poll-interval-s``: how late it may notice records."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

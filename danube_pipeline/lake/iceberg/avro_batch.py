@@ -1,25 +1,32 @@
-"""Avro payloads decoded a batch at a time, into Arrow columns, by a native reader.
+"""Avro payloads decoded a batch at a time, into Arrow columns, in C (or by polars).
 
 Decoding one payload at a time (``fastavro.schemaless_reader`` into a dict, then pyarrow from
 Python lists) costs microseconds per record. Here the schemaless payloads of a run of records
-with the same writer schema are wrapped into an in-memory Avro Object Container File (Avro
-spec, "Object Container Files": the header with the schema, then one block holding the record
-count, the byte size, the concatenated datums and the sync marker) and decoded by polars'
-native (Rust) Avro reader into columns. A record schema's binary encoding is the concatenation
-of its fields' encodings (Avro spec, "Binary Encoding"), so concatenated schemaless datums are
-exactly such a block.
+with the same writer schema are decoded together into columns. A record schema's binary
+encoding is the concatenation of its fields' encodings (Avro spec, "Binary Encoding"), so the
+fields of a flat record are read one after the other, datum by datum.
 
-The file's schema is a *wrapper* of the writer schema, with the same binary encoding: every
-``int`` (and ``date``) is read as ``long`` (both are zig-zag varints), so that a value beyond
-32 bits is seen rather than wrapped; timestamps are read as plain ``long`` and converted here.
+**In C** (``decode_avro`` in ``danube_pipeline/lake/_framing.c``, when the extension is built):
+each datum is decoded within its own bytes (the record framing gives each payload's offsets),
+straight into the Arrow buffers of the columns; the guards below are checked as it goes, and a
+batch that fails any is refused whole. About 0.1 µs per flight: tiering's decode of the flights
+takes a sixth of the time it took with polars (``benchmarks/README.md``, ``tiering.py``).
+
+**By polars** (the extension not built): the datums are wrapped into an in-memory Avro Object
+Container File (Avro spec, "Object Container Files": the header with the schema, then one block
+holding the record count, the byte size, the concatenated datums and the sync marker) and
+decoded by polars' native (Rust) reader. The file's schema is a *wrapper* of the writer
+schema, with the same binary encoding: every ``int`` (and ``date``) is read as ``long`` (both
+are zig-zag varints), so that a value beyond 32 bits is seen rather than wrapped; timestamps
+are read as plain ``long`` and converted here. That reader does not check that a block's
+datums fill the block exactly, so the guards 1 to 3 below are computed afterwards with numpy.
 
 **Guards.** The result must equal the per-record path (:func:`~.writer.avro_writer`) row for
 row, or the batch is refused (:meth:`AvroBatchDecoder.decode` returns ``None``) and the caller
-decodes it record by record, which sets the bad records aside with their reasons. The reader
-does not check that a block's datums fill the block exactly, so a payload with bytes left
-over after its datum (or one cut short) would shift every datum after it and could decode
-*silently* into wrong rows. The guard uses the record framing, which knows each payload's
-length ``L[i]``:
+decodes it record by record, which sets the bad records aside with their reasons. A payload
+with bytes left over after its datum (or one cut short) must not shift the datums after it.
+The C decoder stops each datum at its payload's end and requires it to end exactly there; for
+polars' reader the guard uses the record framing, which knows each payload's length ``L[i]``:
 
 1. For every row, the *canonical* encoded length of the decoded values ``c[i]`` (varint sizes
    of the zig-zag values and string lengths, 4 or 8 bytes per float or double, 1 byte per
@@ -38,7 +45,12 @@ length ``L[i]``:
 4. Values must be what the per-record path accepts: ``int`` within 32 bits, ``long`` within
    ``[-2**62, 2**62)`` (a 10-byte varint is left to the per-record path, which reads it the
    way it always did), timestamps and dates within ``datetime``'s years 1 to 9999.
-5. Strings are UTF-8 checked by the reader (an error refuses the batch).
+5. Strings are UTF-8 checked (an error refuses the batch): by polars' reader, or by Arrow after
+   the C decoder (skipped when the decoder saw only ASCII bytes).
+
+The C decoder checks 3 and 4 as it reads each value, and refuses any varint that is not
+canonical or is longer than 9 bytes (a ``long`` beyond ``[-2**62, 2**62)``), which is what
+check 1 refuses in polars' path.
 
 Only the types below take this path; a writer schema with any other (named types, records,
 arrays, maps, enums, fixed, decimals, multi-branch unions, other logical types) is decoded
@@ -62,6 +74,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from danube_pipeline.lake.iceberg.schema import VALUE_COLUMN, as_avro_dict
+from danube_pipeline.lake.segment_columns import native_extension
+
+_native_decode = getattr(native_extension(), "decode_avro", None)
 
 __all__ = ["AvroBatchDecoder", "batch_decoder"]
 
@@ -99,6 +114,24 @@ _LOGICAL_BASE = {
     "local-timestamp-micros": "long",
     "date": "int",
 }
+# The C decoder's program: one byte per field, the kind's code | _NULLABLE | _NULL_SECOND
+# (``decode_avro`` in danube_pipeline/lake/_framing.c).
+_KIND_CODE = {
+    "int": 1,
+    "long": 2,
+    "float": 3,
+    "double": 4,
+    "boolean": 5,
+    "string": 6,
+    "bytes": 7,
+    "timestamp-millis": 8,
+    "local-timestamp-millis": 8,
+    "timestamp-micros": 9,
+    "local-timestamp-micros": 9,
+    "date": 10,
+}
+_NULLABLE = 0x10
+_NULL_SECOND = 0x20  # "null" is the union's second branch
 # What the wrapper schema declares for each kind (same binary encoding).
 _DECLARED = {**{k: k for k in ("long", "float", "double", "boolean", "string", "bytes")}, "int": "long"}
 
@@ -192,8 +225,13 @@ class AvroBatchDecoder:
     Made by :func:`batch_decoder`; see the module docstring for the method and its guards.
     """
 
-    def __init__(self, fields: Sequence[_Field]) -> None:
+    def __init__(self, fields: Sequence[_Field], *, native: bool = True) -> None:
         self.fields = tuple(fields)
+        self.native = native and _native_decode is not None
+        self._program = bytes(
+            _KIND_CODE[f.kind] | (_NULLABLE if f.nullable else 0) | (_NULL_SECOND if f.nullable and f.null_branch else 0)
+            for f in self.fields
+        )
         wrapper = {
             "type": "record",
             "name": "DanubeBatch",
@@ -224,9 +262,9 @@ class AvroBatchDecoder:
         n = len(payloads)
         if n == 0:
             return None
-        body = b"".join(payloads)
-        lengths = np.array(list(map(len, payloads)), dtype=np.int64)
-        return self._decode(body, lengths)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, payloads), dtype=np.int64, count=n), out=offsets[1:])
+        return self._decode(b"".join(payloads), offsets)
 
     def decode_array(self, payloads: pa.Array) -> dict[str, pa.Array] | None:
         """:meth:`decode` for payloads held in an Arrow ``binary`` or ``large_binary`` array
@@ -247,11 +285,42 @@ class AvroBatchDecoder:
             return None
         offsets_buffer, data_buffer = payloads.buffers()[1:3]
         offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[payloads.offset : payloads.offset + n + 1]
-        start, end = int(offsets[0]), int(offsets[-1])
-        body = memoryview(data_buffer)[start:end] if data_buffer is not None else memoryview(b"")
-        return self._decode(body, np.diff(offsets))
+        return self._decode(data_buffer if data_buffer is not None else b"", offsets)
 
-    def _decode(self, body: bytes | memoryview, lengths: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
+    def _decode(self, data: bytes | pa.Buffer, offsets: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
+        """Datum ``i`` is ``data[offsets[i]:offsets[i + 1]]``: decoded in C when the extension is
+        built, else by polars."""
+        if self.native:
+            return self._decode_native(data, offsets)
+        start, end = int(offsets[0]), int(offsets[-1])
+        return self._decode_polars(memoryview(data)[start:end], np.diff(offsets))
+
+    def _decode_native(self, data: bytes | pa.Buffer, offsets: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
+        """The C decoder (``decode_avro`` in ``danube_pipeline/lake/_framing.c``): the guards of
+        the module docstring are checked datum by datum as it decodes, UTF-8 by Arrow here
+        (unless the decoder saw only ASCII)."""
+        assert _native_decode is not None
+        decoded = _native_decode(data, offsets, self._program)
+        if decoded is None:
+            return None
+        n = len(offsets) - 1
+        out: dict[str, pa.Array] = {}
+        for f, (null_count, validity, values, strings, ascii) in zip(self.fields, decoded, strict=True):
+            buffers = [pa.py_buffer(validity) if null_count else None, pa.py_buffer(values)]
+            if strings is not None:
+                buffers.append(pa.py_buffer(strings))
+            array = pa.Array.from_buffers(_ARROW[f.kind], n, buffers, null_count=null_count)
+            if f.kind == "string" and not ascii:
+                try:
+                    array.validate(full=True)
+                except pa.ArrowInvalid:
+                    return None
+            out[f.column] = array
+        return out
+
+    def _decode_polars(self, body: bytes | memoryview, lengths: npt.NDArray[np.int64]) -> dict[str, pa.Array] | None:
+        """The reference batch decoder when the C extension is not built: polars' Avro reader on
+        an Object Container File of the datums, then the guards with numpy."""
         import polars as pl  # noqa: PLC0415 - a heavy import, needed only here
 
         n = len(lengths)
@@ -334,22 +403,26 @@ class AvroBatchDecoder:
         return sizes, micros.view(pa.timestamp("us")).cast(_ARROW[kind])
 
 
-def batch_decoder(avro_schema: Mapping[str, Any] | str) -> AvroBatchDecoder | None:
+def batch_decoder(avro_schema: Mapping[str, Any] | str, *, native: bool = True) -> AvroBatchDecoder | None:
     """The batch decoder of a writer's Avro schema, or ``None`` when it has a type the batch
-    path does not take (module docstring) or polars is not installed.
+    path does not take (module docstring), or neither the C extension nor polars is there.
 
     Args:
         avro_schema: the writer's schema: parsed JSON, JSON text, or a bare primitive name.
+        native: decode in C when the extension is built; ``False`` takes polars (tests compare
+            the two).
 
     Returns:
         An :class:`AvroBatchDecoder` whose columns are those of
         :func:`~danube_pipeline.lake.iceberg.schema.payload_columns`: a record's fields, or one
         ``value`` column.
     """
-    try:
-        import polars  # noqa: F401, PLC0415 - optional at run time
-    except ImportError:
-        return None
+    if not (native and _native_decode is not None):
+        native = False
+        try:
+            import polars  # noqa: F401, PLC0415 - optional at run time
+        except ImportError:
+            return None
     schema = as_avro_dict(avro_schema)
     if schema.get("type") in ("record", "error"):
         fields = [_field(str(f["name"]), f["type"]) for f in schema.get("fields", ())]
@@ -357,4 +430,4 @@ def batch_decoder(avro_schema: Mapping[str, Any] | str) -> AvroBatchDecoder | No
         fields = [_field(VALUE_COLUMN, schema["type"] if set(schema) == {"type"} else schema)]
     if not fields or any(f is None for f in fields):
         return None
-    return AvroBatchDecoder([f for f in fields if f is not None])
+    return AvroBatchDecoder([f for f in fields if f is not None], native=native)

@@ -201,11 +201,11 @@ def table_rows(
     required = [f.name for f in columns.values() if f.required]
     fitters: dict[tuple[int, int], _Fitter] = {}
     dead: dict[int, DeadLetter] = {}
-    batches: dict[tuple[int, int], list[int]] = {}
+    batches: dict[tuple[int, int], Sequence[int]] = {}
     keys = schema_keys(records)
     for key in keys:  # each writer version's records, in offset order
         if len(keys) == 1:
-            indices = list(range(len(records)))
+            indices: Sequence[int] = range(len(records))
         else:
             mask = (records.schema_id == key[0]) & (records.schema_version == key[1])
             indices = np.flatnonzero(mask).tolist()
@@ -224,7 +224,7 @@ def table_rows(
         dead.update((r.offset, DeadLetter(r, error)) for r in (records if len(keys) == 1 else records.take(indices)))
 
     payload_fields = [f for f in arrow_schema if f.name in columns]
-    pieces: list[tuple[list[int], dict[str, pa.Array]]] = []
+    pieces: list[tuple[Sequence[int], dict[str, pa.Array]]] = []
     good: list[int] = []  # records decoded one by one, then turned into arrays below
     rows: list[dict[str, Any]] = []
     for key, indices in batches.items():
@@ -283,13 +283,13 @@ def table_rows(
 
 def _combine(
     pieces: Sequence[tuple[Sequence[int], Mapping[str, pa.Array]]], fields: Sequence[pa.Field]
-) -> tuple[list[int], dict[str, pa.Array]]:
+) -> tuple[Sequence[int], dict[str, pa.Array]]:
     """The pieces' rows as one set of columns in record order: ``(record indices, columns)``;
     a column a piece lacks is null there."""
     if len(pieces) == 1:
         indices, arrays = pieces[0]
         n = len(indices)
-        return list(indices), {f.name: arrays.get(f.name, pa.nulls(n, type=f.type)) for f in fields}
+        return indices, {f.name: arrays[f.name] if f.name in arrays else pa.nulls(n, type=f.type) for f in fields}
     indices = [i for piece_indices, _ in pieces for i in piece_indices]
     order = pa.array(np.argsort(np.asarray(indices, dtype=np.int64), kind="stable"))
     out: dict[str, pa.Array] = {}

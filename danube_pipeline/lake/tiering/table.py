@@ -25,6 +25,7 @@ from pyiceberg.table import Table
 from danube_pipeline.errors import OffsetRangeError
 from danube_pipeline.lake import iceberg
 from danube_pipeline.lake.iceberg.layout import apply_layout, describe_spec, read_table_layout
+from danube_pipeline.lake.iceberg.upkeep import UpkeepPolicy, table_upkeep
 from danube_pipeline.lake.object_lifecycle import retire_committed_objects
 from danube_pipeline.lake.schema_lookup import (
     SchemaLookup,
@@ -87,6 +88,9 @@ class TableReport:
         objects_deleted: segment objects this call deleted under the ``after-commit`` object
             lifecycle (:mod:`danube_pipeline.lake.object_lifecycle`).
         object_bytes_deleted: their sizes, bytes.
+        snapshots_expired: snapshots the table's upkeep expired after this call's commits
+            (:mod:`danube_pipeline.lake.iceberg.upkeep`).
+        snapshot_count: snapshots the table keeps afterwards.
     """
 
     table: str
@@ -113,6 +117,8 @@ class TableReport:
     committed_at_ms: int | None = None
     objects_deleted: int = 0
     object_bytes_deleted: int = 0
+    snapshots_expired: int = 0
+    snapshot_count: int = 0
 
     @property
     def publish_to_queryable_s(self) -> float | None:
@@ -132,6 +138,7 @@ async def commit_objects_to_table(
     catalog: Catalog,
     registry: SchemaLookup,
     parse_schema: SchemaParser | None = None,
+    upkeep: UpkeepPolicy | None = None,
 ) -> TableReport:
     """Append every completed segment object not yet in the topic's table, one snapshot each.
 
@@ -177,6 +184,9 @@ async def commit_objects_to_table(
         registry: the schema registry (``SchemaRegistry``).
         parse_schema: parses a registered schema's text (:data:`~danube_pipeline.lake.schema_lookup.SchemaParser`);
             defaults to :func:`~danube_pipeline.lake.schema_lookup.default_schema_parser`.
+        upkeep: the table's upkeep after a call that appended (manifest merging, snapshot
+            expiry: :func:`~danube_pipeline.lake.iceberg.upkeep.table_upkeep`); its defaults
+            when ``None``.
 
     Returns:
         A :class:`TableReport`.
@@ -270,6 +280,9 @@ async def commit_objects_to_table(
 
     if table is not None:
         table.refresh()
+        if report.objects_appended:
+            report.snapshots_expired = table_upkeep(table, upkeep).expiry.snapshots_expired
+        report.snapshot_count = len(table.metadata.snapshots)
         snapshot = table.current_snapshot()
         report.snapshot_id = snapshot.snapshot_id if snapshot else None
         report.committed_at_ms = snapshot.timestamp_ms if snapshot else None

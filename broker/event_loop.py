@@ -1,0 +1,205 @@
+"""The broker process's event loop: uvloop when installed, the heap frozen after start, and an
+optional loop-lag recorder.
+
+* :func:`run` runs the broker's main coroutine on uvloop when it can be imported (the
+  ``broker`` extra installs it) and on the standard asyncio loop otherwise, or when
+  ``DANUBE_EVENT_LOOP=asyncio``. uvloop's loop iteration, ``call_soon_threadsafe`` and socket
+  handling cost less CPU per request than the pure-Python selector loop; behaviour is the same
+  (asyncio's loop API, PEP 3156).
+* :func:`freeze_heap` moves every object alive once the broker has started into the garbage
+  collector's permanent generation (:func:`gc.freeze`): a full (generation 2) collection then no
+  longer walks the imported modules, protobuf descriptors and gRPC state, which otherwise made
+  each one a pause of about 25 ms on the event loop (issue 27, open-loop p99.9).
+* :class:`LoopLagRecorder` (on when ``DANUBE_LOOP_LAG_FILE`` names a file) measures how long a
+  callback sent to the loop from a thread every millisecond waits to run, how long each
+  garbage collection pauses the loop, and how long the loop's thread waited for a CPU; it
+  writes a histogram of them to that file when the broker stops: evidence of stalls on the
+  broker side that a client's latency percentiles on a shared machine cannot separate from
+  its own. Opt-in: it keeps every sample in memory, for benchmark runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+EVENT_LOOP_ENV = "DANUBE_EVENT_LOOP"
+"""``asyncio`` forces the standard loop; ``uvloop`` or unset: uvloop when it can be imported."""
+
+LOOP_LAG_FILE_ENV = "DANUBE_LOOP_LAG_FILE"
+"""Where :class:`LoopLagRecorder` writes its histogram at stop; unset: no recorder."""
+
+LAG_BOUNDS_MS: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+"""Upper bounds of the histogram's buckets, ms (the last bucket is everything above)."""
+
+
+def loop_kind() -> str:
+    """``"uvloop"`` when :func:`run` will use uvloop, else ``"asyncio"``."""
+    if os.environ.get(EVENT_LOOP_ENV, "").strip().lower() == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run(main: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``main`` to its end on a new loop of :func:`loop_kind` (as :func:`asyncio.run`)."""
+    if loop_kind() == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main)
+    return asyncio.run(main)
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every surviving object to the permanent generation
+    (:func:`gc.freeze`), so later full collections skip the start-up heap."""
+    gc.collect()
+    gc.freeze()
+
+
+def _bucket_counts(samples_ms: list[float]) -> dict[str, int]:
+    counts = {f"le_{bound:g}": 0 for bound in LAG_BOUNDS_MS}
+    counts["above"] = 0
+    for value in samples_ms:
+        for bound in LAG_BOUNDS_MS:
+            if value <= bound:
+                counts[f"le_{bound:g}"] += 1
+                break
+        else:
+            counts["above"] += 1
+    return counts
+
+
+def _schedstat(tid: int) -> tuple[int, int]:
+    """Nanoseconds thread ``tid`` of this process ran on a CPU and waited runnable for one
+    (``(0, 0)`` where ``/proc`` has no schedstat)."""
+    try:
+        fields = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
+
+
+def summarize(samples_ms: list[float]) -> dict[str, Any]:
+    """``samples_ms`` as a count, p50/p99/p99.9/max (ms) and :data:`LAG_BOUNDS_MS` buckets."""
+    ordered = sorted(samples_ms)
+    return {
+        "count": len(ordered),
+        "p50_ms": round(_percentile(ordered, 0.5), 3),
+        "p99_ms": round(_percentile(ordered, 0.99), 3),
+        "p999_ms": round(_percentile(ordered, 0.999), 3),
+        "max_ms": round(ordered[-1], 3) if ordered else 0.0,
+        "buckets": _bucket_counts(ordered),
+    }
+
+
+class LoopLagRecorder:
+    """Records the event loop's lag and the garbage collector's pauses (module docstring).
+
+    Args:
+        path: the JSON file :meth:`stop` writes.
+        interval_s: how often a stamped callback is sent to the loop.
+
+    Attributes:
+        lag_ms: how long each stamped callback waited for the loop, ms.
+        gc_pauses_ms: ``(generation, ms)`` of each collection.
+    """
+
+    def __init__(self, path: Path, *, interval_s: float = 0.001) -> None:
+        self._path = path
+        self._interval_s = interval_s
+        self.lag_ms: list[float] = []
+        self.gc_pauses_ms: list[tuple[int, float]] = []
+        self._gc_started = 0.0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop_tid = threading.get_native_id()
+        self._started_s = time.perf_counter()
+        self._schedstat_start = (0, 0)
+
+    @classmethod
+    def from_environment(cls) -> LoopLagRecorder | None:
+        """A recorder writing to ``$DANUBE_LOOP_LAG_FILE``, or ``None`` when it is unset."""
+        target = os.environ.get(LOOP_LAG_FILE_ENV)
+        return cls(Path(target)) if target else None
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pauses_ms.append((info["generation"], (time.perf_counter() - self._gc_started) * 1000))
+
+    def _ping(self, loop: asyncio.AbstractEventLoop) -> None:
+        # In a thread: every interval, a callback stamped with its send time. How long it waits
+        # for the loop is the loop's lag (independent of the loop's timer resolution: uvloop's
+        # timers move in whole milliseconds).
+        while not self._stopped.wait(self._interval_s):
+            try:
+                loop.call_soon_threadsafe(self._arrived, time.perf_counter())
+            except RuntimeError:  # the loop is closed
+                return
+
+    def _arrived(self, sent: float) -> None:
+        self.lag_ms.append((time.perf_counter() - sent) * 1000)
+
+    def start(self) -> None:
+        """Start timing the running loop and the collector."""
+        gc.callbacks.append(self._on_gc)
+        self._loop_tid = threading.get_native_id()
+        self._started_s = time.perf_counter()
+        self._schedstat_start = _schedstat(self._loop_tid)
+        loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._ping, args=(loop,), name="loop-lag", daemon=True)
+        self._thread.start()
+
+    def report(self) -> dict[str, Any]:
+        """The figures :meth:`stop` writes. ``loop_thread`` says how the loop's thread spent
+        the recording (``/proc/<pid>/task/<tid>/schedstat``): on a CPU, and runnable but
+        waiting for one (the machine's other work, not the loop's)."""
+        now = _schedstat(self._loop_tid)
+        on_cpu_ms = (now[0] - self._schedstat_start[0]) / 1e6
+        waiting_ms = (now[1] - self._schedstat_start[1]) / 1e6
+        return {
+            "loop": loop_kind(),
+            "recorded_s": round(time.perf_counter() - self._started_s, 3),
+            "loop_thread": {"on_cpu_ms": round(on_cpu_ms, 1), "runnable_waiting_for_cpu_ms": round(waiting_ms, 1)},
+            "interval_ms": self._interval_s * 1000,
+            "lag": summarize(self.lag_ms),
+            "gc_pause": summarize([ms for _, ms in self.gc_pauses_ms]),
+            "gc_pause_max_ms_by_generation": {
+                str(gen): round(max((ms for g, ms in self.gc_pauses_ms if g == gen), default=0.0), 3)
+                for gen in (0, 1, 2)
+            },
+        }
+
+    async def stop(self) -> None:
+        """Stop recording and write :meth:`report` to the file (a failed write is logged)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        self._stopped.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        try:
+            self._path.write_text(json.dumps(self.report(), indent=1) + "\n")
+        except OSError as exc:
+            log.warning("cannot write the loop-lag report %s: %s", self._path, exc)

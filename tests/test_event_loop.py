@@ -1,0 +1,71 @@
+"""The broker's event loop (:mod:`broker.event_loop`): uvloop when installed, the standard loop
+when ``DANUBE_EVENT_LOOP=asyncio``; the start-up heap frozen; the loop-lag recorder's report."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from broker import event_loop
+
+pytestmark = pytest.mark.unit
+
+
+async def _loop_class_name() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_run_uses_uvloop_when_installed_and_asyncio_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("uvloop")
+    monkeypatch.delenv(event_loop.EVENT_LOOP_ENV, raising=False)
+    assert event_loop.loop_kind() == "uvloop"
+    assert event_loop.run(_loop_class_name()).startswith("uvloop")
+    monkeypatch.setenv(event_loop.EVENT_LOOP_ENV, "asyncio")
+    assert event_loop.loop_kind() == "asyncio"
+    assert event_loop.run(_loop_class_name()).startswith("asyncio")
+
+
+def test_freeze_heap_moves_the_live_objects_to_the_permanent_generation() -> None:
+    try:
+        event_loop.freeze_heap()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_the_recorder_reports_a_stall_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "lag.json"
+    monkeypatch.setenv(event_loop.LOOP_LAG_FILE_ENV, str(target))
+
+    async def stall_once() -> None:
+        recorder = event_loop.LoopLagRecorder.from_environment()
+        assert recorder is not None
+        recorder.start()
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # blocks the loop: the callbacks sent meanwhile wait
+        gc.collect()
+        await asyncio.sleep(0.05)
+        await recorder.stop()
+
+    event_loop.run(stall_once())
+    report = json.loads(target.read_text())
+    assert report["lag"]["count"] > 0
+    assert report["lag"]["max_ms"] >= 50.0  # a callback sent early in the block waited for its end
+    assert sum(report["lag"]["buckets"].values()) == report["lag"]["count"]
+    assert report["gc_pause"]["count"] >= 1
+    assert report["gc_pause_max_ms_by_generation"]["2"] > 0
+    if Path("/proc/self/schedstat").exists():
+        assert report["loop_thread"]["on_cpu_ms"] > 0  # the collection ran on the loop's thread
+
+
+def test_summarize_counts_every_sample_once() -> None:
+    summary = event_loop.summarize([0.05, 0.3, 3.0, 200.0])
+    assert summary["count"] == 4
+    assert summary["max_ms"] == 200.0
+    assert summary["buckets"]["le_0.1"] == 1 and summary["buckets"]["le_0.5"] == 1
+    assert summary["buckets"]["le_5"] == 1 and summary["buckets"]["above"] == 1
