@@ -346,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("INSECURE: serving metrics %s on non-loopback address %s (--insecure)",
                     metrics_exposed, config.metrics_listen)
     try:
+        event_loop.raise_open_files_limit()  # a WAL per topic holds files open
         event_loop.run(run(config))  # uvloop when installed (broker/event_loop.py)
     except KeyboardInterrupt:
         return 130

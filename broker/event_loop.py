@@ -203,3 +203,26 @@ class LoopLagRecorder:
             self._path.write_text(json.dumps(self.report(), indent=1) + "\n")
         except OSError as exc:
             log.warning("cannot write the loop-lag report %s: %s", self._path, exc)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit, as brokers of many
+    topics need (each WAL holds its active segment open, and recently read sealed ones); the
+    hard limit is the operator's (``ulimit -Hn``, systemd's ``LimitNOFILE``).
+
+    Returns:
+        ``(soft, hard)`` after the call; unchanged where the platform has no such limit.
+    """
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+    except ImportError:
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft, hard

@@ -242,7 +242,7 @@ class LocalLog:
         self.active_first_append_s = None
         if new_active is not None:
             self.active = new_active
-            self._remember_sealed_fd(active)
+            self._close_sealed_fd(active)
         else:
             # ``active`` stays the sealed segment (for reads and durable_end) until a new
             # active segment exists; the writer creates it before its next write.
@@ -261,7 +261,7 @@ class LocalLog:
         new_active = await asyncio.to_thread(self._create_active, sealed.end + 1)
         self.active = new_active
         self.roll_pending = False
-        self._remember_sealed_fd(sealed)
+        self._close_sealed_fd(sealed)
 
     async def truncate(self, end_offset: int) -> int:
         """Remove every batch at or above ``end_offset`` (Kafka's ``LocalLog.truncateTo``; the
@@ -361,6 +361,16 @@ class LocalLog:
         return seg.length
 
     # ------------------------------------------------------------------ reading
+
+    def _close_sealed_fd(self, seg: Segment) -> None:
+        """Close the file a segment was written through once it is sealed: a broker of
+        10,000 topics would otherwise hold two files per topic (the open files limit is
+        usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`)."""
+        if seg in self._open_sealed_fds:
+            self._open_sealed_fds.remove(seg)
+        if seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
 
     def _remember_sealed_fd(self, seg: Segment) -> None:
         if seg in self._open_sealed_fds:
