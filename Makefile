@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# `make test` runs pytest on this many worker processes (pytest-xdist; 0 runs it in this one).
+PYTEST_WORKERS ?= 2
 DEV_HOME ?=
 # `make dev BROKERS=3`: etcd and three brokers (ports 6650, 6651, 6652; data in broker, broker-2, ...).
 BROKERS ?= 1
@@ -35,10 +37,10 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/danube-pipeline demo
 
 test: $(VENV)/.installed-dev typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -m "not spark and not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not spark and not e2e" $(PYTEST_ARGS)
 
 # etcd, BROKERS brokers (ports 6650, 6651, ...) and the Dagster UI and daemon, until Ctrl-C, in
 # $(DEV_HOME) or .danube/dev. (Brokers without Dagster: python -m danube_pipeline.dev.localcluster --brokers N.)

@@ -17,7 +17,8 @@
    ``segment_objects`` or ``iceberg_table`` for the topic's partition, in the Dagster instance
    of ``DAGSTER_HOME`` (``DagsterInstance.report_runless_asset_event``), with the same
    metadata as the assets' runs (rows, bytes, offsets, snapshot id), so the UI shows every
-   commit (:mod:`assets.writer_reporting`);
+   commit (:mod:`assets.writer_reporting`). Reports are written on a thread of their own,
+   in order, so the next pass does not wait for Dagster's event storage;
 4. with ``--metrics-listen host:port``, serves Prometheus metrics at ``/metrics``: export lag
    per topic in records and seconds, commits, rows and bytes committed, commit latency, data
    files per commit, dead-letter rows (:mod:`assets.writer_metrics`).
@@ -299,7 +300,7 @@ class ContinuousWriter:
                 continue
             done.append(result)
             if self.reporter is not None:
-                self.reporter.report(result)
+                self.reporter.submit(result)  # recorded on the reporter's thread, in order
             if self.metrics is not None and state.next_offset is not None:
                 self.metrics.observe_progress(topic, TopicProgress(
                     state.next_offset, state.sealed, state.committed_end_offset, state.last_commit_ms))
@@ -456,6 +457,8 @@ async def _serve(args: argparse.Namespace, config: WriterConfig) -> None:
     finally:
         if server is not None:
             server.close()
+        if reporter is not None:
+            reporter.close()  # the last passes' materializations are recorded before the exit
         if instance is not None:
             instance.dispose()
 

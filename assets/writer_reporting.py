@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from dagster import AssetKey, AssetMaterialization, DagsterInstance
@@ -38,6 +39,11 @@ class DagsterReporter:
     UI lists, and the ``days`` partitions from its oldest record's publish day through today,
     so the maintenance jobs can be run on the days that hold the commit's rows. A failure to report is logged and dropped: the data is committed either way, and
     the next materialization carries the table's totals.
+
+    The writer hands its passes to :meth:`submit`, which reports them in order on one
+    background thread: a report is a write to the instance's event storage (SQLite under
+    ``make dev``, tens of milliseconds on a busy machine) and must not hold up the next
+    seal and commit. :meth:`close` waits for the reports submitted.
     """
 
     def __init__(self, instance: DagsterInstance, *, catalog_name: str, objects: ObjectStore) -> None:
@@ -51,12 +57,32 @@ class DagsterReporter:
         self.objects = objects
         self._partitions: set[str] = set()
         self._days: set[str] = set()
+        self._thread: ThreadPoolExecutor | None = None
 
     def prepare(self) -> None:
         """Open the instance's event storage now (creating its tables on a fresh instance), so
         that a Dagster webserver and daemon started afterwards find it initialised."""
         self._partitions = set(self.instance.get_dynamic_partitions(TOPICS_PARTITIONS_NAME))
         self._days = set(self.instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME))
+
+    def submit(self, result: TopicPass) -> Future[list[AssetMaterialization]]:
+        """Report ``result`` (as :meth:`report`) on the reporting thread, after the passes
+        submitted before it.
+
+        Returns:
+            The future of :meth:`report`'s list (it never raises: failures are logged).
+
+        Raises:
+            RuntimeError: after :meth:`close`.
+        """
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagster-report")
+        return self._thread.submit(self.report, result)
+
+    def close(self) -> None:
+        """Wait for every submitted report to be recorded, then stop the reporting thread."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
 
     def report(self, result: TopicPass) -> list[AssetMaterialization]:
         """Report the steps of ``result`` that changed something.

@@ -74,6 +74,7 @@ import faults_scenarios as fs  # noqa: E402 - sibling modules of this script
 import loadgen  # noqa: E402
 from results import write_result  # noqa: E402
 
+from broker.event_loop import raise_open_files_limit  # noqa: E402
 from danube_pipeline.client import DanubeClient, InitialPosition, Producer, SubscriptionType  # noqa: E402
 from danube_pipeline.dev.localcluster import BrokerProcess, EtcdServer  # noqa: E402
 from danube_pipeline.metadata.etcd import prefix_range_end  # noqa: E402
@@ -85,6 +86,8 @@ TOPIC_STEPS_QUICK = (1, 10, 100)
 CLIENT_STEPS = (1, 100, 1_000)
 CLIENT_STEPS_QUICK = (1, 10, 50)
 CLIENT_TOPICS = 10
+OPEN_FILES_WANTED = 65_536
+"""The open-files limit asked for the broker (each topic's WAL holds files open)."""
 """The clients part spreads its producers and consumers over at most this many topics."""
 LOAD_TIMEOUT_S = 600.0
 RANGE_PAGE = 2000
@@ -353,21 +356,6 @@ def _figure(part: dict[str, Any] | None, key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _raise_open_files_limit(wanted: int = 65_536) -> int:
-    """Raise the limit of open files the broker inherits to ``wanted`` where this process may
-    (as operators do for brokers of many topics: each topic's WAL holds files open); the soft
-    limit it then has."""
-    import resource  # noqa: PLC0415 - POSIX only
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    for limits in ((wanted, max(hard, wanted)), (hard, hard)):
-        with contextlib.suppress(ValueError, OSError):
-            if limits[0] > soft:
-                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-                return limits[0]
-    return soft
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small steps (a smoke run of about 2 minutes)")
@@ -386,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.topics = args.topics or list(TOPIC_STEPS_QUICK if args.quick else TOPIC_STEPS)
     args.clients = args.clients or list(CLIENT_STEPS_QUICK if args.quick else CLIENT_STEPS)
     args.messages = args.messages or (10_000 if args.quick else 100_000)
-    print(f"open files limit of the broker: {_raise_open_files_limit():,}")
+    # as operators do for brokers of many topics; the broker inherits the limits
+    print(f"open files limit of the broker: {raise_open_files_limit(wanted=OPEN_FILES_WANTED)[0]:,}")
     topic_points: list[dict[str, Any]] = []
     client_points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="danube-scale-") as tmp:

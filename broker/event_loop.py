@@ -9,7 +9,8 @@ optional loop-lag recorder.
 * :func:`freeze_heap` moves every object alive once the broker has started into the garbage
   collector's permanent generation (:func:`gc.freeze`): a full (generation 2) collection then no
   longer walks the imported modules, protobuf descriptors and gRPC state, which otherwise made
-  each one a pause of about 25 ms on the event loop (issue 27, open-loop p99.9).
+  each one a pause of about 25 ms on the event loop (the open-loop p99.9 of
+  ``benchmarks/peers.py``).
 * :class:`LoopLagRecorder` (on when ``DANUBE_LOOP_LAG_FILE`` names a file) measures how long a
   callback sent to the loop from a thread every millisecond waits to run, how long each
   garbage collection pauses the loop, and how long the loop's thread waited for a CPU; it
@@ -205,10 +206,15 @@ class LoopLagRecorder:
             log.warning("cannot write the loop-lag report %s: %s", self._path, exc)
 
 
-def raise_open_files_limit() -> tuple[int, int]:
+def raise_open_files_limit(wanted: int | None = None) -> tuple[int, int]:
     """Raise this process's soft limit of open files to its hard limit, as brokers of many
     topics need (each WAL holds its active segment open, and recently read sealed ones); the
     hard limit is the operator's (``ulimit -Hn``, systemd's ``LimitNOFILE``).
+
+    Args:
+        wanted: also raise the hard limit to this many files where the process may (root, or
+            ``CAP_SYS_RESOURCE``), as ``benchmarks/scale.py`` does for the broker it spawns
+            (children inherit both limits); ``None``: leave the hard limit alone.
 
     Returns:
         ``(soft, hard)`` after the call; unchanged where the platform has no such limit.
@@ -218,6 +224,12 @@ def raise_open_files_limit() -> tuple[int, int]:
     except ImportError:
         return (-1, -1)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if wanted is not None and hard != resource.RLIM_INFINITY and wanted > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted, wanted
+        except (ValueError, OSError):
+            pass  # not privileged: the soft limit can still go up to the hard one
     if hard == resource.RLIM_INFINITY or soft < hard:
         target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
         try:

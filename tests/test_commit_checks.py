@@ -71,7 +71,10 @@ def test_writer_commits_get_their_exactly_once_checks(etcd_endpoints: list[str],
         reporter.prepare()
         instance.add_dynamic_partitions("topics", [OTHER.partition_key])
         assert _tick(instance, None).run_requests == []
-        assert reporter.report(commit(0, 3)) and reporter.report(commit(3, 2))
+        # the writer's way: submitted passes are recorded in order on the reporting thread
+        submitted = [reporter.submit(commit(0, 3)), reporter.submit(commit(3, 2))]
+        reporter.close()
+        assert all(future.result() for future in submitted)
         committed_s = time.time()
         commit_days = instance.get_dynamic_partitions("days")
         [latest] = instance.fetch_materializations(AssetKey("iceberg_table"), limit=1).records
@@ -112,6 +115,7 @@ def test_writer_commits_get_their_exactly_once_checks(etcd_endpoints: list[str],
     # the runless commit carries its topic's partition and a publish-to-queryable lag to plot
     mat = latest.asset_materialization
     assert mat is not None and mat.partition == TOPIC.partition_key
+    assert mat.metadata["rows_appended"].value == 2  # submitted last, recorded last
     lag = mat.metadata["publish_to_queryable_s"]
     assert isinstance(lag, FloatMetadataValue) and lag.value is not None
     # the records' publish time is PUBLISH_TIME_US; they became queryable just before the tick

@@ -25,7 +25,7 @@ import pytest
 from helpers import eventually_sync
 
 from danube_pipeline.client import DanubeClient, InitialPosition
-from danube_pipeline.dev.localcluster import free_port
+from danube_pipeline.dev.localcluster import free_port, group_members
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.metadata.values import UnavailableRange
@@ -75,6 +75,14 @@ def _mentioning(text: str) -> list[int]:
             if text in cmdline and _alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
+
+
+def _pgid(pid: int) -> int | None:
+    """The process group of ``pid``; ``None`` when it has exited."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -258,7 +266,13 @@ def test_sigterm_stops_everything_and_releases_every_topic(tmp_path: Path) -> No
             backfill.result()
         started = _descendants(first.proc.pid)
         assert len(started) >= 5, first.output()  # etcd, 2 brokers, the writer, dg and its children
+        # each child leads a process group; `dg dev`'s holds its webserver, daemon, code
+        # servers and the runs its daemon launches
+        groups = {g for g in map(_pgid, started) if g is not None} - {os.getpgid(0)}
+        assert max(len(group_members(g)) for g in groups) >= 3, first.output()
         assert first.stop(signal.SIGTERM) == 0, first.output()
+        # emptied by the stop itself, not left to a code server's heartbeat timeout
+        assert {g: group_members(g) for g in groups if group_members(g)} == {}
     finally:
         first.clean_up()
     eventually_sync(lambda: not any(_alive(p) for p in started), timeout_s=60, interval_s=0.5,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,3 +71,29 @@ def test_summarize_counts_every_sample_once() -> None:
     assert summary["max_ms"] == 200.0
     assert summary["buckets"]["le_0.1"] == 1 and summary["buckets"]["le_0.5"] == 1
     assert summary["buckets"]["le_5"] == 1 and summary["buckets"]["above"] == 1
+
+
+_LIMITS_SCRIPT = """
+import resource
+from broker import event_loop
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))
+print(*event_loop.raise_open_files_limit(), hard)
+print(*event_loop.raise_open_files_limit(wanted=hard + 1024), *resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+def test_open_files_limit_goes_up_to_the_hard_limit_and_says_what_it_set() -> None:
+    """The soft limit is raised to the hard one; ``wanted`` above the hard limit raises both
+    where the process may (root with ``CAP_SYS_RESOURCE``), else leaves the hard one alone;
+    either way the answer is the limit in force. In a child process, whose limits we may lower."""
+    resource = pytest.importorskip("resource")
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit of open files to raise the soft one to")
+    lines = subprocess.run([sys.executable, "-c", _LIMITS_SCRIPT], capture_output=True, text=True, check=True,
+                           timeout=60).stdout.split("\n")
+    soft, hard, original_hard = map(int, lines[0].split())
+    assert (soft, hard) == (original_hard, original_hard)
+    answered_soft, answered_hard, in_force_soft, in_force_hard = map(int, lines[1].split())
+    assert (answered_soft, answered_hard) == (in_force_soft, in_force_hard)
+    assert (answered_soft, answered_hard) in {(original_hard + 1024,) * 2, (original_hard,) * 2}

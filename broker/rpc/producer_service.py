@@ -192,7 +192,7 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
         # The reader appends (sequence id, batch size, append future or error, throttled ms);
         # None marks the end. The answering loop below wakes only when the oldest entry can be
         # answered: an append future wakes it once it is resolved (a done callback), so each
-        # batch costs it one wake-up, after its group commit (issue 27, fewer task switches).
+        # batch costs it one wake-up, after its group commit, not a task switch per awaited future.
         # It never awaits an append future itself, so the stream dying (the client cancels or
         # disconnects) cannot cancel one: the append and the producer's sequence state follow
         # the WAL, not this call; a cancelled future would make the broker forget a batch the

@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from danube_pipeline.dev.localcluster import (
     EtcdTls,
     broker_data_dir,
     die_with_parent,
+    stop_process_group,
 )
 from danube_pipeline.dev.drain import drain_and_wait
 from danube_pipeline.dev.localcluster.processes import DEV_POLL_INTERVAL_S
@@ -315,11 +315,14 @@ class DevStack:
             if self.dagster_home is not None and self.ui:
                 # dies with this launcher even when it is SIGKILLed (no clean-up then). At the
                 # default INFO level the daemon logs two lines per sensor tick ("Checking for new
-                # runs", "No run requests returned ... skipping"); runs show in the UI.
+                # runs", "No run requests returned ... skipping"); runs show in the UI. In a
+                # session of its own: its webserver, daemon, code servers and the runs the
+                # daemon launches share its process group, which stop() empties.
                 self.dagster = subprocess.Popen(
                     die_with_parent([dg_binary(), "dev", "-m", "assets.definitions", "-p", str(self.dagster_port),
                                      "--log-level", "warning"]),
                     env=self.env,
+                    start_new_session=True,
                 )
         except BaseException:
             self.stop()
@@ -369,7 +372,9 @@ class DevStack:
         return gone
 
     def stop(self) -> None:
-        """Stop every process started, by pid: Dagster (SIGINT, SIGKILL after 30 s); the
+        """Stop every process started, by pid: Dagster (SIGINT to ``dg dev``, then SIGTERM and
+        SIGKILL to what is left of its process group: :func:`~danube_pipeline.dev.localcluster.
+        child.stop_process_group`); the
         brokers after the first, last first, each drained and stopped once the writer tiered
         what it released (:func:`~danube_pipeline.dev.drain.drain_and_wait`, at most
         :data:`DRAIN_TIMEOUT_S`); the writer; the first broker (it releases its topics and
@@ -378,13 +383,7 @@ class DevStack:
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.dagster is not None:
-            if self.dagster.poll() is None:
-                self.dagster.send_signal(signal.SIGINT)
-                try:
-                    self.dagster.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.dagster.kill()
-                    self.dagster.wait(timeout=10)
+            stop_process_group(self.dagster, grace_s=30)
             self.dagster = None
         for broker in reversed(self.brokers[1:]):
             self._drain(broker)

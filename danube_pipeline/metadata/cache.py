@@ -442,5 +442,6 @@ class LocalCache:
             self._length_counts[length] = count
         else:
             del self._length_counts[length]
-        if count in (0, 1) and (count == 0 or delta == 1):
+        length_appeared = delta > 0 and count == 1
+        if length_appeared or count == 0:  # the set of lengths changed
             self._prefix_lengths = sorted(self._length_counts)

@@ -211,7 +211,7 @@ class GroupCommit:
         """The latest leader epoch once everything queued is written: the last epoch start
         queued (or being recorded), else the epoch cache's latest (``None`` when there is
         none). Counted, not found by scanning the queue: O(1) whatever the backlog."""
-        if self._epoch_starts_queued:  # O(1): no scan of the backlog (issue 27)
+        if self._epoch_starts_queued:  # O(1): no scan of the backlog on the event loop
             return self._last_queued_epoch
         return self._local.epochs.latest_epoch
 

@@ -5,7 +5,8 @@ thread; when the work returned, the thread schedules ONE callback on the event l
 (``call_soon_threadsafe``) with the work's error or ``None``. That callback acknowledges the
 commit's appends directly (:meth:`broker.storage.wal.group_commit.GroupCommit._synced`), so an
 acknowledgement costs one loop wake-up instead of the chain of futures and tasks that
-``run_in_executor`` and a waiting writer task go through (issue 27: one message in flight).
+``run_in_executor`` and a waiting writer task go through (a one-message-in-flight producer
+waits for every one of them).
 
 The threads are shared by every WAL of the process, started on demand up to
 :data:`MAX_SYNC_THREADS` (a thread per WAL would not scale to thousands of topics); a WAL has at

@@ -21,7 +21,7 @@ binaries and ports they need), :mod:`~danube_pipeline.dev.localcluster.cluster`
 (:class:`LocalCluster`) and ``__main__`` (the command line).
 """
 
-from danube_pipeline.dev.localcluster.child import ChildProcess, die_with_parent
+from danube_pipeline.dev.localcluster.child import ChildProcess, die_with_parent, group_members, stop_process_group
 from danube_pipeline.dev.localcluster.cluster import LocalCluster, broker_data_dir
 from danube_pipeline.dev.localcluster.processes import (
     DEV_COMMIT_INTERVAL_S,
@@ -49,4 +49,6 @@ __all__ = [
     "etcd_binary",
     "etcdctl_binary",
     "free_port",
+    "group_members",
+    "stop_process_group",
 ]

@@ -55,6 +55,58 @@ def die_with_parent(command: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from ``/proc``."""
+    members: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # exited meanwhile
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
+
+
+def stop_process_group(
+    proc: subprocess.Popen[bytes], *, grace_s: float = 30.0, term_grace_s: float = 10.0
+) -> list[int]:
+    """Stop ``proc`` and every process it left in its process group.
+
+    ``proc`` must lead its own group (started with ``start_new_session=True``), as ``dg dev``
+    does here: the runs its daemon launches and its code servers are its descendants in that
+    group, and some outlive it when it exits (a run still executing, a code server waiting
+    for its heartbeat to time out). First SIGINT to ``proc`` alone (its own clean shutdown,
+    up to ``grace_s``), then SIGTERM to whatever is left of the group (up to
+    ``term_grace_s``), then SIGKILL.
+
+    Returns:
+        The pids that were still in the group after ``proc``'s own shutdown (signalled).
+    """
+    pgid = proc.pid
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    left = group_members(pgid)
+    for signum, wait_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, 10.0)):
+        if not group_members(pgid):
+            break
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    proc.wait(timeout=10)
+    return left
+
+
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     if proc.poll() is not None:
         return
