@@ -86,9 +86,9 @@ TOPIC_STEPS_QUICK = (1, 10, 100)
 CLIENT_STEPS = (1, 100, 1_000)
 CLIENT_STEPS_QUICK = (1, 10, 50)
 CLIENT_TOPICS = 10
+"""The clients part spreads its producers and consumers over at most this many topics."""
 OPEN_FILES_WANTED = 65_536
 """The open-files limit asked for the broker (each topic's WAL holds files open)."""
-"""The clients part spreads its producers and consumers over at most this many topics."""
 LOAD_TIMEOUT_S = 600.0
 RANGE_PAGE = 2000
 """Keys per etcd ``Range`` when counting the key space."""

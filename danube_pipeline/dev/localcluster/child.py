@@ -70,9 +70,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_process_group(
-    proc: subprocess.Popen[bytes], *, grace_s: float = 30.0, term_grace_s: float = 10.0
-) -> list[int]:
+def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 30.0, term_grace_s: float = 10.0) -> None:
     """Stop ``proc`` and every process it left in its process group.
 
     ``proc`` must lead its own group (started with ``start_new_session=True``), as ``dg dev``
@@ -81,9 +79,6 @@ def stop_process_group(
     for its heartbeat to time out). First SIGINT to ``proc`` alone (its own clean shutdown,
     up to ``grace_s``), then SIGTERM to whatever is left of the group (up to
     ``term_grace_s``), then SIGKILL.
-
-    Returns:
-        The pids that were still in the group after ``proc``'s own shutdown (signalled).
     """
     pgid = proc.pid
     if proc.poll() is None:
@@ -92,7 +87,6 @@ def stop_process_group(
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    left = group_members(pgid)
     for signum, wait_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, 10.0)):
         if not group_members(pgid):
             break
@@ -104,7 +98,6 @@ def stop_process_group(
         while group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
     proc.wait(timeout=10)
-    return left
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
