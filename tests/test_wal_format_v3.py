@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -282,3 +283,19 @@ def test_merging_batch_epochs_keeps_what_only_the_checkpoint_knows(tmp_path: Pat
     held_none = LeaderEpochCache(tmp_path, ((7, 50),))  # begun at 50 as owner, never written to
     assert held_none.merge_batch_epochs([(8, 50)])
     assert held_none.entries == ((8, 50),)
+
+
+def test_a_rebuild_that_only_adds_epochs_is_routine_and_one_that_moves_an_entry_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unreplicated topic's owner writes its epoch in the batches but never records it in
+    the checkpoint, so every load after writes adds it: logged at INFO, not as a warning (at
+    10,000 topics that was 10,000 warnings per restart). A checkpoint the batches contradict
+    still warns."""
+    caplog.set_level(logging.INFO, logger="broker.storage.wal.log")
+    assert LeaderEpochCache(tmp_path).merge_batch_epochs([(1, 0), (2, 5)])  # never recorded
+    assert LeaderEpochCache(tmp_path, ((1, 0),)).merge_batch_epochs([(1, 0), (2, 5)])  # one more
+    assert LeaderEpochCache(tmp_path, ((4, 0), (5, 30))).merge_batch_epochs([(4, 0), (5, 10)])  # moved
+    assert LeaderEpochCache(tmp_path, ((7, 50),)).merge_batch_epochs([(8, 50)])  # dropped
+    rebuilt = [r.levelname for r in caplog.records if "rebuilt from the batches" in r.getMessage()]
+    assert rebuilt == ["INFO", "INFO", "WARNING", "WARNING"]

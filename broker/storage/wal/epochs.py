@@ -215,8 +215,13 @@ class LeaderEpochCache:
         if entries == self._entries:
             return False
         self._write(entries)
-        log.warning("WAL %s: leader epochs rebuilt from the batches: %s (the checkpoint held %s)",
-                    self.directory, entries, self._entries)
+        # Only later epochs added (an unreplicated topic's owner epochs, which its owner writes
+        # in the batches but never records here) is routine at every load after writes; a
+        # checkpoint entry the batches moved or dropped is not.
+        only_added = entries[: len(self._entries)] == self._entries
+        log.log(logging.INFO if only_added else logging.WARNING,
+                "WAL %s: leader epochs rebuilt from the batches: %s (the checkpoint held %s)",
+                self.directory, entries, self._entries)
         self._entries = entries
         return True
 
