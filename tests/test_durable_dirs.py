@@ -22,6 +22,7 @@ from danube_pipeline.names import TopicName
 from broker.config import BrokerConfig
 from broker.rpc.server import BrokerServer, load_or_create_broker_id
 from broker.storage.wal.recovery import LogLoader
+from broker.storage.wal.segment import make_dirs_durable
 from broker.topics.released import ReleasedSegments
 
 pytestmark = pytest.mark.unit
@@ -119,6 +120,30 @@ def test_release_move_makes_the_rename_and_new_directories_durable(
     assert released.move(TopicName.parse("/ns/t")) is not None
     assert rec.created() == []
     rec.assert_entries_durable()
+
+
+def test_release_move_survives_retain_removing_its_empty_target_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``move`` runs in a worker thread while ``retain`` may remove the topic's (empty)
+    released directory between its creation and the rename, as it did once under load. FAKE
+    interleaving: the race is too narrow to hit on purpose, so the first creation of the
+    directory is followed by retain's ``rmdir``; the move must still land, durably."""
+    data_dir = tmp_path / "data"
+    LogLoader(data_dir / "wal" / "ns" / "t", index_interval_bytes=4096).load(0)
+    released = released_segments(data_dir)
+    removed: list[Path] = []
+
+    def make_then_lose(path: Path) -> None:
+        make_dirs_durable(path)
+        if not removed:  # retain, on the event loop, finds it empty and removes it
+            path.rmdir()
+            removed.append(path)
+
+    monkeypatch.setattr("broker.topics.released.make_dirs_durable", make_then_lose)
+    target = released.move(TopicName.parse("/ns/t"))
+    assert removed == [data_dir / "released" / "ns" / "t"]
+    assert target is not None and target.is_dir() and not (data_dir / "wal" / "ns" / "t").exists()
 
 
 def test_fresh_data_dir_gets_a_durable_id_that_survives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,10 @@ __all__ = ["ReleasedSegments"]
 
 log = logging.getLogger(__name__)
 
+_MOVE_ATTEMPTS = 3
+"""Renames tried by :meth:`ReleasedSegments.move` when :meth:`ReleasedSegments.retain` removed
+the (empty) target directory in between."""
+
 
 class ReleasedSegments:
     """The released WAL directories of one broker.
@@ -96,6 +100,12 @@ class ReleasedSegments:
         into their parents, and both parents of the rename are synced, so a power cut leaves
         the WAL in exactly one of the two places.
 
+        It runs in a worker thread while :meth:`retain` may run on the event loop, and
+        :meth:`retain` removes a topic's directory under :attr:`directory` once it is empty:
+        between creating that directory and the rename. The rename then fails with
+        ``FileNotFoundError`` while the WAL is still in place; the directory is created again
+        and the rename retried (at most :data:`_MOVE_ATTEMPTS` times).
+
         Raises:
             OSError: a directory cannot be created or synced, or the rename failed.
         """
@@ -103,8 +113,15 @@ class ReleasedSegments:
         if not wal_dir.exists():
             return None
         target = self.directory / name.namespace / name.topic / str(time.time_ns() // 1_000_000)
-        make_dirs_durable(target.parent)
-        os.replace(wal_dir, target)
+        for attempt in range(_MOVE_ATTEMPTS):
+            make_dirs_durable(target.parent)
+            try:
+                os.replace(wal_dir, target)
+                break
+            except FileNotFoundError:
+                if not wal_dir.exists() or attempt == _MOVE_ATTEMPTS - 1:
+                    raise
+                log.info("topic %s: released directory removed under the move (retain); creating it again", name)
         fsync_dir(target.parent)
         fsync_dir(wal_dir.parent)
         return target
