@@ -229,12 +229,16 @@ async def test_authentication_and_authorization_outcomes_are_counted(
     assert await create_topic(None) == grpc.StatusCode.UNAUTHENTICATED
     assert await create_topic("nobody") == grpc.StatusCode.PERMISSION_DENIED
     assert await create_topic("root") == grpc.StatusCode.OK
-    m = _scrape(url)
     b = str(broker.broker_id)
+    admin = {"broker": b, "service": "danube.v1.Admin", "method": "CreateTopic"}
+    # the RPC counter is incremented once the call has ended, which may follow the client's
+    # answer: scrape until the last call is counted
+    eventually_sync(lambda: _value(_scrape(url), "danube_broker_rpc_total", **admin, result="OK") == 1,
+                    timeout_s=10, interval_s=0.05, what="the last CreateTopic counted")  # fmt: skip
+    m = _scrape(url)
     assert _value(m, "danube_auth_authentication_total", broker=b, result="deny") == 1
     assert _value(m, "danube_auth_authentication_total", broker=b, result="allow") == 2
     assert _value(m, "danube_auth_authorization_total", broker=b, result="deny") == 1
     assert _value(m, "danube_auth_authorization_total", broker=b, result="allow") == 1
-    admin = {"broker": b, "service": "danube.v1.Admin", "method": "CreateTopic"}
     for result in ("UNAUTHENTICATED", "PERMISSION_DENIED", "OK"):
         assert _value(m, "danube_broker_rpc_total", **admin, result=result) == 1
