@@ -355,8 +355,8 @@ async def test_subscription_limit_alone(stubs: Stubs, etcd_endpoints: list[str])
 
 LIVE_POLICY_TIMEOUT_S = 10.0
 """How long a policy written while the broker runs may take to apply: its etcd watch usually
-delivers it within milliseconds, but a machine running other tests beside this one (``make
-test``'s two workers) has delayed it past 1 s. A restart is not needed either way."""
+delivers it within milliseconds; the margin is for a machine running other tests beside this
+one (``make test``'s two workers). A restart is not needed either way."""
 
 
 @pytest.mark.integration
