@@ -345,11 +345,7 @@ class LocalLog:
         # storage for these offsets and never open the file again.
         self._sealed.pop(0)
         self._sealed_starts.pop(0)
-        if seg in self._open_sealed_fds:
-            self._open_sealed_fds.remove(seg)
-        if seg.fd is not None:
-            os.close(seg.fd)
-            seg.fd = None
+        self._close_sealed_fd(seg)
         # A failed unlink leaves the file behind; recovery takes it back at the next open.
         await asyncio.to_thread(os.unlink, path)
         try:
@@ -365,7 +361,8 @@ class LocalLog:
     def _close_sealed_fd(self, seg: Segment) -> None:
         """Close the file a segment was written through once it is sealed: a broker of
         10,000 topics would otherwise hold two files per topic (the open files limit is
-        usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`)."""
+        usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`). Also used when a
+        sealed segment is deleted."""
         if seg in self._open_sealed_fds:
             self._open_sealed_fds.remove(seg)
         if seg.fd is not None:
