@@ -52,7 +52,7 @@ async def test_every_batch_is_stored_behind_the_epoch_it_was_written_in(tmp_path
     wal = await open_wal(tmp_path)
     assert wal.leader_epoch == 0
     await append_batches(wal, 1)  # 0..2: epoch 0, unknown
-    wal.leader_epoch = 4  # an unreplicated topic's owner epoch: no cache entry
+    wal.leader_epoch = 4  # an unreplicated topic's owner epoch: recorded at its first append
     await append_batches(wal, 1)  # 3..5
     first = wal.enqueue(batch(6), 3)  # queued before the epoch begins: keeps epoch 4
     started = asyncio.ensure_future(wal.begin_epoch(7))
@@ -67,7 +67,7 @@ async def test_every_batch_is_stored_behind_the_epoch_it_was_written_in(tmp_path
     got = read_all(wal)
     assert [b.leader_epoch for b in got] == [0, 4, 4, 7]
     assert [b.data for b in got] == [stored(o) for o in (0, 3, 6, 9)]  # no epoch in what readers get
-    assert wal.epochs.entries == ((7, 9),)
+    assert wal.epochs.entries == ((4, 3), (7, 9))
     assert [e for e, _ in wal.read_for_replication(0, 1 << 20)] == [0, 4, 4, 7]
     await wal.close()
 
@@ -170,14 +170,22 @@ async def test_a_lost_epoch_checkpoint_is_rebuilt_from_the_batches(tmp_path: Pat
 
 
 @pytest.mark.asyncio
-async def test_an_unreplicated_wal_gets_its_owner_epochs_as_a_cache_at_reopen(tmp_path: Path) -> None:
+async def test_an_unreplicated_owner_epoch_is_recorded_at_its_first_append(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An owner epoch set directly (no ``begin_epoch``) is recorded in the cache, durably,
+    by the first append after it, at that append's offset (Kafka assigns at append); an
+    epoch without an append records nothing, and reopening rebuilds nothing."""
     wal = await open_wal(tmp_path)
     wal.leader_epoch = 41
-    await append_batches(wal, 2)
-    assert wal.latest_epoch is None  # set directly: nothing recorded while it runs
+    assert wal.latest_epoch is None  # nothing appended in it yet
+    await append_batches(wal, 2)  # 0..5
+    assert wal.epochs.entries == ((41, 0),)
+    assert LeaderEpochCache.load(tmp_path).entries == ((41, 0),)  # durable before the ack
+    wal.leader_epoch = 50  # an owner that appends nothing
     await wal.close()
-    assert not (tmp_path / EPOCHS_FILE).exists()
 
+    caplog.set_level(logging.INFO, logger="broker.storage.wal.log")
     wal = await open_wal(tmp_path)
     assert wal.epochs.entries == ((41, 0),) and wal.leader_epoch == 0
     wal.leader_epoch = 57  # the next owner's epoch
@@ -187,6 +195,8 @@ async def test_an_unreplicated_wal_gets_its_owner_epochs_as_a_cache_at_reopen(tm
     assert wal.epochs.entries == ((41, 0), (57, 6))
     await wal.begin_epoch(60)  # a later replicated owner's epoch goes on from there
     await wal.close()
+    assert LeaderEpochCache.load(tmp_path).entries == ((41, 0), (57, 6), (60, 9))
+    assert not [r for r in caplog.records if "read from the batches" in r.getMessage()]
 
 
 @pytest.mark.asyncio
@@ -288,10 +298,10 @@ def test_merging_batch_epochs_keeps_what_only_the_checkpoint_knows(tmp_path: Pat
 def test_a_rebuild_that_only_adds_epochs_is_routine_and_one_that_moves_an_entry_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An unreplicated topic's owner writes its epoch in the batches but never records it in
-    the checkpoint, so every load after writes adds it: logged at INFO, not as a warning (at
-    10,000 topics that was 10,000 warnings per restart). A checkpoint the batches contradict
-    still warns."""
+    """A rebuild that only adds epochs (a lost checkpoint's tail, or a WAL written before
+    unreplicated owner epochs were recorded at append, where every load after writes added
+    them) is logged at INFO, not as a warning (at 10,000 topics that was 10,000 warnings per
+    restart). A checkpoint the batches contradict still warns."""
     caplog.set_level(logging.INFO, logger="broker.storage.wal.log")
     assert LeaderEpochCache(tmp_path).merge_batch_epochs([(1, 0), (2, 5)])  # never recorded
     assert LeaderEpochCache(tmp_path, ((1, 0),)).merge_batch_epochs([(1, 0), (2, 5)])  # one more

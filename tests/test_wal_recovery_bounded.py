@@ -32,6 +32,12 @@ def bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
+def lose_checkpoint(directory: Path) -> None:
+    """Delete the WAL's epoch checkpoint, as a lost file or a broker from before unreplicated
+    owner epochs were recorded at append leaves it: the next open rebuilds it from the batches."""
+    (directory / EPOCHS_FILE).unlink()
+
+
 def segment_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in {".log", ".dnb1"})
 
@@ -44,7 +50,7 @@ def epoch_runs(directory: Path) -> tuple[tuple[int, int], ...]:
 
 async def write_epochs(directory: Path, epochs: list[int]) -> WriteAheadLog:
     """A WAL whose batches (one per item) carry ``epochs``, set as an unreplicated owner sets
-    its epoch (no cache entry written); returned open."""
+    its epoch (each new one recorded in the cache at its first append); returned open."""
     wal = await open_wal(directory, segment_max_bytes=SEGMENT_BYTES)
     for epoch in epochs:
         wal.leader_epoch = epoch
@@ -68,8 +74,9 @@ async def test_epochs_rebuilt_from_few_segments_equal_a_scan_of_every_batch(
     wal = await write_epochs(tmp_path, epochs)
     assert len(wal.sealed_segments()) >= 3
     await wal.close()
-    assert not (tmp_path / EPOCHS_FILE).exists()
     expected = epoch_runs(tmp_path)
+    assert LeaderEpochCache.load(tmp_path).entries == expected  # recorded at append
+    lose_checkpoint(tmp_path)
     assert [e for e, _ in expected] == sorted(set(epochs))
 
     wal = await open_wal(tmp_path, segment_max_bytes=SEGMENT_BYTES)
@@ -131,12 +138,13 @@ async def test_a_damaged_first_epoch_makes_its_segment_and_the_one_before_it_sca
 
 @pytest.mark.asyncio
 async def test_reopening_a_long_wal_reads_a_bounded_part_of_it(tmp_path: Path) -> None:
-    """60 segments in one epoch, a new owner epoch at the end (its cache never written), and a
-    torn tail: the reopen repairs the tail, rebuilds the cache, and reads a few segments' bytes,
-    not the log."""
+    """60 segments in one epoch, a new owner epoch at the end, the checkpoint lost, and a torn
+    tail: the reopen repairs the tail, rebuilds the cache, and reads a few segments' bytes, not
+    the log."""
     wal = await write_epochs(tmp_path, [7] * 240 + [8] * 2)
     tags = payload_tags(read_all(wal))
     await wal.close()
+    lose_checkpoint(tmp_path)
     files = segment_files(tmp_path)
     assert len(files) >= 60
     active = files[-1]

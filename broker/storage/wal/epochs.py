@@ -15,8 +15,8 @@ calls them from a worker thread or before it writes.
 
 Batches in segments of format version 3 carry their epoch too
 (:mod:`danube_pipeline.format.segments`). When the WAL opens and its newest batch carries an
-epoch above the cache's latest (the file was lost, or the epochs were never recorded, as for
-an unreplicated topic whose owner epoch the WAL writes), the cache is rebuilt from the batches
+epoch above the cache's latest (the file was lost, or the log was written by a version of the
+broker that did not record an unreplicated topic's owner epochs), the cache is rebuilt from the batches
 (:meth:`LeaderEpochCache.merge_batch_epochs`), as Kafka's ``LogLoader`` rebuilds its cache
 from the log. Only the segments an epoch can start in are read
 (:meth:`LeaderEpochCache.rebuild_from_segments`): epochs never decrease along a log, so a segment
@@ -215,9 +215,9 @@ class LeaderEpochCache:
         if entries == self._entries:
             return False
         self._write(entries)
-        # Only later epochs added (an unreplicated topic's owner epochs, which its owner writes
-        # in the batches but never records here) is routine at every load after writes; a
-        # checkpoint entry the batches moved or dropped is not.
+        # Only later epochs added (a lost checkpoint's tail, or an unreplicated topic's owner
+        # epochs from before they were recorded at append) is routine; a checkpoint entry the
+        # batches moved or dropped is not.
         only_added = entries[: len(self._entries)] == self._entries
         log.log(logging.INFO if only_added else logging.WARNING,
                 "WAL %s: leader epochs rebuilt from the batches: %s (the checkpoint held %s)",

@@ -45,7 +45,13 @@ written at their own offsets through the same group commit, without the
 Every batch written to a version 3 segment (every segment the WAL creates) is preceded by its
 leader epoch (:mod:`danube_pipeline.format.segments`): an append gets :attr:`GroupCommit.leader_epoch`
 as it is when the append is queued, a replica batch the owner's epoch it came with. A version 2
-active segment found at open is appended to in version 2 (no epochs) until it rolls.
+active segment found at open is appended to in version 2 (no epochs) until it rolls. The first
+append of an epoch above every epoch recorded or queued (an unreplicated topic's owner sets
+its owner epoch directly, without :meth:`GroupCommit.begin_epoch`) queues that epoch's start
+ahead of it, as Kafka's leader-epoch cache is assigned at append: the cache holds every epoch
+the batches carry, so reopening the WAL has nothing to rebuild
+(:meth:`~broker.storage.wal.epochs.LeaderEpochCache.rebuild_from_segments`), and an epoch
+with no append writes no entry.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
@@ -190,16 +196,28 @@ class GroupCommit:
 
     def enqueue(self, batch: bytes, record_count: int) -> asyncio.Future[tuple[int, int]]:
         """Give ``batch`` its offsets now and queue it (the caller checked that the WAL takes
-        appends).
+        appends). When :attr:`leader_epoch` is above every epoch queued or recorded (an
+        unreplicated topic's new owner epoch, set directly), ``(leader_epoch, first offset)``
+        is queued for the epoch cache ahead of it, as :meth:`begin_epoch` queues it: recorded
+        durably before the batch is written, as Kafka assigns an epoch at its first append.
 
         Returns:
             A future resolving to ``(first_offset, last_offset)`` once durable.
         """
-        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut, leader_epoch=self.leader_epoch))
+        loop = asyncio.get_running_loop()
+        epoch = self.leader_epoch
+        if epoch and self._epoch_is_new(epoch):  # Kafka's rule: assign a new epoch at its first append
+            self._queue_epoch_start(EpochStart(epoch, self.next_offset, _unawaited(loop)))
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut, leader_epoch=epoch))
         self.next_offset += record_count
         self._wakeup.set()
         return fut
+
+    def _epoch_is_new(self, epoch: int) -> bool:
+        """Whether ``epoch`` is above every epoch queued or recorded (O(1))."""
+        latest = self.queued_epoch
+        return latest is None or epoch > latest
 
     @property
     def queued(self) -> bool:
@@ -582,8 +600,19 @@ def _fail_items(items: Sequence[PendingAppend | EpochStart], error: BaseExceptio
             fut.set_exception(error)
 
 
-def _consume(fut: asyncio.Future[tuple[int, int]]) -> None:
-    """Mark a replica batch's outcome as seen (:meth:`GroupCommit.enqueue_replica` reports it)."""
+def _unawaited(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    """The future of an epoch start :meth:`GroupCommit.enqueue` queued: nobody awaits it (the
+    appends queued after it report a failed record), so its outcome is marked as seen. Unlike
+    a replica's epoch start (no future), it stays queued, moved down, when earlier appends
+    fail and hand their offsets back (:meth:`GroupCommit._hand_back`)."""
+    fut: asyncio.Future[None] = loop.create_future()
+    fut.add_done_callback(_consume)
+    return fut
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Mark an outcome nobody awaits as seen: a replica batch's (:meth:`GroupCommit.enqueue_replica`
+    reports it through its last batch) or an epoch start's (:func:`_unawaited`)."""
     if not fut.cancelled():
         fut.exception()
 

@@ -7,7 +7,8 @@ and reads exactly as without them, and writes no epoch file.
 
 * :attr:`ReplicaLogMixin.leader_epoch`: the epoch written before every batch appended from
   now on (segment format version 3, :mod:`danube_pipeline.format.segments`); 0 (unknown)
-  until set, directly (an unreplicated topic's owner epoch) or by :meth:`begin_epoch`.
+  until set, directly (an unreplicated topic's owner epoch, recorded in the cache by the first
+  append after) or by :meth:`begin_epoch`.
 * :meth:`ReplicaLogMixin.begin_epoch`: the owner records ``(epoch, next offset)`` in the
   leader-epoch cache (:mod:`broker.storage.wal.epochs`) at takeover, durably, before any
   later append is written.
@@ -76,8 +77,9 @@ class ReplicaLogMixin:
         """The leader epoch stored before each batch :meth:`append` queues from now on (a
         version 3 segment's entry, :mod:`danube_pipeline.format.segments`); 0 = unknown, the
         default. :meth:`begin_epoch` sets it; an unreplicated topic's owner sets it directly
-        to its owner epoch (no epoch cache entry is written then). A batch keeps the epoch
-        it was queued with."""
+        to its owner epoch, which the first append after that records in the epoch cache
+        (:meth:`~broker.storage.wal.group_commit.GroupCommit.enqueue`). A batch keeps the
+        epoch it was queued with."""
         return self._commit.leader_epoch
 
     @leader_epoch.setter
