@@ -547,3 +547,75 @@ async def test_a_topic_with_a_dead_owner_does_not_break_other_lookups(etcd_endpo
         assert (await orphaned).broker_id == broker.broker_id  # failed over to the live broker
         assert client._metadata._wanted == set()
         assert broker.address in client._pool.addresses()  # the healthy broker's channel stays
+
+
+async def _receive_all(consumer: Any, count: int) -> list[bytes]:
+    """``count`` payloads from ``consumer``, each acked; fails after 15 s without one."""
+    got: list[bytes] = []
+    while len(got) < count:
+        message = await consumer.receive(timeout_ms=15_000)
+        got.append(message.payload)
+        await consumer.ack(message)
+    return got
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_unloading_one_topic_leaves_the_other_streams_on_its_broker_alone(start_broker: Any) -> None:
+    """The broker ends the streams of an unloaded topic cleanly (``StreamEndedError``): its
+    consumer and producer follow the topic, and the connection, which the streams of the
+    other topic on the same broker share, is kept. Treating that end as a dead broker closed
+    the connection, which cancelled the other consumer's stream and ended its receiving for
+    good: it got nothing more."""
+    broker = start_broker()
+    async with DanubeClient([broker.address], retry_backoff_ms=50) as client:
+        for topic in ("/default/moved", "/default/stays"):
+            await client.admin.create_topic(topic)
+        async with (
+            client.consumer("/default/moved", subscription="s") as moved,
+            client.consumer("/default/stays", subscription="s") as stays,
+            client.producer("/default/moved", producer_name="pm") as moved_producer,
+            client.producer("/default/stays", producer_name="ps") as stays_producer,
+        ):
+            await moved_producer.send(b"m0")
+            await stays_producer.send(b"s0")
+            assert await _receive_all(moved, 1) == [b"m0"] and await _receive_all(stays, 1) == [b"s0"]
+            opened = client._pool.channels_opened
+
+            await client.admin.unload_topic("/default/moved")
+            await asyncio.sleep(client._pool._close_grace_s + 0.5)  # a discarded channel would be closed by now
+            for i in range(1, 4):
+                await moved_producer.send(b"m%d" % i)
+                await stays_producer.send(b"s%d" % i)
+            assert await _receive_all(stays, 3) == [b"s1", b"s2", b"s3"]
+            assert await _receive_all(moved, 3) == [b"m1", b"m2", b"m3"]
+            assert client._pool.channels_opened == opened  # one broker, one connection throughout
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_consumer_whose_channel_is_closed_under_it_subscribes_again(start_broker: Any) -> None:
+    """When another call finds the connection broken, the pool drops the channel and its
+    calls are cancelled after the grace period (here 0). A consumer whose ``Receive`` stream
+    is cancelled that way subscribes again over a new channel: before, its receiving task
+    ended with the cancellation and the consumer waited forever. Dropping the channel a
+    second time for a call of the old one leaves the new channel alone."""
+    broker = start_broker()
+    async with DanubeClient([broker.address], retry_backoff_ms=50) as client:
+        client._pool._close_grace_s = 0.0
+        await client.admin.create_topic("/default/dropped")
+        async with (
+            client.consumer("/default/dropped", subscription="s") as consumer,
+            client.producer("/default/dropped", producer_name="p") as producer,
+        ):
+            await producer.send(b"before")
+            assert await _receive_all(consumer, 1) == [b"before"]
+            await consumer._flush_acks()  # else the resubscribed consumer gets it again (at least once)
+            old = client._pool.stubs(broker.address)
+            client._pool.discard(broker.address, old)  # as a call that failed on it does
+            new = client._pool.stubs(broker.address)
+            client._pool.discard(broker.address, old)  # a second failure on the old channel
+            assert client._pool.stubs(broker.address) is new
+            for i in range(3):
+                await producer.send(b"after%d" % i)
+            assert await _receive_all(consumer, 3) == [b"after0", b"after1", b"after2"]

@@ -220,11 +220,21 @@ class ConnectionPool:
         state = channel.get_state(try_to_connect=False)
         return 0 if state == grpc.ChannelConnectivity.READY else 1
 
-    def discard(self, address: str) -> None:
+    def discard(self, address: str, stubs: Stubs | None = None) -> None:
         """Drop the channel to ``address`` so the next call opens a fresh connection.
 
-        Calls still running on the old channel get ``close_grace_ms`` to finish.
+        Calls still running on the old channel get ``close_grace_ms`` to finish, then are
+        cancelled: every producer and consumer on that broker reconnects.
+
+        Args:
+            address: ``"host:port"``.
+            stubs: the stubs of the call that failed, if known: the channel is dropped only
+                while it is still theirs. One opened since (after another call on the old
+                channel failed) is kept, so one broken connection costs one reconnect, not
+                one per call that was on it.
         """
+        if stubs is not None and self._stubs.get(address) is not stubs:
+            return
         channel = self._channels.pop(address, None)
         self._stubs.pop(address, None)
         if channel is not None:

@@ -103,16 +103,17 @@ class Context:
                     created = True
                     attempt -= 1
                 continue
+            stubs = self.pool.stubs(owner.address)
             try:
                 with rpc_errors(owner.address):
-                    return await fn(self.pool.stubs(owner.address))
+                    return await fn(stubs)
             except DanubeError as exc:
                 if not (exc.retriable or exc.invalid_metadata):
                     raise
                 log.info("retrying %s on %s after %s", topic, owner.address, exc)
                 last = exc
                 if isinstance(exc, BrokerUnavailableError):
-                    self.pool.discard(owner.address)
+                    self.pool.discard(owner.address, stubs)
                 refresh = exc.invalid_metadata
                 if refresh:
                     self.metadata.invalidate(topic)
@@ -140,15 +141,16 @@ class Context:
             elif not self.metadata.brokers:
                 await self.metadata.refresh()
             for broker in self.metadata.ordered_brokers():
+                stubs = self.pool.stubs(broker.address)
                 try:
                     with rpc_errors(broker.address):
-                        return await fn(self.pool.stubs(broker.address))
+                        return await fn(stubs)
                 except DanubeError as exc:
                     if not exc.retriable:
                         raise
                     last = exc
                     if isinstance(exc, BrokerUnavailableError):
-                        self.pool.discard(broker.address)
+                        self.pool.discard(broker.address, stubs)
         raise last if last is not None else unavailable("", "no broker known")
 
     async def create_topic(

@@ -21,7 +21,7 @@ from danube_pipeline.client._context import Context
 from danube_pipeline.client._tasks import cancel_and_wait
 from danube_pipeline.client.status import rpc_errors, unavailable
 from danube_pipeline.client.types import Message, _messages_from_delivery
-from danube_pipeline.errors import BrokerUnavailableError, DanubeError
+from danube_pipeline.errors import BrokerUnavailableError, DanubeError, StreamEndedError
 from danube_pipeline.proto import danube_pb2 as pb
 
 # The facade's logger: users configure one logger per public module.
@@ -219,6 +219,11 @@ class Receiver:
             log.info("CloseConsumer %d on %s failed: %s", self.consumer_id, stubs.address, exc)
 
     async def _receive_loop(self) -> None:
+        """Receive until the consumer closes; subscribe again when the stream ends or fails
+        (:func:`reconnectable`). A stream the broker ended cleanly (it closed the consumer:
+        the topic was unloaded or moved) keeps the connection, which other producers and
+        consumers share; a stream cancelled under us (a discarded channel) subscribes again
+        over a fresh one."""
         while True:
             stubs = self.stubs
             assert stubs is not None
@@ -228,9 +233,15 @@ class Receiver:
                     async for deliveries in call:
                         for delivery in deliveries.batches:
                             self._inbox.deliver(_messages_from_delivery(self._topic, delivery, self._partition))
-                error: DanubeError = unavailable(stubs.address, "Receive stream ended by the broker")
+                error: DanubeError = StreamEndedError(stubs.address, "Receive")
             except DanubeError as exc:
                 error = exc
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # closing
+                # The call was cancelled, not this task: its channel was closed under it.
+                error = unavailable(stubs.address, "Receive stream cancelled")
             finally:
                 call.cancel()
             if not reconnectable(error):
@@ -238,7 +249,7 @@ class Receiver:
                 return
             log.info("consumer %s: stream failed (%s); subscribing again", self._consumer_name, error)
             if isinstance(error, BrokerUnavailableError):
-                self._ctx.pool.discard(stubs.address)
+                self._ctx.pool.discard(stubs.address, stubs)
                 self._ctx.metadata.invalidate(self._topic)
             self._inbox.drop()
             try:

@@ -32,6 +32,7 @@ from danube_pipeline.errors import (
     OffsetRangeError,
     ProducerClosedError,
     ProducerFencedError,
+    StreamEndedError,
 )
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.proto import danube_pb2 as pb
@@ -106,6 +107,7 @@ class BatchSender:
         self._stream: grpc.aio.StreamStreamCall | None = None
         self._stream_gen = 0
         self._owner_address: str | None = None
+        self._stream_stubs: Stubs | None = None  # the stubs the current stream was opened on
         self._needs_lookup = False
         self._needs_producer = False
         self._retry_at = 0.0
@@ -291,6 +293,7 @@ class BatchSender:
         self._stream_gen += 1
         self._stream = call
         self._owner_address = stubs.address
+        self._stream_stubs = stubs
         # Unanswered batches go first on the new stream, in their original order.
         self._pending.extendleft(reversed(self._inflight))
         self._inflight.clear()
@@ -315,7 +318,7 @@ class BatchSender:
             self._needs_producer = self._needs_producer or exc.invalid_metadata
             self._retry_at = asyncio.get_running_loop().time() + self._ctx.backoff_s
             if isinstance(exc, BrokerUnavailableError) and self._owner_address is not None:
-                self._ctx.pool.discard(self._owner_address)
+                self._ctx.pool.discard(self._owner_address, self._stream_stubs)
                 self._ctx.metadata.invalidate(self._topic)
             if self._inflight:
                 head = self._inflight[0]
@@ -362,7 +365,7 @@ class BatchSender:
                 if gen != self._stream_gen:
                     return
                 if response is grpc.aio.EOF:
-                    self._stream_failed(gen, unavailable(address, "SendStream ended by the broker"))
+                    self._stream_failed(gen, StreamEndedError(address, "SendStream"))
                     return
                 if not self._inflight:
                     self._stream_failed(gen, MalformedRequestError("SendStream answer without a batch"))

@@ -48,6 +48,27 @@ class BrokerUnavailableError(DanubeError):
         super().__init__(f"broker at {address} unavailable: {reason}")
 
 
+class StreamEndedError(DanubeError):
+    """The broker ended a ``Receive`` or ``SendStream`` stream without an error status: it
+    closed the consumer or producer on its side (the topic was unloaded or moved, or the
+    broker is stopping).
+
+    Raised on the client only, never sent. The client looks the topic up again and opens the
+    consumer or producer again (``retriable``, ``invalid_metadata``). Unlike
+    :class:`BrokerUnavailableError` it keeps the connection: the broker answered, and the
+    calls of other producers and consumers share that connection.
+    """
+
+    retriable = True
+    invalid_metadata = True
+    grpc_code = grpc.StatusCode.ABORTED
+
+    def __init__(self, address: str, stream: str) -> None:
+        self.address = address
+        self.stream = stream
+        super().__init__(f"broker at {address} ended the {stream} stream")
+
+
 class MetadataStoreError(DanubeError):
     """etcd could not be reached or refused an operation."""
 
