@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from danube_pipeline.errors import MalformedRequestError, SegmentNotFoundError
+from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.values import UnavailableRange
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName, validate_part
@@ -198,6 +199,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         for what, value in (("retention_bytes", retention_bytes), ("retention_ms", retention_ms)):
             if value is not None and value < 0:
                 raise MalformedRequestError(f"{what} must not be negative, got {value}")
+        # Read your writes: descriptors completed (by tiering, from another process) before
+        # this call are in the cache, which retention reads them from, before it looks.
+        _, revision = await self._broker.store.get_prefix(keys.objects_cur(topic.name))
+        await self._broker.cache.wait_for_revision(revision)
         outcome = await self._broker.apply_local_retention(
             topic, retention_bytes=retention_bytes, retention_ms=retention_ms
         )
