@@ -111,6 +111,13 @@ async def tier(client: DanubeClient, etcd_endpoints: list[str], topic: str, stor
         await tier_sealed_segments(TopicName.parse(topic), store=meta, admin=client.admin, objects=store.objects)
 
 
+async def remote_end_is(client: DanubeClient, topic: str, expected: int) -> bool:
+    """Whether the broker reports ``expected`` as the topic's last tiered offset. It follows
+    the descriptors through its etcd cache (a watch), so a read right after tiering from this
+    process may still see the earlier end."""
+    return (await client.admin.describe_topic(topic)).remote_end_offset == expected
+
+
 async def receive_all(consumer: Consumer, count: int, *, ack: bool = True, timeout_ms: int = 10_000) -> list[int]:
     got = []
     for _ in range(count):
@@ -132,6 +139,7 @@ async def test_exclusive_reads_object_storage_then_the_wal(
     async with DanubeClient([broker.address]) as client:
         await produce(client, topic, 0, 600)
         await tier(client, etcd_endpoints, topic, store)
+        await eventually(lambda: remote_end_is(client, topic, 599), what="the descriptors reached the broker")
         before = await client.admin.describe_topic(topic)
         assert before.remote_first_offset == 0 and before.remote_end_offset == 599
         result = await client.admin.apply_local_retention(topic, retention_bytes=0)
@@ -276,8 +284,7 @@ async def test_wiped_broker_continues_above_every_offset_handed_out(
         assert [s.skipped_unavailable for s in described.subscriptions] == [99_700]
         await client.admin.seal_active_segment(topic)
         await tier(client, etcd_endpoints, topic, store)  # the new segment passes over the abandoned range
-        described = await client.admin.describe_topic(topic)
-        assert described.remote_end_offset == 100_049
+        await eventually(lambda: remote_end_is(client, topic, 100_049), what="the new descriptor reached the broker")
 
 
 @pytest.mark.parametrize("mode", ["earliest", "error"])

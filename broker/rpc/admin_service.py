@@ -88,6 +88,19 @@ class AdminServicer(pb_grpc.AdminServicer):
         await refuse_partitioned(self._broker, raw)
         return await self._broker.topic_for(TopicName.parse(raw))
 
+    async def _caught_up(self, topic: Topic) -> None:
+        """Wait until the broker's cache holds every write etcd had when this was called
+        (read your writes): object descriptors completed by tiering, in another process, just
+        before ``ApplyLocalRetention`` count for it. One etcd read of the topic's ``objects/cur``
+        key (``docs/etcd-layout.md`` §5.2) gives the revision. ``DescribeTopic`` answers from
+        the cache as it is (the continuous writer polls it; a stale answer is safe there).
+
+        Raises:
+            MetadataStoreError: etcd unreachable, or the cache not caught up within 5 s.
+        """
+        _, revision = await self._broker.store.get_prefix(keys.objects_cur(topic.name))
+        await self._broker.cache.wait_for_revision(revision)
+
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.CreateTopicResponse:
         name = TopicName.parse(request.topic)
@@ -199,10 +212,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         for what, value in (("retention_bytes", retention_bytes), ("retention_ms", retention_ms)):
             if value is not None and value < 0:
                 raise MalformedRequestError(f"{what} must not be negative, got {value}")
-        # Read your writes: descriptors completed (by tiering, from another process) before
-        # this call are in the cache, which retention reads them from, before it looks.
-        _, revision = await self._broker.store.get_prefix(keys.objects_cur(topic.name))
-        await self._broker.cache.wait_for_revision(revision)
+        await self._caught_up(topic)
         outcome = await self._broker.apply_local_retention(
             topic, retention_bytes=retention_bytes, retention_ms=retention_ms
         )
