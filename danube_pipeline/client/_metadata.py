@@ -63,10 +63,11 @@ _LookupResult = BrokerAddress | DanubeError
 class _BrokerFailed(Exception):
     """A candidate broker did not give a usable answer; the pass moves to the next one."""
 
-    def __init__(self, address: str, error: DanubeError) -> None:
+    def __init__(self, address: str, error: DanubeError, stubs: Stubs) -> None:
         super().__init__(address, error)
         self.address = address
         self.error = error
+        self.stubs = stubs  # those of the failed call: its channel is dropped only while current
 
 
 class ClusterMetadata:
@@ -271,7 +272,7 @@ class ClusterMetadata:
                     raise failed.error from failed
                 failures.append(failed)
                 if isinstance(failed.error, BrokerUnavailableError):
-                    self._pool.discard(address)
+                    self._pool.discard(address, failed.stubs)
         return None
 
     async def _ask(self, address: str, *, bootstrap: bool) -> dict[str, _LookupResult]:
@@ -283,9 +284,9 @@ class ClusterMetadata:
                     pb.ClusterMetadataRequest(), timeout=self._timeout_s
                 )
         except DanubeError as exc:
-            raise _BrokerFailed(address, exc) from exc
+            raise _BrokerFailed(address, exc, stubs) from exc
         if not response.brokers:
-            raise _BrokerFailed(address, unavailable(address, "ClusterMetadata listed no brokers"))
+            raise _BrokerFailed(address, unavailable(address, "ClusterMetadata listed no brokers"), stubs)
         self.brokers = {b.broker_id: b.broker_addr for b in response.brokers}
         self.cluster = _cluster_info_from_pb(response)
         if bootstrap:
@@ -300,7 +301,7 @@ class ClusterMetadata:
             if transport_failed:
                 # this broker stopped answering mid-pass: try the next one
                 assert isinstance(answer, DanubeError)
-                raise _BrokerFailed(address, answer)
+                raise _BrokerFailed(address, answer, stubs)
             # Any answer the broker gave, even a retriable error about this one topic (its
             # owner is gone), is this topic's result: other topics in the pass are unaffected,
             # and only this topic's caller decides whether to retry.
