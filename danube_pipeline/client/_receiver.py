@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from danube_pipeline.client._acks import AckBuffer, reconnectable
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
-from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client._tasks import being_cancelled, cancel_and_wait
 from danube_pipeline.client.status import rpc_errors, unavailable
 from danube_pipeline.client.types import Message, _messages_from_delivery
 from danube_pipeline.errors import BrokerUnavailableError, DanubeError, StreamEndedError
@@ -237,8 +237,7 @@ class Receiver:
             except DanubeError as exc:
                 error = exc
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if being_cancelled():
                     raise  # closing
                 # The call was cancelled, not this task: its channel was closed under it.
                 error = unavailable(stubs.address, "Receive stream cancelled")

@@ -21,7 +21,7 @@ import grpc
 from danube_pipeline.client._accumulator import Accumulator, Batch, MessageIds, span_offsets
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
-from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client._tasks import being_cancelled, cancel_and_wait
 from danube_pipeline.client.status import from_rpc_error, rpc_errors, unavailable
 from danube_pipeline.client.types import _SCHEMA_TYPE_TO_PB, Schema
 from danube_pipeline.error_codec import error_from_status
@@ -353,8 +353,7 @@ class BatchSender:
         except grpc.aio.AioRpcError as exc:
             self._stream_failed(gen, from_rpc_error(exc, address))
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if being_cancelled():
                 raise
             self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
 
@@ -467,7 +466,6 @@ class BatchSender:
             # here.
             log.debug("producer %s: SendStream write failed: %s", self._producer_name, exc)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if being_cancelled():
                 raise
             self._stream_failed(gen, unavailable(address, "SendStream cancelled"))

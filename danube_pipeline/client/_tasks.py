@@ -6,6 +6,14 @@ import asyncio
 from typing import Any
 
 
+def being_cancelled() -> bool:
+    """Whether the running task itself was asked to stop (``Task.cancel``), as opposed to a
+    ``CancelledError`` that only came out of something it awaited (a gRPC call cancelled
+    because its channel was closed under it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
     """Cancel ``tasks`` and wait until each has ended, discarding their outcome.
 
@@ -24,8 +32,7 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
         try:
             await task
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if being_cancelled():
                 raise
         except Exception:  # noqa: BLE001 - the task's own failure was already handled or is moot
             pass
