@@ -64,7 +64,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from danube_pipeline import faults
 from danube_pipeline.errors import StorageFullError
@@ -74,7 +74,9 @@ from danube_pipeline.outages import OutageLog
 
 from broker import metrics
 from broker.storage.wal.local_log import LocalLog
-from broker.storage.wal.pending import EpochStart, PendingAppend, plan_write, write_all
+from broker.storage.wal.pending import (
+    EpochStart, PendingAppend, fail_items, mark_seen, plan_write, settle_from_last, unawaited, write_all,
+)
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
 from broker.storage.wal.sync_thread import Write, in_sync_thread, submit_sync, until_synced
 from broker.tasks import run_to_completion
@@ -207,7 +209,7 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         epoch = self.leader_epoch
         if epoch and self._epoch_is_new(epoch):  # Kafka's rule: assign a new epoch at its first append
-            self._queue_epoch_start(EpochStart(epoch, self.next_offset, _unawaited(loop)))
+            self._queue_epoch_start(EpochStart(epoch, self.next_offset, unawaited(loop)))
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
         self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut, leader_epoch=epoch))
         self.next_offset += record_count
@@ -277,13 +279,13 @@ class GroupCommit:
                 self._queue_epoch_start(EpochStart(epoch, item.base_offset, None))
                 latest = epoch
             last = loop.create_future()
-            last.add_done_callback(_consume)
+            last.add_done_callback(mark_seen)
             self._queue.append(
                 PendingAppend(item.base_offset, item.data, item.record_count, last, replica=True, leader_epoch=epoch)
             )
         assert last is not None
         end = batches[-1][1].last_offset + 1
-        last.add_done_callback(lambda fut: _settle(done, fut, end))
+        last.add_done_callback(lambda fut: settle_from_last(done, fut, end))
         self.next_offset = end
         self._wakeup.set()
         return done
@@ -398,7 +400,7 @@ class GroupCommit:
             self._epoch_starts_queued = 0
             assert self._local.active is not None
             self.next_offset = self._local.active.end + 1
-            _fail_items(failed, exc)
+            fail_items(failed, exc)
         except BaseException:
             self._epoch_starts_queued -= 1
             raise
@@ -572,7 +574,7 @@ class GroupCommit:
         self._epoch_starts_queued = len(starts)
         if starts:
             self._last_queued_epoch = starts[-1].epoch
-        _fail_items(failed, error)
+        fail_items(failed, error)
         self._on_handed_back()  # offsets were handed back: waiters such as seal_active re-check
 
     def _report_failure(self, exc: BaseException, appends: int) -> Exception:
@@ -591,39 +593,3 @@ class GroupCommit:
             return error
         log.error("WAL %s: write failed, failing %d queued appends: %s", self._directory, appends, exc)
         return error if isinstance(error, Exception) else OSError(str(error))
-
-
-def _fail_items(items: Sequence[PendingAppend | EpochStart], error: BaseException) -> None:
-    for item in items:
-        fut = item.future
-        if fut is not None and not fut.done():
-            fut.set_exception(error)
-
-
-def _unawaited(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-    """The future of an epoch start :meth:`GroupCommit.enqueue` queued: nobody awaits it (the
-    appends queued after it report a failed record), so its outcome is marked as seen. Unlike
-    a replica's epoch start (no future), it stays queued, moved down, when earlier appends
-    fail and hand their offsets back (:meth:`GroupCommit._hand_back`)."""
-    fut: asyncio.Future[None] = loop.create_future()
-    fut.add_done_callback(_consume)
-    return fut
-
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    """Mark an outcome nobody awaits as seen: a replica batch's (:meth:`GroupCommit.enqueue_replica`
-    reports it through its last batch) or an epoch start's (:func:`_unawaited`)."""
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _settle(done: asyncio.Future[int], last: asyncio.Future[tuple[int, int]], end: int) -> None:
-    """Resolve a replica append's future from its last batch's: ``end`` or the error."""
-    if done.done():
-        return
-    if last.cancelled():
-        done.cancel()
-    elif (exc := last.exception()) is not None:
-        done.set_exception(exc)
-    else:
-        done.set_result(end)

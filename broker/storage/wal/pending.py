@@ -1,4 +1,5 @@
-"""Batches accepted for appending and not yet written: what one group commit writes."""
+"""Batches accepted for appending and not yet written: what one group commit writes, and the
+helpers that settle their futures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from danube_pipeline.errors import CorruptRecordError, OffsetRangeError
 from danube_pipeline.format.batches import set_base_offset
@@ -144,3 +146,42 @@ def write_all(fd: int, buffers: Sequence[bytes | memoryview], position: int) -> 
             else:
                 views[i] = views[i][written:]
                 written = 0
+
+
+def fail_items(items: Sequence[PendingAppend | EpochStart], error: BaseException) -> None:
+    """Fail the futures of ``items`` not yet done with ``error`` (a replica's epoch start has none)."""
+    for item in items:
+        fut = item.future
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+
+def unawaited(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    """The future of an epoch start that
+    :meth:`~broker.storage.wal.group_commit.GroupCommit.enqueue` queued: nobody awaits it (the
+    appends queued after it report a failed record), so its outcome is marked as seen. Unlike
+    a replica's epoch start (no future), it stays queued, moved down, when earlier appends
+    fail and hand their offsets back (``GroupCommit._hand_back``)."""
+    fut: asyncio.Future[None] = loop.create_future()
+    fut.add_done_callback(mark_seen)
+    return fut
+
+
+def mark_seen(fut: asyncio.Future[Any]) -> None:
+    """Mark an outcome nobody awaits as seen: a replica batch's
+    (:meth:`~broker.storage.wal.group_commit.GroupCommit.enqueue_replica` reports it through
+    its last batch) or an epoch start's (:func:`unawaited`)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def settle_from_last(done: asyncio.Future[int], last: asyncio.Future[tuple[int, int]], end: int) -> None:
+    """Resolve a replica append's future from its last batch's: ``end`` or the error."""
+    if done.done():
+        return
+    if last.cancelled():
+        done.cancel()
+    elif (exc := last.exception()) is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(end)
