@@ -135,3 +135,28 @@ async def test_cancelling_receive_mid_delivery_leaves_no_error_in_the_broker_log
 
     # The broker ends the cancelled handlers in the background: nothing may appear meanwhile.
     await stays(clean, for_s=3, interval_s=0.1, what="no RPC error after cancelled Receive streams")
+
+
+BURST = 3000
+"""Unary calls sent at once: three times gRPC core's default backlog of calls not yet picked
+up by the server (``grpc.server.max_pending_requests``, 1,000), the hard limit included."""
+
+
+async def test_a_burst_of_calls_beyond_grpcs_default_backlog_is_served_not_cancelled(
+    start_broker: Callable[..., BrokerProcess],
+) -> None:
+    """grpc.aio's server picks incoming calls up one at a time on the event loop; beyond its
+    backlog limit gRPC core rejects the calls still waiting, at random, and the client sees
+    ``CANCELLED`` for a call the broker never ran. With gRPC's defaults, 1,000 consumers closing
+    at once lost some of their last ``Ack`` and ``CloseConsumer`` calls that way. The broker
+    raises the limit (``broker/rpc/server.py``), so such a burst is served."""
+    broker = start_broker()
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.DiscoveryStub(channel)
+        results = await asyncio.gather(
+            *(stub.ClusterMetadata(pb.ClusterMetadataRequest(), timeout=120) for _ in range(BURST)),
+            return_exceptions=True,
+        )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    codes = sorted({r.code().name if isinstance(r, grpc.aio.AioRpcError) else type(r).__name__ for r in failed})
+    assert not failed, f"{len(failed)} of {BURST} calls failed: {codes}"

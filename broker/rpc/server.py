@@ -69,6 +69,19 @@ PRODUCER_SERVICE = "danube.v1.ProducerService"
 """The health service name that turns ``NOT_SERVING`` while the WAL disk is full."""
 
 
+MAX_PENDING_CALLS = 10_000
+"""Calls arrived and not yet picked up by the server beyond which gRPC core starts rejecting
+new ones at random (``grpc.server.max_pending_requests``; gRPC's default is 1,000). grpc.aio's
+server picks calls up one at a time on the event loop, so a burst outruns it: with the default,
+1,000 consumers closing at once had some of their last ``Ack`` and ``CloseConsumer`` calls
+rejected, which the client sees as ``CANCELLED`` for a call the broker never ran. A call
+waiting holds its headers and at most its HTTP/2 stream window of data."""
+
+MAX_PENDING_CALLS_HARD_LIMIT = 20_000
+"""Pending calls beyond which every new one is rejected
+(``grpc.server.max_pending_requests_hard_limit``; gRPC's default is 3,000)."""
+
+
 BROKER_ID_FILE = "broker_id"
 """The file in ``data_dir`` holding the broker's id: one decimal u64 (1 to 2**64 - 1) and a newline."""
 
@@ -173,6 +186,8 @@ def create_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
+            ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS_HARD_LIMIT),
         ],
         interceptors=[*metrics_interceptors(), *auth_interceptors(broker, brokers_only=brokers_only)],
     )
