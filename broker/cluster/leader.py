@@ -168,6 +168,9 @@ class LeaderDuties:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unlisten: list[Callable[[], None]] = []
+        self._owned: tuple[dict[int, list[str]], dict[str, int]] | None = None
+        """:func:`assignments` and its inverse as of the last change under ``BROKERS_PREFIX``;
+        kept only while the listener :meth:`start` adds runs (``None``: read them again)."""
         self._outage = OutageLog(log, "assigning unassigned topics")
         self.assigned = 0
         self.replicas = ReplicaPlacement(
@@ -181,9 +184,27 @@ class LeaderDuties:
 
     def start(self) -> None:
         """Follow the unassigned queue and the registered brokers; act while the leader."""
-        for prefix in (UNASSIGNED_PREFIX, keys.BROKER_REGISTER_PREFIX, keys.BROKERS_PREFIX):
+        for prefix in (UNASSIGNED_PREFIX, keys.BROKER_REGISTER_PREFIX):
             self._unlisten.append(self.cache.add_listener(prefix, lambda _event: self._wake.set()))
+        self._unlisten.append(self.cache.add_listener(keys.BROKERS_PREFIX, self._assignments_changed))
         self._task = asyncio.create_task(self._run(), name="leader-duties")
+
+    def _assignments_changed(self, _event: object) -> None:
+        self._owned = None
+        self._wake.set()
+
+    def _assignments(self) -> tuple[dict[int, list[str]], dict[str, int]]:
+        """``(broker id -> topics, topic -> broker id)`` from the assignment keys (§1.4), read
+        again only after a change under ``BROKERS_PREFIX``: a pass every
+        :data:`PASS_INTERVAL_S` no longer parses every assignment key of an idle cluster
+        (O(topics) a second). Callers do not modify them."""
+        owned = self._owned
+        if owned is None:
+            by_broker = assignments(self.cache)
+            owned = (by_broker, {path: b for b, paths in by_broker.items() for path in paths})
+            if self._unlisten:  # only while the listener keeps it current
+                self._owned = owned
+        return owned
 
     def wake(self) -> None:
         """Look at the queue now (leadership changed)."""
@@ -193,6 +214,7 @@ class LeaderDuties:
         for unlisten in self._unlisten:
             unlisten()
         self._unlisten.clear()
+        self._owned = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -215,8 +237,7 @@ class LeaderDuties:
                 await self.assign_pass(epoch)
                 registered = registered_brokers(self.cache)
                 active = [b for b in registered if broker_mode(self.cache, b) == "active"]
-                owners = {path: b for b, paths in assignments(self.cache).items() for path in paths}
-                await self.replicas.rereplicate_pass(epoch, registered, active, owners)
+                await self.replicas.rereplicate_pass(epoch, registered, active, self._assignments()[1])
             except Exception as exc:  # noqa: BLE001 - etcd unreachable: the next pass retries
                 self._outage.failed(exc)
                 continue
@@ -248,7 +269,7 @@ class LeaderDuties:
         registered = set(registered_brokers(self.cache))
         self._seen_registered |= registered
         moved = 0
-        for broker_id, topics in sorted(assignments(self.cache).items()):
+        for broker_id, topics in sorted(self._assignments()[0].items()):
             if broker_id in registered:
                 continue
             if broker_id not in self._seen_registered and now - self._led_since < self.failover_grace_s:
