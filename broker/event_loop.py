@@ -208,7 +208,7 @@ class LoopLagRecorder:
             "lag": summarize(self.lag_ms),
             "gc_pause": summarize([ms for _, ms in self.gc_pauses_ms]),
             "gc_pause_total_ms_by_generation": {
-                str(gen): round(sum(ms for g, ms in self.gc_pauses_ms if g == gen), 1) for gen in (0, 1, 2)
+                str(gen): round(sum(ms for g, ms in self.gc_pauses_ms if g == gen), 3) for gen in (0, 1, 2)
             },
             "gc_pause_max_ms_by_generation": {
                 str(gen): round(max((ms for g, ms in self.gc_pauses_ms if g == gen), default=0.0), 3)
