@@ -6,9 +6,6 @@ optional loop-lag recorder.
   ``DANUBE_EVENT_LOOP=asyncio``. uvloop's loop iteration, ``call_soon_threadsafe`` and socket
   handling cost less CPU per request than the pure-Python selector loop; behaviour is the same
   (asyncio's loop API, PEP 3156).
-* :func:`tune_collector` makes young collections rarer (:data:`GC_THRESHOLDS`): the broker's
-  hot path allocates few objects that outlive a request, and each collection walks every
-  young object alive, topic state included.
 * :func:`freeze_heap` moves every object alive once the broker has started into the garbage
   collector's permanent generation (:func:`gc.freeze`): a full (generation 2) collection then no
   longer walks the imported modules, protobuf descriptors and gRPC state, which otherwise made
@@ -75,23 +72,6 @@ def freeze_heap() -> None:
     (:func:`gc.freeze`), so later full collections skip the start-up heap."""
     gc.collect()
     gc.freeze()
-
-
-GC_THRESHOLDS: tuple[int, int, int] = (50_000, 20, 10)
-"""The broker's collector thresholds (:func:`gc.set_threshold`): a young (generation 0)
-collection after 50,000 net allocations of tracked objects instead of CPython's 700, a
-generation 1 collection every 20 of them instead of 10. Measured on a broker of 1,000 topics
-with one message per batch (``benchmarks/README.md``, "Garbage collection"): the defaults ran
-about 2,000 collections in 30 s, 4.5 s of the loop's 19 s on a CPU, among them full
-collections of about 200 ms each as topic and producer state was promoted; these ran 5 to 6,
-0.1 to 0.2 s in all, and the broker's CPU per message fell by 15 %. Cyclic garbage waits
-longer to be freed (a few MiB at most); most of the broker's garbage is freed by reference
-counting, which the thresholds do not touch."""
-
-
-def tune_collector() -> None:
-    """Set :data:`GC_THRESHOLDS` (the process's collector; the broker's own process only)."""
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _bucket_counts(samples_ms: list[float]) -> dict[str, int]:

@@ -40,16 +40,6 @@ def test_freeze_heap_moves_the_live_objects_to_the_permanent_generation() -> Non
         gc.unfreeze()
 
 
-def test_tune_collector_sets_the_brokers_thresholds() -> None:
-    before = gc.get_threshold()
-    try:
-        event_loop.tune_collector()
-        assert gc.get_threshold() == event_loop.GC_THRESHOLDS
-        assert event_loop.GC_THRESHOLDS[0] > before[0]  # rarer young collections than CPython's
-    finally:
-        gc.set_threshold(*before)
-
-
 def test_the_recorder_reports_a_stall_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "lag.json"
     monkeypatch.setenv(event_loop.LOOP_LAG_FILE_ENV, str(target))
