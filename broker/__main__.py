@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-consumer-buffer-bytes", type=int,
                    help=f"batch bytes queued for one consumer stream, at most (default {DEFAULT_MAX_CONSUMER_BUFFER_BYTES})")
     p.add_argument("--max-stream-unanswered-bytes", type=int,
-                   help="batch bytes one SendStream may have unanswered before the broker stops reading it "
+                   help="batch bytes one SendStream or ProduceStream may have unanswered before the broker stops reading it "
                         f"(default {DEFAULT_MAX_STREAM_UNANSWERED_BYTES})")
     p.add_argument("--closed-producer-ttl-s", type=int,
                    help=f"seconds a closed producer's etcd key is kept, at most (default {DEFAULT_CLOSED_PRODUCER_TTL_S})")

@@ -64,7 +64,7 @@ class BrokerConfig:
             ``receiver_queue_size`` asked for in ``Subscribe`` is lowered to it.
         max_consumer_buffer_bytes: batch bytes queued for one consumer's ``Receive`` stream
             and not yet sent, at most (dispatch to it pauses above; one batch always fits).
-        max_stream_unanswered_bytes: batch bytes one ``SendStream`` may have received and not
+        max_stream_unanswered_bytes: batch bytes one ``SendStream`` or ``ProduceStream`` may have received and not
             answered yet; the broker stops reading that stream above it (gRPC flow control
             then holds the producer back).
         closed_producer_ttl_s: a closed producer's key (``status: false``) is deleted this many

@@ -344,6 +344,10 @@ class Broker:
         """See :meth:`ProducerSessions.throttle_publish`."""
         return await self.producer_sessions.throttle_publish(producer_id, batch)
 
+    def publish_limited(self, producer_id: int) -> bool:
+        """See :meth:`ProducerSessions.publish_limited`."""
+        return self.producer_sessions.publish_limited(producer_id)
+
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
         """See :meth:`ProducerSessions.publish`."""
         return self.producer_sessions.publish(producer_id, batch)

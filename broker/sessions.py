@@ -190,6 +190,16 @@ class ProducerSessions:
             return 0.0
         return await topic.throttle_publish(batch)
 
+    def publish_limited(self, producer_id: int) -> bool:
+        """Whether the producer's topic has a ``max_publish_rate`` now (§2.1), so that
+        :meth:`throttle_publish` may wait; false for an unknown producer (:meth:`publish` then
+        raises)."""
+        try:
+            _producer, topic = self.served_producer(producer_id)
+        except (ProducerNotFoundError, NotServedHereError):
+            return False
+        return topic.max_publish_rate() > 0
+
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
         """Validate and enqueue one record batch of a producer (see :meth:`Topic.publish`).
 

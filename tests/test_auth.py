@@ -291,6 +291,55 @@ async def test_open_streams_and_later_calls_follow_a_removed_binding(
         assert error_class(info.value) == "PermissionDeniedError"
 
 
+async def test_a_produce_stream_authorizes_each_batch_and_a_refusal_fails_only_its_lane(
+    hs256_broker: BrokerProcess, etcd_endpoints: list[str]
+) -> None:
+    address = hs256_broker.address
+    grant(etcd_endpoints)
+    async with grpc.aio.insecure_channel(address) as channel:
+        writer, root = Raw(channel, "app-writer"), Raw(channel, "root")
+        allowed = await writer.create_producer(SALES)
+        forbidden = await root.create_producer(OTHER)  # app-writer holds nothing on /other
+
+        def item(pid: int, lane: int, sequence_id: int, payload: bytes) -> pb.SendBatchRequest:
+            request = batch_request(pid, payload, sequence_id=sequence_id)
+            request.stream_id = lane
+            return request
+
+        call = writer.producer.ProduceStream(metadata=writer.metadata)
+        await call.write(pb.ProduceRequest(batches=[
+            item(allowed, 1, 1, b"one"), item(forbidden, 2, 1, b"x"), item(forbidden, 2, 2, b"y"),
+            item(allowed, 1, 2, b"two"),
+        ]))
+        results: list[pb.SendBatchResponse] = []
+        while len(results) < 4:
+            response = await asyncio.wait_for(call.read(), 10)
+            assert response is not grpc.aio.EOF
+            results.extend(response.results)
+        by_lane = {lane: [r for r in results if r.stream_id == lane] for lane in (1, 2)}
+        assert [(r.first_offset, r.HasField("error")) for r in by_lane[1]] == [(0, False), (1, False)]
+        assert [r.error.error_class for r in by_lane[2]] == ["PermissionDeniedError", "BatchNotAppendedError"]
+
+        # The binding goes: the next batch is refused as data and the stream stays open.
+        etcdctl(etcd_endpoints, "del", keys.security_binding("app-writer", "namespaces/sales"))
+
+        async def refused() -> bool:
+            lane = 10 + len(results)
+            await call.write(pb.ProduceRequest(batches=[item(allowed, lane, 1, b"late")]))
+            response = await asyncio.wait_for(call.read(), 10)
+            results.extend(response.results)
+            return bool(response.results[0].error.error_class == "PermissionDeniedError")
+
+        await eventually(refused, timeout_s=5, interval_s=0.0, what="batches refused once the binding is gone")
+        call.cancel()
+    async with DanubeClient([address], token=token("root")) as client:
+        topics = {t.topic: t.next_offset for t in await client.admin.list_topics("sales")}
+        assert topics[SALES] == 2 + sum(1 for r in results[4:] if not r.HasField("error"))
+        assert {t.topic: t.next_offset for t in await client.admin.list_topics("other")}[OTHER] == 0
+    assert any(a["principal"] == "app-writer" and a["rpc"] == "/danube.v1.ProducerService/ProduceStream"
+               and a["resource"] == f"topic {OTHER}" and a["result"] == "refused" for a in audit_lines(hs256_broker))
+
+
 async def test_a_spoofed_internal_header_grants_nothing(hs256_broker: BrokerProcess, etcd_endpoints: list[str]) -> None:
     address = hs256_broker.address
     grant(etcd_endpoints)

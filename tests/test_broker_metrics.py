@@ -104,7 +104,7 @@ async def test_counts_lag_and_rpcs_after_producing_and_consuming(
         assert _value(m, "danube_topic_active_producers", **t) == 0  # closed
         rpc = {"broker": b, "service": "danube.v1.ProducerService"}
         assert _value(m, "danube_broker_rpc_total", **rpc, method="CreateProducer", result="OK") == 1
-        assert _value(m, "danube_broker_rpc_total", **rpc, method="SendStream") == 1  # counted when it ended
+        assert _value(m, "danube_broker_rpc_total", **rpc, method="ProduceStream") == 0  # counted when it ends
         assert _value(m, "danube_broker_rpc_duration_ms_count", **rpc, method="CreateProducer") == 1
 
         async with client.consumer(
@@ -138,6 +138,9 @@ async def test_counts_lag_and_rpcs_after_producing_and_consuming(
             assert _value(m, "danube_subscription_unacked_messages", **s) == 0
             assert _value(m, "danube_subscription_nack_total", **s) == 0
     consumer_rpc = {"broker": b, "service": "danube.v1.ConsumerService"}
+    # the client's one ProduceStream, shared by its producers, ended with the client
+    eventually_sync(lambda: _value(_scrape(url), "danube_broker_rpc_total", **rpc, method="ProduceStream") == 1,
+                    what="ProduceStream counted once the client closed it")
     assert _value(m, "danube_broker_rpc_total", **consumer_rpc, method="Subscribe", result="OK") == 1
     assert _value(m, "danube_broker_rpc_total", **consumer_rpc, method="Ack", result="OK") == N
 

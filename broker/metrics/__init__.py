@@ -68,7 +68,8 @@ metric                                                   type      labels (besid
 ``danube_wal_append_bytes_total``                        counter   bytes written to WALs, each batch
                                                                    behind its 8-byte leader epoch
 ``danube_wal_flush_latency_ms``                          histogram one ``fdatasync`` of a group
-                                                                   commit
+                                                                   commit, or one ``syncfs`` of a
+                                                                   commit round
 ``danube_wal_group_commit_messages``                     histogram messages made durable per
                                                                    ``fdatasync``
 ``danube_wal_file_rotate_total``                         counter   segments sealed

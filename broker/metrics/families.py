@@ -167,6 +167,10 @@ class WalMetrics:
         os.fdatasync(fd)
         self._flush.observe((time.perf_counter() - started) * 1000.0)
 
+    def flushed(self, ms: float) -> None:
+        """One ``syncfs`` of a commit round took ``ms``, into ``danube_wal_flush_latency_ms``."""
+        self._flush.observe(ms)
+
     def written(self, appends: Sequence[Any], size_bytes: int) -> None:
         """One group commit made ``appends`` (:class:`broker.storage.wal.pending.PendingAppend`,
         ``size_bytes`` in all) durable."""
@@ -258,7 +262,7 @@ class BrokerMetrics:
         self.wal_append = Counter("danube_wal_append", "Record batches written to WALs", b, registry=r)
         self.wal_append_bytes = Counter("danube_wal_append_bytes", "Bytes written to WALs", b, registry=r)
         self.wal_flush_latency = Histogram(
-            "danube_wal_flush_latency_ms", "One fdatasync of a WAL group commit, in ms", b,
+            "danube_wal_flush_latency_ms", "One fdatasync of a WAL group commit, or one syncfs of a commit round, in ms", b,
             buckets=LATENCY_BUCKETS_MS, registry=r,
         )  # fmt: skip
         self.wal_group_commit = Histogram(
@@ -363,6 +367,9 @@ class _NoWal:
             OSError: from ``os.fdatasync``.
         """
         os.fdatasync(fd)
+
+    def flushed(self, ms: float) -> None:
+        """Nothing."""
 
     def written(self, appends: Sequence[Any], size_bytes: int) -> None:
         """Nothing."""

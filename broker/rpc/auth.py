@@ -19,7 +19,10 @@ set (nothing is installed otherwise, see :func:`auth_interceptors`):
   cluster. The roles and bindings are read from the broker's watched etcd cache
   (``docs/etcd-layout.md`` §7), so a change reaches every broker within the watch delay.
   Streams are checked again at every message: a ``Receive`` or ``SendStream`` whose binding
-  is removed, or whose token expires, ends with the refusal. Super-admins hold everything.
+  is removed, or whose token expires, ends with the refusal. A ``ProduceStream`` carries the
+  batches of many producers: each batch is checked on its own topic (:data:`BATCH_RULES`), and a
+  refused one is answered with the refusal as data while the stream goes on; an expired token
+  ends it. Super-admins hold everything.
   A refusal is ``PERMISSION_DENIED`` (:class:`~danube_pipeline.errors.PermissionDeniedError`).
 * **Audit.** Logger ``danube.audit`` writes one JSON line per refused call and per admin change
   (:data:`ADMIN_CHANGES`): ``principal`` (``-`` when unauthenticated), ``rpc``, ``resource``,
@@ -55,9 +58,10 @@ from danube_pipeline.names import TopicName
 from broker import metrics
 from broker.config import BrokerConfig
 from broker.core import Broker
+from broker.rpc.produce_stream import BATCH_CHECK, ItemCheck
 from broker.rpc.status import UndecodableRequest, abort_with
 
-__all__ = ["ADMIN_CHANGES", "AUDIT_LOGGER", "AuthInterceptor", "Caller", "RULES", "Rule", "auth_interceptors"]
+__all__ = ["ADMIN_CHANGES", "AUDIT_LOGGER", "BATCH_RULES", "AuthInterceptor", "Caller", "RULES", "Rule", "auth_interceptors"]
 
 log = logging.getLogger(__name__)
 AUDIT_LOGGER = "danube.audit"
@@ -106,6 +110,10 @@ def _consumer_topic(broker: Broker, request: Any) -> Resource | None:
     return None if consumer is None else _topic(consumer.subscription.topic)
 
 
+def _no_resource(_broker: Broker, _request: Any) -> None:
+    return None
+
+
 def _list_namespace(_broker: Broker, request: Any) -> Resource:
     return _namespace(request.namespace)
 
@@ -131,6 +139,8 @@ RULES: dict[str, Rule] = {
     "/danube.v1.ProducerService/SendBatch": Rule((_P.PRODUCE,), _producer_topic),
     "/danube.v1.ProducerService/SendStream": Rule((_P.PRODUCE,), _producer_topic),
     "/danube.v1.ProducerService/CloseProducer": Rule((_P.PRODUCE,), _producer_topic),
+    # Authentication per message; each batch is authorized by BATCH_RULES.
+    "/danube.v1.ProducerService/ProduceStream": Rule((), _no_resource),
     "/danube.v1.ConsumerService/Subscribe": Rule((_P.CONSUME,), _request_topic),
     "/danube.v1.ConsumerService/Receive": Rule((_P.CONSUME,), _consumer_topic),
     "/danube.v1.ConsumerService/Ack": Rule((_P.CONSUME,), _consumer_topic),
@@ -162,6 +172,12 @@ RULES: dict[str, Rule] = {
     "/danube.v1.Replication/FetchLog": Rule((_P.MANAGE_CLUSTER,), _cluster),
     "/danube.v1.Replication/OffsetForLeaderEpoch": Rule((_P.MANAGE_CLUSTER,), _cluster),
 }
+
+BATCH_RULES: dict[str, Rule] = {
+    "/danube.v1.ProducerService/ProduceStream": Rule((_P.PRODUCE,), _producer_topic),
+}
+"""Streams whose messages carry batches of many producers: each batch is authorized on its own
+(:data:`broker.rpc.produce_stream.BATCH_CHECK`), and a refusal fails that batch, not the stream."""
 """Every RPC of ``danube_pipeline/proto/danube.proto``: the permissions and the resource."""
 
 ADMIN_CHANGES = frozenset({
@@ -350,7 +366,10 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         Raises:
             PermissionDeniedError: a needed permission is not granted.
         """
-        rule = RULES.get(method)
+        return self._authorize(caller, method, RULES.get(method), request)
+
+    def _authorize(self, caller: Caller, method: str, rule: Rule | None, request: Any) -> str:
+        """:meth:`authorize` under ``rule`` (``None``: the RPC has none)."""
         if isinstance(request, UndecodableRequest) or request is None:
             resource: Resource | None = None  # the handler refuses it before acting
         elif rule is None:
@@ -419,6 +438,25 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             resource = exc.resource if isinstance(exc, PermissionDeniedError) else "-"
             await self._refuse(context, method, caller.principal, resource, exc)
 
+    def _batch_check(self, context: Any, method: str, caller: Caller) -> ItemCheck | None:
+        """The check of each batch of a :data:`BATCH_RULES` stream; ``None`` when nothing is
+        checked (no authorization, or a broker calling)."""
+        rule = BATCH_RULES.get(method)
+        if rule is None or not self._config.authorization or caller.via == "broker":
+            return None
+        counted = metrics.active().auth
+
+        def check(batch: Any) -> DanubeError | None:
+            try:
+                self._authorize(caller, method, rule, batch)
+            except PermissionDeniedError as exc:
+                counted.authorized(False)
+                audit(caller.principal, method, exc.resource, "refused", reason=str(exc), peer=str(context.peer()))
+                return exc
+            return None
+
+        return check
+
     def _audited(self, method: str, caller: Caller, resource: str, failure: str | None) -> None:
         """The audit line of an admin change (one of ``ADMIN_CHANGES``); ``failure`` is the
         status code's or the exception's name."""
@@ -467,6 +505,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
                 caller, _resource = await self._admit(context, method, None)
+                BATCH_CHECK.set(self._batch_check(context, method, caller))
 
                 async def checked() -> AsyncIterator[Any]:
                     async for request in requests:

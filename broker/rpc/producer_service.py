@@ -16,7 +16,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import math
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -34,21 +33,15 @@ from danube_pipeline.proto import danube_pb2_grpc as pb_grpc
 
 from broker.cluster.partitions import refuse_partitioned
 from broker.config import DEFAULT_MAX_STREAM_UNANSWERED_BYTES
+from broker.rpc.produce_stream import BATCH_CHECK, produce_stream
+from broker.rpc.produce_stream import failed as _failed
+from broker.rpc.produce_stream import ms as _ms
 from broker.rpc.request_ids import RecentRequests
 from broker.rpc.status import rpc
 from broker.topics.producer import Producer
 from broker.topics.producer_identity import MAX_EPOCH, MAX_PRODUCER_ID, ProducerIdentity, assign_identity
 
 __all__ = ["ProducerBroker", "ProducerServicer"]
-
-
-def _failed(fut: asyncio.Future[tuple[int, int]]) -> bool:
-    return fut.done() and not fut.cancelled() and fut.exception() is not None
-
-
-def _ms(seconds: float) -> int:
-    """``seconds`` as whole milliseconds, rounded up (a wait never reads as 0)."""
-    return math.ceil(seconds * 1000) if seconds > 0 else 0
 
 
 def _error_status(error: DanubeError) -> pb.ErrorStatus:
@@ -82,6 +75,8 @@ class ProducerBroker(Protocol):
     ) -> Producer: ...
 
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]: ...
+
+    def publish_limited(self, producer_id: int) -> bool: ...
 
     async def throttle_publish(self, producer_id: int, batch: bytes) -> float: ...
 
@@ -281,6 +276,18 @@ class ProducerServicer(pb_grpc.ProducerServiceServicer):
                 reader_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader_task
+
+    @rpc
+    async def ProduceStream(
+        self, request_iterator: AsyncIterator[pb.ProduceRequest], context: Any
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        """The batches of many producers on lanes of one stream (:mod:`broker.rpc.produce_stream`),
+        with the same memory bound per stream as ``SendStream``."""
+        async for response in produce_stream(
+            self._broker, request_iterator, max_unanswered_bytes=self._max_unanswered_bytes,
+            check=BATCH_CHECK.get(), error_status=_error_status,
+        ):
+            yield response
 
     @rpc
     async def CloseProducer(self, request: pb.CloseProducerRequest, context: Any) -> pb.CloseProducerResponse:

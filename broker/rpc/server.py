@@ -169,7 +169,7 @@ def create_server(
         health_servicer: the ``grpc.health.v1`` servicer to expose.
         cluster_name: answered by ``Discovery.ClusterMetadata``.
         max_message_bytes: gRPC send and receive limit per message, in bytes.
-        max_unanswered_bytes: per ``SendStream``, batch bytes received and not answered, at most.
+        max_unanswered_bytes: per ``SendStream`` or ``ProduceStream``, batch bytes received and not answered, at most.
         credentials: TLS credentials of the port (:func:`broker.rpc.tls.server_credentials`);
             ``None`` serves plaintext.
         brokers_only: the broker-to-broker port (``internal_listen``): every call but health

@@ -362,6 +362,7 @@ class DanubeClient:
                 await child.close()
             except Exception as exc:  # keep closing the others
                 errors.append(exc)
+        await self._ctx.produce_streams.close()
         await self._metadata.close()
         await self._pool.close()
         if errors:

@@ -40,7 +40,7 @@ class Batch:
         acked: resolved with the batch's first offset once the broker acknowledges it, for
             :meth:`Accumulator.append_many` (one future per batch, not per message); created
             by :meth:`acked_future` when first asked for.
-        sequence_id: the ``SendStream`` sequence number, once sent.
+        sequence_id: the ``SendBatchRequest.sequence_id`` of the batch, once sent.
         base_sequence: the producer's sequence number of the batch's first message, given when
             it is first sent and kept when it is resent (idempotent produce); -1 before.
         attempts: times the stream failed with a retriable error while this batch was the

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.client._metadata import ClusterMetadata
+from danube_pipeline.client._produce_stream import ProduceStreams
 from danube_pipeline.client.status import rpc_errors, unavailable
 from danube_pipeline.errors import (
     BrokerUnavailableError,
@@ -42,6 +43,7 @@ class Context:
         retries: extra attempts after the first (``metadata_retries``).
         backoff_s: sleep between attempts, in seconds.
         children: open producers and consumers, closed with the client.
+        produce_streams: the producers' shared ``ProduceStream`` per broker.
     """
 
     pool: ConnectionPool
@@ -50,6 +52,7 @@ class Context:
     retries: int
     backoff_s: float
     children: set[Any] = field(default_factory=set)
+    produce_streams: ProduceStreams = field(default_factory=ProduceStreams)
 
     async def call_owner(
         self,

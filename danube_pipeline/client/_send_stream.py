@@ -1,6 +1,7 @@
-"""One producer's batches over the ``SendStream`` RPC: the producer created on the topic's owner,
-its batches written in order with at most ``max_in_flight_batches`` unanswered, the answers
-read in the same order, and every unanswered batch resent after a failure.
+"""One producer's batches on its lane of the client's ``ProduceStream`` to the topic's owner
+(:mod:`danube_pipeline.client._produce_stream`): the producer created on the owner, its batches
+sent in order with at most ``max_in_flight_batches`` unanswered, the answers taken in the same
+order, and every unanswered batch resent on a new lane after a failure.
 
 What each kind of stream failure leads to is told in :mod:`danube_pipeline.client.producer`;
 :meth:`BatchSender._stream_failed` is the one place deciding it.
@@ -10,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
 from danube_pipeline.client._accumulator import Accumulator, Batch, MessageIds, span_offsets
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
-from danube_pipeline.client._tasks import being_cancelled, cancel_and_wait
-from danube_pipeline.client.status import from_rpc_error, rpc_errors, unavailable
+from danube_pipeline.client._produce_stream import ProduceStream
+from danube_pipeline.client._tasks import cancel_and_wait
+from danube_pipeline.client.status import rpc_errors, unavailable
 from danube_pipeline.client.types import _SCHEMA_TYPE_TO_PB, Schema
 from danube_pipeline.error_codec import error_from_status
 from danube_pipeline.errors import (
@@ -32,7 +33,6 @@ from danube_pipeline.errors import (
     OffsetRangeError,
     ProducerClosedError,
     ProducerFencedError,
-    StreamEndedError,
 )
 from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.proto import danube_pb2 as pb
@@ -104,7 +104,8 @@ class BatchSender:
         self._pending: collections.deque[Batch] = collections.deque()
         self._inflight: collections.deque[Batch] = collections.deque()
         self._wakeup = asyncio.Event()
-        self._stream: grpc.aio.StreamStreamCall | None = None
+        self._stream: ProduceStream | None = None
+        self._lane = 0  # the producer's lane on self._stream
         self._stream_gen = 0
         self._owner_address: str | None = None
         self._stream_stubs: Stubs | None = None  # the stubs the current stream was opened on
@@ -121,7 +122,6 @@ class BatchSender:
         self._fenced: ProducerFencedError | None = None
         self._next_message_sequence = 0
         self._runner: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ the producer's side
 
@@ -187,9 +187,9 @@ class BatchSender:
             batch.fail(closed)
         self._inflight.clear()
         self._pending.clear()
-        await cancel_and_wait(self._runner, self._reader)
+        await cancel_and_wait(self._runner)
         if self._stream is not None:
-            self._stream.cancel()
+            self._stream.close_lane(self._lane)
             self._stream = None
         await self._close_on_broker()
 
@@ -289,27 +289,31 @@ class BatchSender:
         self._open_stream(stubs)
 
     def _open_stream(self, stubs: Stubs) -> None:
-        call = stubs.producer.SendStream()
+        """Open a new lane on the client's stream to the broker of ``stubs``."""
+        stream = self._ctx.produce_streams.get(stubs)
         self._stream_gen += 1
-        self._stream = call
+        gen = self._stream_gen
+        self._stream = stream
+        self._lane = stream.open_lane(
+            lambda response: self._answered(gen, stubs.address, response),
+            lambda exc: self._stream_failed(gen, exc),
+        )
         self._owner_address = stubs.address
         self._stream_stubs = stubs
-        # Unanswered batches go first on the new stream, in their original order.
+        # Unanswered batches go first on the new lane, in their original order.
         self._pending.extendleft(reversed(self._inflight))
         self._inflight.clear()
-        self._reader = asyncio.get_running_loop().create_task(
-            self._read(call, self._stream_gen, stubs.address)
-        )
         self._wakeup.set()
 
     # ------------------------------------------------------------------ the stream
 
     def _stream_failed(self, gen: int, exc: DanubeError) -> None:
-        """React to the end of stream ``gen`` (ignored if a newer stream already replaced it)."""
+        """React to the end of lane ``gen`` (ignored if a newer lane already replaced it): an
+        error answer on it, or the failure of the whole stream."""
         if gen != self._stream_gen or self._stream is None:
             return
-        call, self._stream = self._stream, None
-        call.cancel()
+        stream, self._stream = self._stream, None
+        stream.close_lane(self._lane)
         if exc.retriable or exc.invalid_metadata:
             log.info("producer %s: stream failed (%s); reconnecting", self._producer_name, exc)
             self._needs_lookup = self._needs_lookup or exc.invalid_metadata
@@ -343,61 +347,35 @@ class BatchSender:
         self._inflight.clear()
         self._pending.clear()
 
-    @contextlib.contextmanager
-    def _stream_failures(self, gen: int, address: str) -> Iterator[None]:
-        """The one place deciding what a failed ``SendStream`` read or write means: the stream
-        of generation ``gen`` failed (:meth:`_stream_failed`). Cancellation of the task itself
-        (close) propagates; a cancelled call is a failed stream."""
-        try:
-            yield
-        except grpc.aio.AioRpcError as exc:
-            self._stream_failed(gen, from_rpc_error(exc, address))
-        except asyncio.CancelledError:
-            if being_cancelled():
-                raise
-            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
-
-    async def _read(self, call: grpc.aio.StreamStreamCall, gen: int, address: str) -> None:
-        with self._stream_failures(gen, address):
-            while True:
-                response = await call.read()
-                if gen != self._stream_gen:
-                    return
-                if response is grpc.aio.EOF:
-                    self._stream_failed(gen, StreamEndedError(address, "SendStream"))
-                    return
-                if not self._inflight:
-                    self._stream_failed(gen, MalformedRequestError("SendStream answer without a batch"))
-                    return
-                batch = self._inflight[0]
-                if response.sequence_id and response.sequence_id != batch.sequence_id:
-                    self._stream_failed(
-                        gen,
-                        unavailable(
-                            address,
-                            f"answer for sequence {response.sequence_id}, expected {batch.sequence_id}",
-                        ),
-                    )
-                    return
-                if response.HasField("error"):
-                    # The broker refused or failed this batch; later ones of this stream are
-                    # not appended. The error belongs to the oldest unanswered batch.
-                    error = response.error
-                    code = _STATUS_CODES.get(error.code, grpc.StatusCode.UNKNOWN)
-                    self._stream_failed(gen, error_from_status(code, error.message, error.error_class, error.fields))
-                    return
-                self._inflight.popleft()
-                count = batch.message_count
-                if response.last_offset - response.first_offset + 1 != count:
-                    batch.fail(
-                        OffsetRangeError(
-                            response.first_offset + count - 1, response.last_offset, "SendStream answer"
-                        )
-                    )
-                else:
-                    batch.resolve(response.first_offset)
-                if self._pending or (self._adaptive and self.accumulator.has_open_batch):
-                    self._wakeup.set()  # a slot is free for what waits; else nothing to wake for
+    def _answered(self, gen: int, address: str, response: pb.SendBatchResponse) -> None:
+        """One answer on lane ``gen``, for the oldest unanswered batch."""
+        if gen != self._stream_gen:
+            return
+        if not self._inflight:
+            self._stream_failed(gen, MalformedRequestError("ProduceStream answer without a batch"))
+            return
+        batch = self._inflight[0]
+        if response.sequence_id and response.sequence_id != batch.sequence_id:
+            self._stream_failed(
+                gen,
+                unavailable(address, f"answer for sequence {response.sequence_id}, expected {batch.sequence_id}"),
+            )
+            return
+        if response.HasField("error"):
+            # The broker refused or failed this batch; later ones of this lane are not
+            # appended. The error belongs to the oldest unanswered batch.
+            error = response.error
+            code = _STATUS_CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+            self._stream_failed(gen, error_from_status(code, error.message, error.error_class, error.fields))
+            return
+        self._inflight.popleft()
+        count = batch.message_count
+        if response.last_offset - response.first_offset + 1 != count:
+            batch.fail(OffsetRangeError(response.first_offset + count - 1, response.last_offset, "ProduceStream answer"))
+        else:
+            batch.resolve(response.first_offset)
+        if self._pending or (self._adaptive and self.accumulator.has_open_batch):
+            self._wakeup.set()  # a slot is free for what waits; else nothing to wake for
 
     async def _run(self) -> None:
         """The sender: keeps a stream open while there is work and writes ready batches."""
@@ -429,17 +407,18 @@ class BatchSender:
                     # A free in-flight slot and no linger: send what has accumulated now. Under
                     # load every slot is busy and batches grow until one frees (self-clocking).
                     self.accumulator.close_batch()
-                await self._write(self._stream, self._pending.popleft())
+                written = self._write(self._stream, self._pending.popleft())
+                if not written.done():
+                    await written  # the connection is busy: let the next batch grow meanwhile
             await self._wakeup.wait()
 
-    async def _write(self, call: grpc.aio.StreamStreamCall, batch: Batch) -> None:
+    def _write(self, stream: ProduceStream, batch: Batch) -> asyncio.Future[None]:
+        """Send ``batch`` on the lane; the future is resolved once its request is written."""
         if not batch.sequence_id:
             batch.sequence_id = next(self._sequence)
         if batch.base_sequence < 0:
             batch.base_sequence = self._next_message_sequence
             self._next_message_sequence += batch.message_count
-        gen = self._stream_gen
-        address = self._owner_address or ""
         self._inflight.append(batch)
         request = pb.SendBatchRequest(
             producer_id=self.producer_id,
@@ -456,16 +435,6 @@ class BatchSender:
                 base_sequence=batch.base_sequence,
             ),
             sequence_id=batch.sequence_id,
+            stream_id=self._lane,
         )
-        try:
-            await call.write(request)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-            # The call has ended: the reader reports why (the broker's answers, then the
-            # call's status). A failed write can also make gRPC replace that status with its
-            # own INTERNAL "Internal error from Core" (grpc/grpc#36066), so it is not reported
-            # here.
-            log.debug("producer %s: SendStream write failed: %s", self._producer_name, exc)
-        except asyncio.CancelledError:
-            if being_cancelled():
-                raise
-            self._stream_failed(gen, unavailable(address, "SendStream cancelled"))
+        return stream.send(request)

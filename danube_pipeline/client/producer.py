@@ -1,4 +1,4 @@
-"""The producer facade: batches messages and pipelines them over one ``SendStream``.
+"""The producer facade: batches messages and pipelines them on its lane of a ``ProduceStream``.
 
 Messages are framed by the :class:`~danube_pipeline.client._accumulator.Accumulator` into
 record batches (:mod:`danube_pipeline.format.batches`). With ``linger_ms=0`` (the default) a batch is
@@ -7,23 +7,26 @@ once and a burst goes as one batch, while under load batches grow with the acks'
 (Nagle's rule with pipelining); with ``linger_ms > 0`` a batch waits that long for more
 messages (Kafka's ``linger.ms``). Each closed batch travels as one
 ``SendBatchRequest`` with a client-chosen ``sequence_id``, its header carrying this producer's
-id, name and schema and a CRC32C. The broker checks the batch and appends its bytes unchanged,
-in the order it reads them, and answers in the same order, so the answer at the head of the
-stream belongs to the oldest unanswered batch, whose message ``i`` gets the offset
-``first_offset + i``. At most ``max_in_flight_batches`` batches are unanswered at once.
+id, name and schema and a CRC32C, on the producer's lane of the client's one ``ProduceStream``
+to the topic's owner (shared by every producer of the client on that broker; the batches ready
+together go in one request, :mod:`~danube_pipeline.client._produce_stream`). The broker checks
+the batch and appends its bytes unchanged, in the order it reads them, and answers each lane in
+the same order, so the answer at the head of the lane belongs to the oldest unanswered batch,
+whose message ``i`` gets the offset ``first_offset + i``. At most ``max_in_flight_batches``
+batches are unanswered at once.
 
-When the stream fails:
+When the lane fails (an error answer on it, or the failure of the whole stream):
 
 * with an error whose ``invalid_metadata`` flag is set (``UNAVAILABLE``,
   ``NotServedHereError``, ``ProducerNotFoundError``), the producer waits ``retry_backoff_ms``,
   looks the topic up again, re-creates itself on the (possibly new) owner and resends every
   unanswered batch in order, framed again under its new producer id: delivery is at least once;
 * with an error that is only ``retriable`` (``StorageFullError``: the broker's disk is full),
-  it waits ``retry_backoff_ms`` and resends on a new stream as the same producer;
+  it waits ``retry_backoff_ms`` and resends on a new lane as the same producer;
 * either way, the oldest unanswered batch fails with the error once it was tried
   ``1 + metadata_retries`` times;
 * with any other error (``MessageTooLargeError``, ``SchemaMismatchError``), exactly the futures
-  of the batch the broker was answering fail; the producer opens a new stream and the later
+  of the batch the broker was answering fail; the producer opens a new lane and the later
   batches are sent again.
 
 **Partitioned topics** (``docs/etcd-layout.md`` §3.1). When the lookup on open says the topic is
@@ -36,7 +39,8 @@ owner on its own; ``send`` answers a :class:`~danube_pipeline.client.types.Messa
 ``partition`` says where the message went.
 
 The machinery lives in private modules: :mod:`~danube_pipeline.client._send_stream` (the
-stream, its answers and the resends), :mod:`~danube_pipeline.client._accumulator` (batching)
+lane, its answers and the resends), :mod:`~danube_pipeline.client._produce_stream` (the shared
+stream), :mod:`~danube_pipeline.client._accumulator` (batching)
 and :mod:`~danube_pipeline.client._partitioned` (the inner producers of a partitioned topic).
 """
 

@@ -90,28 +90,46 @@ class CreateProducerResponse(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., broker_id: _Optional[int] = ..., max_message_size_bytes: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., idempotent_producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class SendBatchRequest(_message.Message):
-    __slots__ = ("producer_id", "sequence_id", "batch")
+    __slots__ = ("producer_id", "sequence_id", "batch", "stream_id")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     sequence_id: int
     batch: bytes
-    def __init__(self, producer_id: _Optional[int] = ..., sequence_id: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...
+    stream_id: int
+    def __init__(self, producer_id: _Optional[int] = ..., sequence_id: _Optional[int] = ..., batch: _Optional[bytes] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("batches", "closed_streams")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[SendBatchRequest]
+    closed_streams: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batches: _Optional[_Iterable[_Union[SendBatchRequest, _Mapping]]] = ..., closed_streams: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendBatchResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendBatchResponse, _Mapping]]] = ...) -> None: ...
 
 class SendBatchResponse(_message.Message):
-    __slots__ = ("first_offset", "last_offset", "sequence_id", "error", "throttled_ms")
+    __slots__ = ("first_offset", "last_offset", "sequence_id", "error", "throttled_ms", "stream_id")
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     THROTTLED_MS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     first_offset: int
     last_offset: int
     sequence_id: int
     error: ErrorStatus
     throttled_ms: int
-    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., throttled_ms: _Optional[int] = ...) -> None: ...
+    stream_id: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., sequence_id: _Optional[int] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., throttled_ms: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class ErrorStatus(_message.Message):
     __slots__ = ("code", "message", "error_class", "fields")

@@ -51,6 +51,11 @@ class ProducerServiceStub:
                 request_serializer=danube__pb2.SendBatchRequest.SerializeToString,
                 response_deserializer=danube__pb2.SendBatchResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/danube.v1.ProducerService/ProduceStream',
+                request_serializer=danube__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=danube__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.CloseProducer = channel.unary_unary(
                 '/danube.v1.ProducerService/CloseProducer',
                 request_serializer=danube__pb2.CloseProducerRequest.SerializeToString,
@@ -87,6 +92,17 @@ class ProducerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProduceStream(self, request_iterator, context):
+        """The batches of many producers on one stream per client and broker, several in each request
+        (as a Kafka produce request carries many partitions). Each producer's batches travel on a
+        lane (SendBatchRequest.stream_id) with SendStream's rules: appended in the order read,
+        answered in the same order, nothing appended after a failed batch of the lane. Answers
+        come as the batches become durable, grouped in responses, each naming its lane.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseProducer(self, request, context):
         """Marks the producer closed (status false in its docs/etcd-layout.md §3.3 JSON).
         """
@@ -111,6 +127,11 @@ def add_ProducerServiceServicer_to_server(servicer, server):
                     servicer.SendStream,
                     request_deserializer=danube__pb2.SendBatchRequest.FromString,
                     response_serializer=danube__pb2.SendBatchResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
+                    request_deserializer=danube__pb2.ProduceRequest.FromString,
+                    response_serializer=danube__pb2.ProduceResponse.SerializeToString,
             ),
             'CloseProducer': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseProducer,
@@ -201,6 +222,33 @@ class ProducerService:
             '/danube.v1.ProducerService/SendStream',
             danube__pb2.SendBatchRequest.SerializeToString,
             danube__pb2.SendBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/danube.v1.ProducerService/ProduceStream',
+            danube__pb2.ProduceRequest.SerializeToString,
+            danube__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,10 @@ The write and its ``fdatasync`` always run in a sync thread
 lease keep-alives, which an owner's self-fencing depends on. When the ``fdatasync`` returned, the
 thread schedules one callback on the loop, which acknowledges the commit's appends at once
 (:meth:`GroupCommit._synced`); the writer task resumes after it and starts the next write (one
-``pwritev`` + one ``fdatasync`` per group, in order). A failed ``fdatasync`` fails every append
+``pwritev`` + one ``fdatasync`` per group, in order). The commits that the WALs of the process
+hand over in the same loop turn share one thread hand-off and one callback, and, when they are
+several, one ``syncfs`` in place of their ``fdatasync`` calls (the commit rounds of
+:mod:`~broker.storage.wal.sync_thread`). A failed ``fdatasync`` fails every append
 of its commit, and everything queued after it, before anything else is written. Each write
 also updates the segment header's *write record*
 (:func:`~broker.storage.wal.segment.encode_write_record`: where this write starts and its size),
@@ -78,7 +81,7 @@ from broker.storage.wal.pending import (
     EpochStart, PendingAppend, fail_items, mark_seen, plan_write, settle_from_last, unawaited, write_all,
 )
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
-from broker.storage.wal.sync_thread import Write, in_sync_thread, submit_sync, until_synced
+from broker.storage.wal.sync_thread import CommitJob, Write, in_sync_thread, submit_commit, until_synced
 from broker.tasks import run_to_completion
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
@@ -448,18 +451,20 @@ class GroupCommit:
         pending = encode_write_record(start_length, size, synced=False)
         synced = encode_write_record(start_length, size, synced=True)
 
-        def work() -> None:
+        def write_bytes() -> None:
             faults.point(faults.WAL_BEFORE_FDATASYNC)
             os.pwrite(fd, pending, WRITE_RECORD_AT)  # synced with the write below
             write_all(fd, buffers, start_length)
-            metrics.active().wal.fdatasync(fd)  # os.fdatasync(fd), timed when metrics are on
-            with contextlib.suppress(OSError):  # the write is durable either way
-                os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
+
+        def mark_synced() -> None:  # the write is durable either way: an error is ignored
+            os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
 
         write = Write(batch, positions, start_length, size, last_owned, asyncio.get_running_loop().create_future())
-        # Never on the event loop (module docstring). The commit's state follows the file even
-        # if this task is cancelled meanwhile: _synced runs on the loop either way.
-        submit_sync(work, lambda error: self._synced(write, error))
+        # Never on the event loop (module docstring), in this loop turn's commit round
+        # (sync_thread.py: one fdatasync, or one syncfs for the round's WALs). The commit's state
+        # follows the file even if this task is cancelled meanwhile: _synced runs on the loop
+        # either way.
+        submit_commit(CommitJob(write_bytes, fd, mark_synced, lambda error: self._synced(write, error)))
         await until_synced(write)
         if write.error is not None:
             await self._fail_batch(batch, write.error, fd, start_length)
