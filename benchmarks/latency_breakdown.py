@@ -63,9 +63,11 @@ IDLE_LEAVES = ("EpollSelector.select", "Runner.run")
 uvloop's ``run`` (uvloop's C code, gRPC's Cython callbacks included, shows no Python frame)."""
 
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("stream read + validate + enqueue", ("reader (broker/rpc/producer_service.py", "publish (broker/")),
+    ("stream read + validate + enqueue", ("reader (broker/rpc/produce_stream.py", "read (broker/rpc/produce_stream.py",
+                                          "_read_batch (broker/rpc/produce_stream.py", "publish (broker/")),
     ("WAL writer (group commit)", ("broker/storage/wal/",)),
-    ("ack: wake + answer write", ("SendStream (broker/rpc/producer_service.py", "stream_wrapper (broker/rpc/")),
+    ("ack: wake + answer write", ("produce_stream (broker/rpc/produce_stream.py", "settle (broker/rpc/produce_stream.py",
+                                  "ProduceStream (broker/rpc/producer_service.py", "stream_wrapper (broker/rpc/")),
     ("gRPC request decoding + checks", ("broker/rpc/status.py",)),
     ("asyncio machinery", ("asyncio/",)),
 )

@@ -42,6 +42,7 @@ from danube_pipeline import logs
 from danube_pipeline.logs import LOG_FORMATS
 
 from broker import event_loop
+from broker.storage.wal.sync_thread import SYNC_THREADS, SYNCFS_MIN_FILES
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-name", help="cluster name (/cluster/{name}; default danube)")
     p.add_argument("--segment-max-bytes", type=int, help=f"seal WAL segments at this size (default {DEFAULT_SEGMENT_MAX_BYTES})")
     p.add_argument("--segment-max-age-s", type=float, help=f"seal non-empty WAL segments at this age (default {DEFAULT_SEGMENT_MAX_AGE_S})")
+    p.add_argument("--wal-syncfs-min-files", type=int,
+                   help="make a WAL commit round of at least this many files durable with one syncfs instead of one "
+                        f"fdatasync per file; 0 never, e.g. when the WAL shares a busy file system (default {SYNCFS_MIN_FILES})")
     p.add_argument("--max-batch-bytes", type=int, help=f"largest record batch a producer may send, in bytes (default {DEFAULT_MAX_BATCH_BYTES})")
     p.add_argument("--lease-ttl-s", type=int, help="TTL of the registration lease, in seconds (default 10)")
     p.add_argument("--max-receiver-queue-size", type=int,
@@ -290,6 +294,7 @@ async def run(config: BrokerConfig) -> None:
     """Start a broker and serve until SIGTERM/SIGINT, then shut down gracefully."""
     from broker.rpc.server import BrokerServer  # not for --print-config or a refused start
 
+    SYNC_THREADS.syncfs_min_files = config.wal_syncfs_min_files
     broker = BrokerServer(config)
     logs.set_process_fields(broker=broker.broker_id)
     loop = asyncio.get_running_loop()
@@ -301,6 +306,7 @@ async def run(config: BrokerConfig) -> None:
     try:
         await broker.start()
         event_loop.freeze_heap()  # full collections skip the start-up heap (broker/event_loop.py)
+        event_loop.tune_collector()  # young collections rarer (event_loop.GC_THRESHOLDS)
         if lag is not None:
             lag.start()
         await stop_requested.wait()

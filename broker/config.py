@@ -12,6 +12,7 @@ from danube_pipeline.metadata.values import COLD_READ_PATHS
 from danube_pipeline.names import validate_cluster_name
 
 from broker.cluster.load_manager import RebalanceAggressiveness, Strategy
+from broker.storage.wal.sync_thread import SYNCFS_MIN_FILES
 from broker.cluster.replicas import DEFAULT_REPLICA_REPLACE_AFTER_S as DEFAULT_REPLICA_REPLACE_AFTER_S
 
 DEFAULT_SEGMENT_MAX_BYTES = 8 * 1024 * 1024
@@ -52,6 +53,11 @@ class BrokerConfig:
         cluster_name: written as ``/cluster/{cluster_name}`` (``docs/etcd-layout.md`` §1.1).
         segment_max_bytes: the active WAL segment is sealed at this size.
         segment_max_age_s: a non-empty active segment is sealed after this many seconds.
+        wal_syncfs_min_files: a WAL commit round of at least this many files on one file system
+            is made durable by one ``syncfs`` instead of one ``fdatasync`` per file; 0 never
+            (``broker/storage/wal/sync_thread.py``; process-wide, set by ``python -m broker``).
+            ``syncfs`` also writes back the rest of that file system's dirty data: set 0 when
+            the WAL shares a busy file system.
         ready_file: JSON ``{"broker_id", "broker_addr", "pid"}`` written once serving.
         lease_ttl_s: TTL of the registration lease (§1.2).
         load_report_interval_s: how often ``/cluster/load/{id}`` is refreshed (§1.6).
@@ -177,6 +183,7 @@ class BrokerConfig:
     cluster_name: str = "danube"
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
     segment_max_age_s: float = DEFAULT_SEGMENT_MAX_AGE_S
+    wal_syncfs_min_files: int = SYNCFS_MIN_FILES
     ready_file: Path | None = None
     lease_ttl_s: int = 10
     load_report_interval_s: float = 30.0
@@ -274,6 +281,7 @@ class BrokerConfig:
             name
             for name, value in {
                 "prefetch_bytes": self.prefetch_bytes,
+                "wal_syncfs_min_files": self.wal_syncfs_min_files,
                 "local_retention_bytes": self.local_retention_bytes,
                 "local_retention_ms": self.local_retention_ms,
                 "rebalance_cooldown_s": self.rebalance_cooldown_s,

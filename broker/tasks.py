@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+_R = TypeVar("_R")
+
 _running: set[asyncio.Task[Any]] = set()
 """Strong references to spawned tasks (the event loop keeps only weak ones)."""
 
@@ -147,3 +149,21 @@ class BackgroundWrites:
             if left:
                 log.warning("%d metadata writes not done at shutdown", len(left))
                 await asyncio.wait(left)
+
+
+def copy_outcome(
+    source: asyncio.Future[_T], target: asyncio.Future[_R], result: Callable[[_T], _R] | None = None
+) -> None:
+    """Give ``target`` the outcome of ``source`` (done): cancelled, its exception, or its result
+    (through ``result`` when given); nothing if ``target`` is done already. Used as a done
+    callback, so that a waiter's own future can be cancelled without cancelling the work's."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    elif result is None:
+        target.set_result(source.result())  # type: ignore[arg-type]
+    else:
+        target.set_result(result(source.result()))

@@ -1,4 +1,4 @@
-"""Waiting on conditions instead of sleeping a fixed time.
+"""Waiting on conditions instead of sleeping a fixed time, and raw stubs on a broker.
 
 ``eventually`` polls until a condition holds (fails after a deadline); ``stays`` checks that a
 condition keeps holding for a while, for the few assertions that something does NOT happen
@@ -9,15 +9,17 @@ condition keeps holding for a while, for the few assertions that something does 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from danube_pipeline.client._connection import ConnectionPool, Stubs
 from danube_pipeline.metadata import keys
 
 if TYPE_CHECKING:
@@ -26,6 +28,16 @@ if TYPE_CHECKING:
     from danube_pipeline.metadata.store import MetadataStore
 
 Check = Callable[[], bool | Awaitable[bool]]
+
+
+@contextlib.asynccontextmanager
+async def broker_stubs(address: str) -> AsyncIterator[Stubs]:
+    """Every service stub on a channel of its own to the broker at ``address``, closed after."""
+    pool = ConnectionPool()
+    try:
+        yield pool.stubs(address)
+    finally:
+        await pool.close()
 
 
 async def _holds(check: Check) -> bool:

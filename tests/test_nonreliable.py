@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 
 from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
-from danube_pipeline.client._connection import ConnectionPool, Stubs
+from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.metadata.store import MetadataStore
@@ -33,7 +33,7 @@ from danube_pipeline.storage.objectstore import ObjectStore
 from danube_pipeline.proto import danube_pb2 as pb
 from danube_pipeline.lake.tiering import list_topic_roots, segments_needing_tiering, tier_sealed_segments
 
-from helpers import eventually
+from helpers import broker_stubs, eventually
 
 T = 30.0  # request timeout, s
 
@@ -43,13 +43,8 @@ async def _call(stubs: Stubs, call: Callable[[Stubs], Awaitable[Any]]) -> Any:
         return await call(stubs)
 
 
-@contextlib.asynccontextmanager
-async def _stubs(broker: BrokerProcess) -> AsyncIterator[Stubs]:
-    pool = ConnectionPool()
-    try:
-        yield pool.stubs(broker.address)
-    finally:
-        await pool.close()
+def _stubs(broker: BrokerProcess) -> contextlib.AbstractAsyncContextManager[Stubs]:
+    return broker_stubs(broker.address)
 
 
 async def _describe(stubs: Stubs, topic: str) -> Any:

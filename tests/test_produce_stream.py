@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
 from danube_pipeline.client import DanubeClient, InitialPosition, SubscriptionType
-from danube_pipeline.client._connection import ConnectionPool, Stubs
+from danube_pipeline.client._connection import Stubs
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.format.batches import BatchBuilder
 from danube_pipeline.metadata import keys
@@ -29,18 +28,15 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 
+from helpers import broker_stubs
+
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 T = 30.0  # request timeout, s
 
 
-@contextlib.asynccontextmanager
-async def _stubs(broker: BrokerProcess) -> AsyncIterator[Stubs]:
-    pool = ConnectionPool()
-    try:
-        yield pool.stubs(broker.address)
-    finally:
-        await pool.close()
+def _stubs(broker: BrokerProcess) -> contextlib.AbstractAsyncContextManager[Stubs]:
+    return broker_stubs(broker.address)
 
 
 async def _producer(stubs: Stubs, topic: str, name: str = "p") -> int:

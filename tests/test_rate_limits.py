@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from danube_pipeline.format.batches import BatchBuilder, parse_header
 from danube_pipeline.client import DanubeClient
-from danube_pipeline.client._connection import ConnectionPool, Stubs
+from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client.status import rpc_errors
 from danube_pipeline.dev.localcluster import BrokerProcess
 from danube_pipeline.errors import MessageTooLargeError
@@ -33,7 +33,7 @@ from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 from danube_pipeline.proto import danube_pb2 as pb
 
-from helpers import eventually
+from helpers import broker_stubs, eventually
 
 T = 30.0  # request timeout, s
 
@@ -48,13 +48,8 @@ async def _put(etcd_endpoints: list[str], key: str, value: Any) -> None:
         await store.put(key, value)
 
 
-@contextlib.asynccontextmanager
-async def _stubs(broker: BrokerProcess) -> AsyncIterator[Stubs]:
-    pool = ConnectionPool()
-    try:
-        yield pool.stubs(broker.address)
-    finally:
-        await pool.close()
+def _stubs(broker: BrokerProcess) -> contextlib.AbstractAsyncContextManager[Stubs]:
+    return broker_stubs(broker.address)
 
 
 class RawProducer:

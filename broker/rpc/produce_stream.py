@@ -38,6 +38,8 @@ from typing import Protocol
 from danube_pipeline.errors import BatchNotAppendedError, DanubeError
 from danube_pipeline.proto import danube_pb2 as pb
 
+from broker.tasks import copy_outcome
+
 __all__ = ["BATCH_CHECK", "ItemCheck", "ProduceStreamBroker", "produce_stream"]
 
 ItemCheck = Callable[[pb.SendBatchRequest], DanubeError | None]
@@ -63,20 +65,6 @@ class ProduceStreamBroker(Protocol):
 def ms(seconds: float) -> int:
     """``seconds`` as whole milliseconds, rounded up (a wait never reads as 0)."""
     return math.ceil(seconds * 1000) if seconds > 0 else 0
-
-
-def follow(source: asyncio.Future[tuple[int, int]], target: asyncio.Future[tuple[int, int]]) -> None:
-    """Give ``target`` the outcome of ``source`` (done), unless it has one."""
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-        return
-    error = source.exception()
-    if error is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())
 
 
 def failed(outcome: Outcome) -> bool:
@@ -255,7 +243,7 @@ class _Stream:
             finally:
                 if lane.chain is task:
                     lane.chain = None
-            appended.add_done_callback(lambda f: follow(f, out))
+            appended.add_done_callback(lambda f: copy_outcome(f, out))
 
         task = loop.create_task(append())
         lane.chain = task

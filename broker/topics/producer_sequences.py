@@ -64,6 +64,7 @@ from danube_pipeline.errors import DuplicateSequenceError, ProducerFencedError
 from danube_pipeline.format.batches import BatchHeader, parse_header
 from danube_pipeline.format.segments import StoredBatch
 
+from broker.tasks import copy_outcome
 from broker.topics.producer_identity import ProducerIdentity, epoch_of, producer_id_of
 
 log = logging.getLogger(__name__)
@@ -352,20 +353,10 @@ def _follow(written: WrittenBatch) -> asyncio.Future[tuple[int, int]]:
         answer.set_result((written.first_offset, written.last_offset))
         return answer
 
-    def copy(fut: asyncio.Future[tuple[int, int]]) -> None:
-        if answer.done():
-            return
-        if fut.cancelled():
-            answer.cancel()
-        elif (exc := fut.exception()) is not None:
-            answer.set_exception(exc)
-        else:
-            answer.set_result(fut.result())
-
     if source.done():
-        copy(source)
+        copy_outcome(source, answer)
     else:
-        source.add_done_callback(copy)
+        source.add_done_callback(lambda fut: copy_outcome(fut, answer))
     return answer
 
 

@@ -15,6 +15,8 @@ from danube_pipeline.format.batches import set_base_offset
 from danube_pipeline.format.records import EPOCH_PREFIX_SIZE
 from danube_pipeline.format.segments import StoredBatch, scan_batches
 
+from broker.tasks import copy_outcome
+
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _EPOCH = struct.Struct("<Q")  # the leader epoch of a version 3 entry
 
@@ -177,11 +179,4 @@ def mark_seen(fut: asyncio.Future[Any]) -> None:
 
 def settle_from_last(done: asyncio.Future[int], last: asyncio.Future[tuple[int, int]], end: int) -> None:
     """Resolve a replica append's future from its last batch's: ``end`` or the error."""
-    if done.done():
-        return
-    if last.cancelled():
-        done.cancel()
-    elif (exc := last.exception()) is not None:
-        done.set_exception(exc)
-    else:
-        done.set_result(end)
+    copy_outcome(last, done, lambda _offsets: end)
