@@ -306,7 +306,7 @@ async def run(config: BrokerConfig) -> None:
     try:
         await broker.start()
         event_loop.freeze_heap()  # full collections skip the start-up heap (broker/event_loop.py)
-        event_loop.tune_collector()  # young collections rarer (event_loop.GC_THRESHOLDS)
+        event_loop.tune_collector()  # older collections rarer (event_loop.GC_THRESHOLDS)
         if lag is not None:
             lag.start()
         await stop_requested.wait()

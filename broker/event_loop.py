@@ -11,9 +11,9 @@ optional loop-lag recorder.
   longer walks the imported modules, protobuf descriptors and gRPC state, which otherwise made
   each one a pause of about 25 ms on the event loop (the open-loop p99.9 of
   ``benchmarks/peers.py``).
-* :func:`tune_collector` makes young collections rarer (:data:`GC_THRESHOLDS`): with thousands
+* :func:`tune_collector` makes older collections rarer (:data:`GC_THRESHOLDS`): with thousands
   of topics written a message at a time, the state of every batch in flight outlives a few
-  hundred allocations, was promoted by young collections and made full collections of the
+  hundred allocations, is promoted by young collections and made full collections of the
   whole topic state frequent.
 * :class:`LoopLagRecorder` (on when ``DANUBE_LOOP_LAG_FILE`` names a file) measures how long a
   callback sent to the loop from a thread every millisecond waits to run, how long each
@@ -78,16 +78,18 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-GC_THRESHOLDS: tuple[int, int, int] = (20_000, 10, 10)
-"""The broker's collector thresholds (:func:`gc.set_threshold`): a young (generation 0) collection
-after 20,000 net allocations of tracked objects instead of CPython's 700; the older generations'
-as CPython's. Measured with ``benchmarks/scale.py`` (``benchmarks/README.md``, "Commit rounds and
-one produce stream per client"): at 1,000 topics and one message per batch, CPython's defaults
-promoted the in-flight batches' state and ran a full collection of about 250 ms every second or
-so (3.4 s of 15 s of loop CPU); with these, none ran, the broker's CPU per message fell from 345
-to 196 µs and msg/s rose from 2,175 to 3,248, while 1,000 producers and 1,000 consumers on 10
-topics ran as fast as with the defaults. Cyclic garbage waits longer to be freed; most of the
-broker's garbage is freed by reference counting, which the thresholds do not touch."""
+GC_THRESHOLDS: tuple[int, int, int] = (700, 50, 50)
+"""The broker's collector thresholds (:func:`gc.set_threshold`): young collections as CPython's
+(after 700 net allocations of tracked objects, each short), generation 1 and full collections 5
+times rarer each (every 50 instead of 10). Measured with ``benchmarks/scale.py`` and the loop-lag
+report (``benchmarks/README.md``, "Commit rounds and one produce stream per client"): at 1,000
+topics and one message per batch, CPython's defaults promoted the in-flight batches' state and
+ran a full collection of about 250 ms every second or so (3.4 s in about 20 s); with these none
+ran, the longest pause was 48 ms and msg/s rose by about 20 %. (20,000, 10, 10) gained more
+msg/s there but paused the loop 15 ms per young collection and up to 430 ms per generation 1
+collection, and lost msg/s with 1,000 producers and 1,000 consumers. Cyclic garbage waits
+longer to be freed; most of the broker's garbage is freed by reference counting, which the
+thresholds do not touch."""
 
 
 def tune_collector() -> None:

@@ -7,7 +7,8 @@ older instances of the name (:mod:`broker.topics.producer_identity`).
 The servicer only translates: protobuf requests become calls on the broker core
 (:class:`ProducerBroker`, implemented by :class:`broker.core.Broker`), results become protobuf
 answers. Every exception becomes a status in one place, :func:`broker.rpc.status.rpc`; on a
-``SendStream`` a refused batch is answered with its error as data instead.
+``SendStream`` or a ``ProduceStream`` (:mod:`broker.rpc.produce_stream`, the batches of many
+producers on one stream) a refused batch is answered with its error as data instead.
 """
 
 from __future__ import annotations

@@ -409,7 +409,10 @@ class BatchSender:
                     self.accumulator.close_batch()
                 written = self._write(self._stream, self._pending.popleft())
                 if not written.done():
-                    await written  # the connection is busy: let the next batch grow meanwhile
+                    # The connection is busy: let the next batch grow meanwhile. The future is
+                    # shared with the other producers on the stream: cancelling this task
+                    # (close) must not cancel it for them.
+                    await asyncio.shield(written)
             await self._wakeup.wait()
 
     def _write(self, stream: ProduceStream, batch: Batch) -> asyncio.Future[None]:
