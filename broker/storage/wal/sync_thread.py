@@ -21,8 +21,8 @@ thread hand-off and loop wake-up are paid per round. A round of at least
 :attr:`SyncThreads.syncfs_min_files` files on one file system is made durable by ONE
 ``syncfs(2)``, which writes back the file system's dirty data and metadata and commits its
 journal once, instead of one ``fdatasync`` per file (each its own journal commit): on ext4,
-measured 8 µs of CPU per file at 128 files against 50 µs, and 2.6 ms against 21 ms
-(``benchmarks/README.md``). It is used only where it reports write-back errors (Linux 5.8 and
+at 128 files, 7 µs of CPU per file against 32 µs, and 2.6 ms against 16.3 ms a round
+(``benchmarks/wal_sync.py``, ``benchmarks/README.md``). It is used only where it reports write-back errors (Linux 5.8 and
 later); it also writes back whatever else is dirty on that file system, so the WAL directory is
 best on a file system of its own.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 import queue
@@ -41,7 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker import metrics
-
 from broker.storage.wal.pending import PendingAppend
 
 MAX_SYNC_THREADS = 16
@@ -84,10 +84,10 @@ def sync_filesystem(fd: int) -> None:
         OSError: the write-back failed (or the call is unavailable: ``ENOSYS``).
     """
     if _SYNCFS is None:
-        raise OSError(38, "syncfs is not available")  # ENOSYS
+        raise OSError(errno.ENOSYS, "syncfs is not available")
     if _SYNCFS(fd) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 @dataclass(slots=True, eq=False)
