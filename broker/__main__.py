@@ -42,7 +42,6 @@ from danube_pipeline import logs
 from danube_pipeline.logs import LOG_FORMATS
 
 from broker import event_loop
-from broker.storage.wal.sync_thread import SYNC_THREADS, SYNCFS_MIN_FILES
 from broker.config import (
     DEFAULT_CLOSED_PRODUCER_TTL_S,
     DEFAULT_LISTEN,
@@ -80,6 +79,7 @@ from broker.config_file import (
     load_config_file,
     metrics_exposure,
 )
+from broker.storage.wal.sync_thread import SYNC_THREADS, SYNCFS_MIN_FILES
 
 log = logging.getLogger("broker")
 

@@ -40,6 +40,18 @@ def test_freeze_heap_moves_the_live_objects_to_the_permanent_generation() -> Non
         gc.unfreeze()
 
 
+def test_tune_collector_sets_the_brokers_thresholds() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)  # CPython's defaults
+        event_loop.tune_collector()
+        young, middle, old = gc.get_threshold()
+        assert (young, middle, old) == event_loop.GC_THRESHOLDS
+        assert young == 700 and middle > 10 and old > 10  # short young collections, rarer older ones
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_the_recorder_reports_a_stall_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "lag.json"
     monkeypatch.setenv(event_loop.LOOP_LAG_FILE_ENV, str(target))

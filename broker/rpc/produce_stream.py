@@ -296,8 +296,6 @@ async def produce_stream(
             while not stream.answers and not (done and stream.unanswered == 0):
                 stream.ready.clear()
                 await stream.ready.wait()
-                if stream.fatal is not None:
-                    raise stream.fatal
                 if reader_task.done() and not reader_task.cancelled() and reader_task.exception() is not None:
                     raise reader_task.exception()  # type: ignore[misc]
             if stream.fatal is not None:
