@@ -303,10 +303,10 @@ async def run(config: BrokerConfig) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop_requested.set)
     lag = event_loop.LoopLagRecorder.from_environment()
+    event_loop.tune_collector()  # older collections rarer (event_loop.GC_THRESHOLDS), also while topics load
     try:
         await broker.start()
         event_loop.freeze_heap()  # full collections skip the start-up heap (broker/event_loop.py)
-        event_loop.tune_collector()  # older collections rarer (event_loop.GC_THRESHOLDS)
         if lag is not None:
             lag.start()
         await stop_requested.wait()

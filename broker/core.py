@@ -123,7 +123,7 @@ class Broker:
         )
         self.cluster = ClusterView(broker_id, store=store, cache=cache)
         self.reconciler = Reconciler(
-            self.served, store=store, closed_keys=self.closed_keys, background=self.background
+            self.served, store=store, cache=cache, closed_keys=self.closed_keys, background=self.background
         )
         self.loader = TopicLoader(
             self.served, config, store=store, cache=cache, cluster=self.cluster, reconciler=self.reconciler,
@@ -180,7 +180,8 @@ class Broker:
 
     async def start(self) -> None:
         """Load every topic assigned here (:data:`LOAD_CONCURRENCY` at once), follow new assignments,
-        start the cursor flusher."""
+        start the cursor flusher. The WALs' seals by age wait until every assigned topic is
+        loaded (:attr:`TopicLoader.start_loaded`)."""
         self._remove_listener = self.cluster.follow_assignments(self._on_assigned, self._on_unassigned)
         await self.releaser.keep_unowned_wals()
         slots = asyncio.Semaphore(LOAD_CONCURRENCY)
@@ -192,7 +193,10 @@ class Broker:
                 except Exception:
                     log.exception("cannot load assigned topic %s", name)
 
-        await asyncio.gather(*(load(name) for name in self.cluster.assigned_here()))
+        try:
+            await asyncio.gather(*(load(name) for name in self.cluster.assigned_here()))
+        finally:
+            self.loader.start_loaded.set()
         self.upkeep.start()
         self.replicas.start()
 

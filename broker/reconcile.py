@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from danube_pipeline.errors import MetadataStoreError
 from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
@@ -32,7 +33,7 @@ from broker.topics.producer_expiry import ExpiringKeys
 from broker.topics.served import ServedTopics
 from broker.topics.topic import Topic
 
-__all__ = ["RECONCILE_INTERVAL_S", "RECONCILE_PASSES", "Reconciler"]
+__all__ = ["CACHE_WAIT_S", "RECONCILE_INTERVAL_S", "RECONCILE_PASSES", "Reconciler"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ RECONCILE_INTERVAL_S = 2.0
 """Pause between two reconciliation passes (see the module docstring)."""
 RECONCILE_PASSES = 10
 """Successful passes made after the last uncertain write: late writes of etcd are caught too."""
+CACHE_WAIT_S = 2.0
+"""How long :meth:`Reconciler.close_stale_producers` waits for the cache to reach the takeover's
+revision before it reads the producer keys from etcd instead."""
 
 
 class Reconciler:
@@ -49,15 +53,18 @@ class Reconciler:
     Args:
         served: the topics served here.
         store: etcd.
+        cache: the broker's cache of etcd.
         closed_keys: where closed producers' keys are written (they expire).
         background: whose outage log counts failed passes.
     """
 
     def __init__(
-        self, served: ServedTopics, *, store: MetadataStore, closed_keys: ExpiringKeys, background: BackgroundWrites
+        self, served: ServedTopics, *, store: MetadataStore, cache: LocalCache, closed_keys: ExpiringKeys,
+        background: BackgroundWrites,
     ) -> None:
         self._served = served
         self._store = store
+        self._cache = cache
         self._closed_keys = closed_keys
         self._background = background
         self._creating: set[int] = set()  # producer ids whose key is being written
@@ -121,7 +128,7 @@ class Reconciler:
                 log.info("%s: producer %d (%s) marked closed: its create or close did not complete",
                          topic.path, pid, producer.producer_name)
 
-    async def close_stale_producers(self, name: TopicName) -> None:
+    async def close_stale_producers(self, name: TopicName, *, revision: int) -> None:
         """Set ``status`` false on every producer key of ``name`` still marked open, under the
         expiring lease of closed producers.
 
@@ -130,18 +137,29 @@ class Reconciler:
         broker) whose connections are gone. Each write is conditional on the key's
         ``mod_revision``, so a key changed meanwhile is left alone (§3.3).
 
+        The keys are read from the cache once it has applied ``revision`` (the takeover's
+        transaction): it then holds every key written before the takeover, as a read from
+        etcd after it would. When the cache lags by more than :data:`CACHE_WAIT_S`, they are
+        read from etcd.
+
         Raises:
             MetadataStoreError: etcd unreachable.
         """
-        kvs, _ = await self._store.get_prefix(keys.topic_producers_prefix(name))
-        for kv in kvs:
+        prefix = keys.topic_producers_prefix(name)
+        try:
+            await self._cache.wait_for_revision(revision, timeout_s=CACHE_WAIT_S)
+            found = [(key, value, self._cache.mod_revision(key)) for key, value in self._cache.get_prefix(prefix).items()]
+        except MetadataStoreError:
+            kvs, _ = await self._store.get_prefix(prefix)
+            found = [(kv.key, kv.value, kv.mod_revision) for kv in kvs]
+        for key, value, mod_revision in found:
             try:
-                producer = values.ProducerMetadata.from_json(kv.value)
+                producer = values.ProducerMetadata.from_json(value)
             except ValueError:
-                log.warning("ignoring malformed producer key %s", kv.key)
+                log.warning("ignoring malformed producer key %s", key)
                 continue
-            if producer.status:
+            if producer.status and mod_revision is not None:
                 closed = dataclasses.replace(producer, status=False)
-                await self._closed_keys.compare_and_put(kv.key, closed, expected_mod_revision=kv.mod_revision)
+                await self._closed_keys.compare_and_put(key, closed, expected_mod_revision=mod_revision)
                 log.info("producer %d (%s) on %s marked closed: its owner is gone",
                          producer.producer_id, producer.producer_name, name)

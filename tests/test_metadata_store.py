@@ -17,7 +17,7 @@ from danube_pipeline.errors import MetadataStoreError
 from danube_pipeline.dev.localcluster import EtcdServer, etcdctl_binary, free_port
 from danube_pipeline.metadata import keys
 from danube_pipeline.metadata.cache import LocalCache
-from danube_pipeline.metadata.store import MetadataStore, WatchEvent, WatchEventType
+from danube_pipeline.metadata.store import MAX_TXN_OPS, MetadataStore, WatchEvent, WatchEventType
 from danube_pipeline.metadata.values import BrokerState
 
 pytestmark = pytest.mark.integration
@@ -123,6 +123,20 @@ async def test_get_prefix_is_sorted_scoped_and_reports_revision(store: MetadataS
     assert revision >= last + 1
     empty, rev2 = await store.get_prefix("/nothing/")
     assert empty == [] and rev2 == revision
+
+
+@pytest.mark.asyncio
+async def test_get_many_reads_each_key_in_the_order_given(store: MetadataStore) -> None:
+    first = await store.put("/many/a", 1)
+    await store.put("/many/b", {"x": 2})
+    got = await store.get_many(["/many/b", "/many/missing", "/many/a"])
+    assert [kv.key if kv is not None else None for kv in got] == ["/many/b", None, "/many/a"]
+    assert [kv.value for kv in got if kv is not None] == [{"x": 2}, 1]
+    assert got[2] is not None and got[2].mod_revision == first
+    assert await store.get_many([]) == []
+    assert len(await store.get_many([f"/many/{i}" for i in range(MAX_TXN_OPS)])) == MAX_TXN_OPS
+    with pytest.raises(ValueError, match="at most 128 keys"):
+        await store.get_many([f"/many/{i}" for i in range(MAX_TXN_OPS + 1)])
 
 
 @pytest.mark.asyncio
@@ -294,6 +308,23 @@ async def test_watch_prefix_sees_live_writes(store: MetadataStore) -> None:
 
 
 # ---- LocalCache
+
+
+@pytest.mark.asyncio
+async def test_wait_for_revision_wakes_each_call_at_its_own_revision(store: MetadataStore, cache: LocalCache) -> None:
+    now = (await store.get_prefix("/w/"))[1]
+    await cache.wait_for_revision(now)
+    near = [asyncio.create_task(cache.wait_for_revision(now + 1)) for _ in range(50)]
+    far = asyncio.create_task(cache.wait_for_revision(now + 2))
+    with pytest.raises(MetadataStoreError, match=f"revision {now + 100} not seen within 0.2s"):
+        await cache.wait_for_revision(now + 100, timeout_s=0.2)
+    assert not any(task.done() for task in [*near, far])
+    assert await store.put("/w/a", 1) == now + 1
+    await asyncio.wait_for(asyncio.gather(*near), 5)
+    await stays(lambda: not far.done(), for_s=0.3, what="a call waiting for a later revision")
+    await store.put("/w/b", 2)
+    await asyncio.wait_for(far, 5)
+    await cache.wait_for_revision(now + 2)  # reached: returns at once
 
 
 @pytest.mark.asyncio

@@ -4,17 +4,28 @@ cannot reserve offsets, store cursors or write batches past its block."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from danube_pipeline.format.batches import BatchBuilder
-from danube_pipeline.errors import NotServedHereError
+from danube_pipeline.errors import MetadataStoreError, NotServedHereError
 from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata.etcd import KeyValue
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.cluster.ownership import Ownership, TakeoverPlan, commit_takeover, plan_takeover, record_last_written
+from broker.cluster.ownership import (
+    TOPICS_PER_READ,
+    Ownership,
+    TakeoverPlan,
+    TakeoverReader,
+    TakeoverReads,
+    commit_takeover,
+    plan_takeover,
+    record_last_written,
+)
 from broker.storage.wal import WriteAheadLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -122,3 +133,37 @@ async def test_the_same_owner_restarting_goes_on_in_its_block(etcd_endpoints: li
             meta, TOPIC, OLD, plan, 30, block=100, wal_holds_data=True, tiered_end=None
         )
         assert (ownership.first_offset, ownership.reserved_end) == (0, 99)
+
+
+async def test_the_takeover_reader_shares_transactions_between_topics_loading_at_once(
+    etcd_endpoints: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [TopicName.parse(f"/default/load{i}") for i in range(TOPICS_PER_READ + 8)]
+    async with await MetadataStore.connect(etcd_endpoints) as meta:
+        for i, name in enumerate(names):
+            if i % 2 == 0:
+                await meta.put(keys.topic_assignment(NEW, name), None)
+        await meta.put(keys.sealed_state(names[3]), {"last_committed_offset": 41})
+        calls: list[int] = []
+        real_get_many = meta.get_many
+
+        async def counted(keys_read: list[str]) -> list[KeyValue | None]:
+            calls.append(len(keys_read))
+            return await real_get_many(keys_read)
+
+        monkeypatch.setattr(meta, "get_many", counted)
+        reader = TakeoverReader(meta, NEW)
+        reads = await asyncio.gather(*(reader.read(name) for name in names))
+        # one read in flight, then the rest in one more: 2 transactions for 40 topics
+        assert calls == [4 * TOPICS_PER_READ, 4 * 8]
+        for i, (name, got) in enumerate(zip(names, reads)):
+            assert got == await TakeoverReads.read(meta, name, NEW)  # the same as one topic's own read
+            assert (got.assignment is not None) == (i % 2 == 0)
+        assert reads[3].sealed is not None and reads[3].sealed.value == {"last_committed_offset": 41}
+
+        async def failing(keys_read: list[str]) -> list[KeyValue | None]:
+            raise MetadataStoreError("get_many", "etcd cut off (FAKE: a failure injected into the read)")
+
+        monkeypatch.setattr(meta, "get_many", failing)
+        results = await asyncio.gather(*(reader.read(name) for name in names[:3]), return_exceptions=True)
+        assert [type(r) for r in results] == [MetadataStoreError] * 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -185,6 +186,43 @@ async def test_roll_by_age(tmp_path: Path) -> None:
         assert [(s.start_offset, s.end_offset) for s in sealed] == [(0, 1)]
         # the empty active segment is never sealed
         await stays(lambda: len(wal.sealed_segments()) == 1, for_s=0.5, what="one sealed segment")
+    finally:
+        await wal.close()
+
+
+async def test_seals_by_age_wait_for_the_seals_after_event(tmp_path: Path) -> None:
+    loaded = asyncio.Event()
+    wal = await open_wal(tmp_path, segment_max_age_s=0.1, seals_after=loaded)
+    try:
+        await append(wal, [msg(0), msg(1)])
+        await stays(lambda: not wal.sealed_segments(), for_s=0.5, what="no seal by age before the event")
+        loaded.set()
+        await eventually(lambda: bool(wal.sealed_segments()), timeout_s=5, what="sealed by age after the event")
+        assert [(s.start_offset, s.end_offset) for s in wal.sealed_segments()] == [(0, 1)]
+    finally:
+        await wal.close()
+
+
+async def test_close_read_files_closes_what_reads_opened(tmp_path: Path) -> None:
+    def open_files() -> set[str]:
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                found.add(os.readlink(f"/proc/self/fd/{fd}"))
+        return found
+
+    wal = await open_wal(tmp_path)
+    try:
+        await append(wal, [msg(0), msg(1)])
+        sealed = await wal.seal_active()
+        assert sealed is not None
+        path = str(tmp_path / sealed_name(0, 1))
+        assert path not in open_files()  # sealing closes the file it was written through
+        assert [r.offset for r in read(wal, 0, 10)] == [0, 1]
+        assert path in open_files()
+        wal.close_read_files()
+        assert path not in open_files()
+        assert [r.offset for r in read(wal, 0, 10)] == [0, 1]  # a later read opens it again
     finally:
         await wal.close()
 

@@ -1,7 +1,7 @@
 """Replication when a topic is loaded here as its owner (``docs/etcd-layout.md`` §5.9).
 
-* Before the takeover plan: the ISR the previous owner recorded, read from etcd
-  (:func:`previous_isr`). A broker in it takes the topic over from its own log
+* Before the takeover plan: the ISR the previous owner recorded, read from etcd with the
+  takeover's other keys (:func:`previous_isr`). A broker in it takes the topic over from its own log
   (``plan_takeover(in_sync=True)``): no unavailable range, whatever the previous owner's reserved
   block held above this log was never acknowledged nor read (readers stay below the HW).
 * After it: at a replication factor above 1, the new leader epoch is recorded in the WAL before
@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from danube_pipeline.metadata import keys, values
+from danube_pipeline.metadata import values
 from danube_pipeline.metadata.cache import LocalCache
-from danube_pipeline.metadata.store import MetadataStore
-from danube_pipeline.names import TopicName
 
-from broker.cluster.ownership import Ownership
+from broker.cluster.ownership import Ownership, TakeoverReads
 from broker.cluster_view import ClusterView
 from broker.replication.manager import replica_set
 from broker.replication.owner import ReplicaTracker
@@ -28,14 +26,10 @@ from broker.topics.topic import Topic
 log = logging.getLogger(__name__)
 
 
-async def previous_isr(store: MetadataStore, name: TopicName) -> values.InSyncReplicas | None:
-    """The ISR record (§5.9) as etcd holds it now (a linearizable read); ``None`` when absent
-    or unreadable.
-
-    Raises:
-        MetadataStoreError: etcd unreachable.
-    """
-    kv = await store.get(keys.in_sync_replicas(name))
+def previous_isr(reads: TakeoverReads) -> values.InSyncReplicas | None:
+    """The ISR record (§5.9) as the takeover read it from etcd (:class:`TakeoverReads`, a
+    linearizable read); ``None`` when absent or unreadable."""
+    kv = reads.isr
     if kv is None:
         return None
     try:

@@ -25,7 +25,7 @@ from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 
-from broker.cluster.ownership import OwnerSession, commit_takeover, plan_takeover, wal_has_records
+from broker.cluster.ownership import OwnerSession, TakeoverReader, commit_takeover, plan_takeover, wal_has_records
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.reconcile import Reconciler
@@ -118,6 +118,10 @@ class TopicLoader:
         """This broker's replica fetchers, stopped for a topic it takes over (set by the broker)."""
         self._broker_id = served.broker_id
         self._loading: dict[str, asyncio.Task[Topic]] = {}
+        self._takeover_reads = TakeoverReader(store, self._broker_id)  # shared etcd reads
+        self.start_loaded = asyncio.Event()
+        """Set once the topics assigned here at start are loaded (:meth:`Broker.start`): until
+        then the WALs' seals by age wait (``WriteAheadLog.open(seals_after=...)``)."""
 
     async def load_topic(self, name: TopicName) -> Topic:
         """Open ``name`` locally (idempotent): its WAL, started at the sealed state's
@@ -187,12 +191,13 @@ class TopicLoader:
         wal_dir = cfg.wal_dir / name.namespace / name.topic
         try:
             fetched_hw = await self.replicas.take_over(name) if self.replicas is not None else None
-            previous = await previous_isr(self._store, name)
+            reads = await self._takeover_reads.read(name)
+            previous = previous_isr(reads)
             in_sync = previous is not None and previous.owner != self._broker_id and self._broker_id in previous.isr
             holds_data = wal_has_records(wal_dir)
             plan = await plan_takeover(
                 self._store, name, self._broker_id, wal_holds_data=holds_data, tiered_end=remote.end_offset,
-                in_sync=in_sync,
+                in_sync=in_sync, reads=reads,
             )
             floor = max(plan.floor, self.offset_floor(name, remote))
             wal = await WriteAheadLog.open(
@@ -200,6 +205,7 @@ class TopicLoader:
                 segment_max_bytes=cfg.segment_max_bytes,
                 segment_max_age_s=cfg.segment_max_age_s,
                 initial_offset=floor,
+                seals_after=self.start_loaded,
             )
             if wal.next_offset < floor and not plan.in_sync and self.replicas is not None and (
                 self._broker_id in replica_set(self._cache, name)
@@ -214,7 +220,7 @@ class TopicLoader:
                 holds_data = False
                 wal = await WriteAheadLog.open(
                     wal_dir, segment_max_bytes=cfg.segment_max_bytes, segment_max_age_s=cfg.segment_max_age_s,
-                    initial_offset=floor,
+                    initial_offset=floor, seals_after=self.start_loaded,
                 )
         except BaseException:
             remote.close()
@@ -276,7 +282,7 @@ class TopicLoader:
             with contextlib.suppress(Exception):
                 await self._store.delete(keys.sealed_state(name))
         try:
-            await self._reconciler.close_stale_producers(name)
+            await self._reconciler.close_stale_producers(name, revision=ownership.reservation_revision)
         except MetadataStoreError as exc:  # the keys only describe producers: the topic still serves
             log.warning("topic %s: stale producer keys not closed: %s", name, exc)
         log.info("topic %s loaded, next offset %d", name, wal.next_offset)
@@ -323,7 +329,7 @@ class TopicLoader:
             with contextlib.suppress(Exception):
                 await self._store.delete(keys.sealed_state(name))
         try:
-            await self._reconciler.close_stale_producers(name)
+            await self._reconciler.close_stale_producers(name, revision=ownership.reservation_revision)
         except MetadataStoreError as exc:
             log.warning("topic %s: stale producer keys not closed: %s", name, exc)
         log.info(
@@ -353,6 +359,8 @@ class TopicLoader:
                 position = batches[-1].last_offset + 1
         except Exception as exc:  # noqa: BLE001 - only idempotence is weakened: resends may be written twice
             log.warning("topic %s: producer sequences not rebuilt from the WAL: %s", topic.name, exc)
+        finally:
+            wal.close_read_files()
         if seen:
             log.info("topic %s: producer sequences rebuilt from %d batches", topic.name, seen)
 

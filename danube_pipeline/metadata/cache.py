@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import heapq
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -96,7 +98,10 @@ class LocalCache:
         self._reloads = OutageLog(log, "LocalCache reload from etcd")
         self._task: asyncio.Task[None] | None = None
         self._watch: aetcd.Watch | None = None
-        self._advanced = asyncio.Event()
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        """:meth:`wait_for_revision` calls waiting, a heap by revision: each applied revision
+        wakes only the calls it satisfies."""
+        self._waiter_ids = itertools.count()
         self._listeners: dict[str, dict[int, Callable[[WatchEvent], None]]] = {}
         """Listeners by prefix, then by token (registration order). An event looks up the
         prefixes of its key (one per registered prefix length), not every listener: a broker
@@ -225,8 +230,7 @@ class LocalCache:
                 "etcd revision went back from %d to %d (data loss?)", self._revision, revision
             )
         self._revision = revision
-        self._advanced.set()
-        self._advanced = asyncio.Event()
+        self._wake_waiters()
         self._watch = watch
         log.info("LocalCache reloaded %d keys at revision %d; watching again", len(data), revision)
 
@@ -280,8 +284,15 @@ class LocalCache:
     def _set_revision(self, revision: int) -> None:
         if revision > self._revision:
             self._revision = revision
-            self._advanced.set()
-            self._advanced = asyncio.Event()
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """Resolve the :meth:`wait_for_revision` calls the cache's revision satisfies."""
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self._revision:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():  # a call that timed out or was cancelled left it
+                future.set_result(None)
 
     def _notify(self, event: WatchEvent) -> None:
         key = event.key
@@ -392,18 +403,18 @@ class LocalCache:
         Raises:
             MetadataStoreError: if the revision is not applied within ``timeout_s``.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self._revision < revision:
-            remaining_s = deadline - loop.time()
-            if remaining_s <= 0:
-                raise MetadataStoreError(
-                    "wait_for_revision",
-                    f"cache at revision {self._revision}, revision {revision} not seen "
-                    f"within {timeout_s}s",
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._advanced.wait(), remaining_s)
+        if self._revision >= revision:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (revision, next(self._waiter_ids), future))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await future
+        except TimeoutError:
+            raise MetadataStoreError(
+                "wait_for_revision",
+                f"cache at revision {self._revision}, revision {revision} not seen within {timeout_s}s",
+            ) from None
 
     def add_listener(
         self, prefix: str, callback: Callable[[WatchEvent], None]

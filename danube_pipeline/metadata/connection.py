@@ -479,15 +479,21 @@ class EtcdConnection:
     async def _txn(
         self, operation: str, compare: Sequence[Any], success: Sequence[Any]
     ) -> tuple[bool, int]:
+        response = await self.txn_raw(operation, compare, success)
+        return bool(response.succeeded), int(response.header.revision)
+
+    async def txn_raw(self, operation: str, compare: Sequence[Any], success: Sequence[Any]) -> Any:
+        """One etcd ``Txn`` request (no failure branch), answered as etcd's raw
+        ``TxnResponse``: ``succeeded``, the header revision, and one response per operation
+        of ``success`` when it ran."""
         with wrap_errors(operation):
             timeout = self._timeout(operation)
             client = await self._connected()
-            response = await client.kvstub.Txn(
+            return await client.kvstub.Txn(
                 rpc.TxnRequest(compare=list(compare), success=list(success), failure=[]),
                 timeout=timeout,
                 metadata=client.metadata,
             )
-        return bool(response.succeeded), int(response.header.revision)
 
     async def refresh_lease(self, lease_id: int, *, timeout_s: float | None = None) -> int:
         """Send one keep-alive for ``lease_id``; return the TTL etcd granted (0 = the lease is gone).

@@ -162,6 +162,11 @@ def compare_exists(key: str) -> Any:
     )
 
 
+def range_op(key: str) -> Any:
+    """A transaction operation reading one key."""
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key.encode()))
+
+
 def delete_op(key: str) -> Any:
     return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key.encode()))
 

@@ -42,6 +42,7 @@ from danube_pipeline.metadata.etcd import (
     key_value,
     prefix_range_end,
     put_op,
+    range_op,
     watch_event,
     wrap_errors,
 )
@@ -49,6 +50,10 @@ from danube_pipeline.metadata.lease import Lease
 from danube_pipeline.metadata.values import JsonRecord, JsonValue
 
 __all__ = ["KeyValue", "Lease", "MetadataStore", "WatchEvent", "WatchEventType"]
+
+MAX_TXN_OPS = 128
+"""The most operations one etcd transaction may hold by default (etcd's ``--max-txn-ops``):
+the bound of :meth:`MetadataStore.get_many`."""
 
 
 class MetadataStore(EtcdConnection):
@@ -72,6 +77,29 @@ class MetadataStore(EtcdConnection):
         """
         response = await self.range_raw(key.encode(), None)
         return key_value(response.kvs[0]) if response.kvs else None
+
+    async def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        """Read several keys straight from etcd at one revision, in one round trip: an etcd
+        ``Txn`` with no comparison whose operations are ``Range`` requests (linearizable, as
+        :meth:`get`).
+
+        Args:
+            keys: at most :data:`MAX_TXN_OPS` keys (etcd's default ``--max-txn-ops``).
+
+        Returns:
+            One entry per key, in the order given: the key and its decoded value, or ``None``
+            if it does not exist.
+
+        Raises:
+            ValueError: more than :data:`MAX_TXN_OPS` keys.
+            MetadataStoreError: if etcd cannot be reached.
+        """
+        if len(keys) > MAX_TXN_OPS:
+            raise ValueError(f"get_many reads at most {MAX_TXN_OPS} keys in one transaction, not {len(keys)}")
+        if not keys:
+            return []
+        response = await self.txn_raw("get_many", [], [range_op(key) for key in keys])
+        return [key_value(r.response_range.kvs[0]) if r.response_range.kvs else None for r in response.responses]
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Read every key that starts with ``prefix``, at one etcd revision.

@@ -140,6 +140,10 @@ class LocalLog:
             fd = active.fd
             active.fd = None
             await asyncio.to_thread(self._sync_and_close, fd)
+        self.close_read_files()
+
+    def close_read_files(self) -> None:
+        """Close the sealed segments' files that reads opened (a later read opens them again)."""
         for seg in self._open_sealed_fds:
             if seg.fd is not None:
                 os.close(seg.fd)

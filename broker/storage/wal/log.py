@@ -67,6 +67,7 @@ class WriteAheadLog(ReplicaLogMixin):
         self._advanced = asyncio.Event()
         self._io_lock = asyncio.Lock()
         self._timer_task: asyncio.Task[None] | None = None
+        self._seals_after: asyncio.Event | None = None
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
         self._seal_outage = OutageLog(log, f"sealing WAL segments in {directory}")
@@ -86,6 +87,7 @@ class WriteAheadLog(ReplicaLogMixin):
         segment_max_age_s: float = 60.0,
         initial_offset: int = 0,
         index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        seals_after: asyncio.Event | None = None,
     ) -> WriteAheadLog:
         """Open (or create) the WAL in ``directory``, recovering its files.
 
@@ -105,6 +107,9 @@ class WriteAheadLog(ReplicaLogMixin):
             initial_offset: the first offset when the WAL holds no record at all
                 (``docs/etcd-layout.md`` §5.3: ``last_committed_offset + 1`` after a topic move).
             index_interval_bytes: spacing of the sparse read index.
+            seals_after: seals by age wait until this event is set (the broker sets it once
+                the topics assigned to it at start are loaded, :meth:`Broker.start`); seals by
+                size do not wait.
 
         Raises:
             CorruptRecordError: a sealed segment's name or header is unusable, the newest one
@@ -120,6 +125,7 @@ class WriteAheadLog(ReplicaLogMixin):
             segment_max_age_s=segment_max_age_s,
             index_interval_bytes=index_interval_bytes,
         )
+        wal._seals_after = seals_after
         wal._commit.next_offset = await asyncio.to_thread(wal._local.load, initial_offset)
         wal._commit.start()
         wal._timer_task = asyncio.create_task(wal._age_timer(), name=f"wal-timer:{directory}")
@@ -346,7 +352,9 @@ class WriteAheadLog(ReplicaLogMixin):
         An idle WAL's timer sleeps until the active segment gets a record, then until it is
         due: a broker with thousands of idle topics wakes none of them. A seal that failed or
         was held (the high watermark below the segment) is retried every quarter of the age,
-        at most every second.
+        at most every second. A seal that is due waits for the ``seals_after`` event of
+        :meth:`open`: a broker loading thousands of topics whose segments are all due spends
+        its start on making them available, not on sealing them.
         """
         retry_s = min(1.0, max(0.01, self.segment_max_age_s / 4))
         while True:
@@ -357,6 +365,9 @@ class WriteAheadLog(ReplicaLogMixin):
             due_s = first + self.segment_max_age_s - time.time()
             if due_s > 0:
                 await asyncio.sleep(due_s)
+                continue
+            if self._seals_after is not None and not self._seals_after.is_set():
+                await self._seals_after.wait()
                 continue
             try:
                 async with self._io_lock:
@@ -410,6 +421,12 @@ class WriteAheadLog(ReplicaLogMixin):
         return self._local.active_path
 
     # ------------------------------------------------------------------ reading
+
+    def close_read_files(self) -> None:
+        """Close the sealed segments' files that reads opened, after a read that will not be
+        repeated soon (the producer state rebuilt at load): a broker of 10,000 topics would
+        otherwise hold one more file per topic. A later read opens them again."""
+        self._local.close_read_files()
 
     def read(self, from_offset: int, max_records: int, *, max_bytes: int = 4 * 1024 * 1024) -> list[StoredBatch]:
         """Read durable batches holding ``from_offset`` and the offsets after it.
