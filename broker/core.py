@@ -348,9 +348,9 @@ class Broker:
         """See :meth:`ProducerSessions.throttle_publish`."""
         return await self.producer_sessions.throttle_publish(producer_id, batch)
 
-    def publish_limited(self, producer_id: int) -> bool:
-        """See :meth:`ProducerSessions.publish_limited`."""
-        return self.producer_sessions.publish_limited(producer_id)
+    def publish_unless_limited(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]] | None:
+        """See :meth:`ProducerSessions.publish_unless_limited`."""
+        return self.producer_sessions.publish_unless_limited(producer_id, batch)
 
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
         """See :meth:`ProducerSessions.publish`."""

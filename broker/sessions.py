@@ -190,15 +190,20 @@ class ProducerSessions:
             return 0.0
         return await topic.throttle_publish(batch)
 
-    def publish_limited(self, producer_id: int) -> bool:
-        """Whether the producer's topic has a ``max_publish_rate`` now (§2.1), so that
-        :meth:`throttle_publish` may wait; false for an unknown producer (:meth:`publish` then
-        raises)."""
-        try:
-            _producer, topic = self.served_producer(producer_id)
-        except (ProducerNotFoundError, NotServedHereError):
-            return False
-        return topic.max_publish_rate() > 0
+    def publish_unless_limited(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]] | None:
+        """:meth:`publish`, unless the producer's topic has a ``max_publish_rate`` now (§2.1):
+        then nothing is appended and ``None`` is returned, and the caller waits with
+        :meth:`throttle_publish` before :meth:`publish`. One lookup of the producer serves both
+        the check and the append.
+
+        Raises:
+            ProducerNotFoundError, NotServedHereError: see :meth:`served_producer`.
+            MalformedRequestError, MessageTooLargeError, SchemaMismatchError: nothing written.
+        """
+        producer, topic = self.served_producer(producer_id)
+        if topic.max_publish_rate() > 0:
+            return None
+        return topic.publish(producer, batch)
 
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]:
         """Validate and enqueue one record batch of a producer (see :meth:`Topic.publish`).

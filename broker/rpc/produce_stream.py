@@ -57,7 +57,7 @@ class ProduceStreamBroker(Protocol):
 
     def publish(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]]: ...
 
-    def publish_limited(self, producer_id: int) -> bool: ...
+    def publish_unless_limited(self, producer_id: int, batch: bytes) -> asyncio.Future[tuple[int, int]] | None: ...
 
     async def throttle_publish(self, producer_id: int, batch: bytes) -> float: ...
 
@@ -206,15 +206,16 @@ class _Stream:
             lane.failed = sequence_id
             self._put(lane, _Entry(sequence_id, 0, refusal))
             return
-        if lane.chain is not None or self._broker.publish_limited(item.producer_id):
-            self._chain(lane, item)
-            return
-        try:
-            outcome: Outcome = self._broker.publish(item.producer_id, item.batch)
-        except Exception as exc:  # noqa: BLE001 - answered in order
-            lane.failed = sequence_id
-            outcome = exc
-        self._put(lane, _Entry(sequence_id, len(item.batch), outcome))
+        if lane.chain is None:  # no throttled batch of the lane waits: append now, unless throttled
+            try:
+                outcome: Outcome | None = self._broker.publish_unless_limited(item.producer_id, item.batch)
+            except Exception as exc:  # noqa: BLE001 - answered in order
+                lane.failed = sequence_id
+                outcome = exc
+            if outcome is not None:
+                self._put(lane, _Entry(sequence_id, len(item.batch), outcome))
+                return
+        self._chain(lane, item)
 
     def _chain(self, lane: _Lane, item: pb.SendBatchRequest) -> None:
         """Append ``item`` once the lane's earlier throttled batches are appended and the topic's
