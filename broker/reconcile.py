@@ -148,7 +148,8 @@ class Reconciler:
         prefix = keys.topic_producers_prefix(name)
         try:
             await self._cache.wait_for_revision(revision, timeout_s=CACHE_WAIT_S)
-            found = [(key, value, self._cache.mod_revision(key)) for key, value in self._cache.get_prefix(prefix).items()]
+            cached = self._cache.get_prefix(prefix)
+            found = [(key, value, self._cache.mod_revision(key)) for key, value in cached.items()]
         except MetadataStoreError:
             kvs, _ = await self._store.get_prefix(prefix)
             found = [(kv.key, kv.value, kv.mod_revision) for kv in kvs]
