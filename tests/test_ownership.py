@@ -16,16 +16,8 @@ from danube_pipeline.metadata.etcd import KeyValue
 from danube_pipeline.metadata.store import MetadataStore
 from danube_pipeline.names import TopicName
 
-from broker.cluster.ownership import (
-    TOPICS_PER_READ,
-    Ownership,
-    TakeoverPlan,
-    TakeoverReader,
-    TakeoverReads,
-    commit_takeover,
-    plan_takeover,
-    record_last_written,
-)
+from broker.cluster.ownership import Ownership, TakeoverPlan, commit_takeover, plan_takeover, record_last_written
+from broker.cluster.takeover_reads import TOPICS_PER_READ, TakeoverReader, TakeoverReads
 from broker.storage.wal import WriteAheadLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

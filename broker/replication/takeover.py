@@ -17,7 +17,8 @@ import logging
 from danube_pipeline.metadata import values
 from danube_pipeline.metadata.cache import LocalCache
 
-from broker.cluster.ownership import Ownership, TakeoverReads
+from broker.cluster.ownership import Ownership
+from broker.cluster.takeover_reads import TakeoverReads
 from broker.cluster_view import ClusterView
 from broker.replication.manager import replica_set
 from broker.replication.owner import ReplicaTracker

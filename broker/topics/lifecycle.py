@@ -25,7 +25,8 @@ from danube_pipeline.modes import DeliveryMode
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.objectstore import ObjectStore
 
-from broker.cluster.ownership import OwnerSession, TakeoverReader, commit_takeover, plan_takeover, wal_has_records
+from broker.cluster.ownership import OwnerSession, commit_takeover, plan_takeover, wal_has_records
+from broker.cluster.takeover_reads import TakeoverReader
 from broker.cluster_view import ClusterView
 from broker.config import BrokerConfig
 from broker.reconcile import Reconciler
