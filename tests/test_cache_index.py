@@ -102,3 +102,18 @@ async def test_the_load_reads_in_pages_at_one_revision(etcd_endpoints: list[str]
             revision = await store.put(f"{ROOT}/paged/q/new", 99)  # the watch follows from the load's revision
             await cache.wait_for_revision(revision)
             assert cache.get(f"{ROOT}/paged/q/new") == 99
+
+
+async def test_reads_outside_the_cached_prefixes_are_refused(etcd_endpoints: list[str]) -> None:
+    """A read must fall under one of the prefixes (checked with one ``str.startswith`` of them
+    all): keys under either prefix are read, a key beside them raises ``ValueError``."""
+    async with await MetadataStore.connect(etcd_endpoints) as store:
+        await store.put(f"{ROOT}-p/a/x", 1)
+        await store.put(f"{ROOT}-q/b/y", 2)
+        async with LocalCache(store, prefixes=(f"{ROOT}-p/a/", f"{ROOT}-q/")) as cache:
+            assert cache.get(f"{ROOT}-p/a/x") == 1
+            assert cache.get(f"{ROOT}-q/b/y") == 2
+            assert cache.get(f"{ROOT}-q/absent") is None
+            for outside in (f"{ROOT}-p/a", f"{ROOT}-p/b/x", f"{ROOT}-r/x", "/"):
+                with pytest.raises(ValueError, match="outside the cached prefixes"):
+                    cache.get(outside)

@@ -87,6 +87,7 @@ class LocalCache:
         self._store = store
         self._prefixes = _minimal_prefixes(prefixes)
         self._everything = self._prefixes == ["/"]
+        self._prefix_tuple = tuple(self._prefixes)  # str.startswith takes a tuple: one C call per read
         self._data: dict[str, JsonValue] = {}
         self._keys: list[str] = []
         """The keys of ``_data``, sorted: :meth:`get_prefix` bisects it instead of scanning
@@ -237,7 +238,7 @@ class LocalCache:
     # ---- applying changes
 
     def _covers(self, key: str) -> bool:
-        return self._everything or any(key.startswith(p) for p in self._prefixes)
+        return self._everything or key.startswith(self._prefix_tuple)
 
     def _missed(
         self, data: dict[str, JsonValue], revisions: dict[str, _Revisions], revision: int
