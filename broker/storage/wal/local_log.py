@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import logging
 import os
+import threading
 from pathlib import Path
 
 from danube_pipeline.errors import CorruptRecordError, LogTruncationError, SegmentUnreadableError
@@ -37,7 +38,54 @@ from broker.tasks import run_to_completion
 
 log = logging.getLogger("broker.storage.wal.log")  # the WAL's log lines keep one logger name
 
-_MAX_OPEN_SEALED_FDS = 64
+MAX_OPEN_SEALED_FILES = 1024
+"""Sealed segment files that reads keep open, at most, across every WAL read from one thread
+(the event loop's: reads are synchronous, module docstring); beyond it the least recently read
+is closed, and a later read opens it again. Counted per WAL, a consumer replaying a long history
+would keep a file per segment it passed, and a few hundred such topics would reach the usual
+open-files limit."""
+
+
+class ReadFiles:
+    """The sealed segments holding a file a read opened, least recently read first, for every
+    WAL read from one thread (:func:`read_files`).
+
+    Args:
+        limit: files kept open at most (:data:`MAX_OPEN_SEALED_FILES`).
+    """
+
+    def __init__(self, limit: int = MAX_OPEN_SEALED_FILES) -> None:
+        self.limit = limit
+        self._open: dict[int, Segment] = {}  # id(segment): segment, in read order (held: ids stay unique)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def read(self, seg: Segment) -> None:
+        """``seg`` was just read through its file: now the most recently read; the least
+        recently read files beyond :attr:`limit` are closed."""
+        self._open.pop(id(seg), None)
+        self._open[id(seg)] = seg
+        while len(self._open) > self.limit:
+            old = self._open.pop(next(iter(self._open)))
+            if old.fd is not None:
+                os.close(old.fd)
+                old.fd = None
+
+    def forget(self, seg: Segment) -> None:
+        """Stop counting ``seg`` (its file is being closed: sealed, deleted, or its WAL closed)."""
+        self._open.pop(id(seg), None)
+
+
+_THREAD = threading.local()
+
+
+def read_files() -> ReadFiles:
+    """The calling thread's :class:`ReadFiles` (the event loop's, for a broker)."""
+    files: ReadFiles | None = getattr(_THREAD, "files", None)
+    if files is None:
+        files = _THREAD.files = ReadFiles()
+    return files
 
 
 class LocalLog:
@@ -82,7 +130,6 @@ class LocalLog:
         self.abandoned: list[AbandonedRange] = []
         self.unreadable: dict[int, Quarantine] = {}
         self.sync_count = 0
-        self._open_sealed_fds: list[Segment] = []  # LRU of sealed segments holding an fd
         self.epochs = LeaderEpochCache(directory)
         self.high_watermark: int | None = None
 
@@ -144,11 +191,9 @@ class LocalLog:
 
     def close_read_files(self) -> None:
         """Close the sealed segments' files that reads opened (a later read opens them again)."""
-        for seg in self._open_sealed_fds:
-            if seg.fd is not None:
-                os.close(seg.fd)
-                seg.fd = None
-        self._open_sealed_fds.clear()
+        for seg in self._sealed:
+            if seg is not self.active:  # a sealed segment still active (roll pending) keeps its writer's file
+                self._close_sealed_fd(seg)
 
     @staticmethod
     def _sync_and_close(fd: int) -> None:
@@ -367,26 +412,15 @@ class LocalLog:
         10,000 topics would otherwise hold two files per topic (the open files limit is
         usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`). Also used when a
         sealed segment is deleted."""
-        if seg in self._open_sealed_fds:
-            self._open_sealed_fds.remove(seg)
+        read_files().forget(seg)
         if seg.fd is not None:
             os.close(seg.fd)
             seg.fd = None
 
-    def _remember_sealed_fd(self, seg: Segment) -> None:
-        if seg in self._open_sealed_fds:
-            self._open_sealed_fds.remove(seg)
-        self._open_sealed_fds.append(seg)
-        while len(self._open_sealed_fds) > _MAX_OPEN_SEALED_FDS:
-            old = self._open_sealed_fds.pop(0)
-            if old.fd is not None:
-                os.close(old.fd)
-                old.fd = None
-
     def _sealed_fd(self, seg: Segment) -> int:
         if seg.fd is None:
             seg.fd = os.open(seg.path, os.O_RDONLY)
-        self._remember_sealed_fd(seg)
+        read_files().read(seg)
         return seg.fd
 
     def read(self, from_offset: int, max_records: int, *, max_bytes: int) -> list[StoredBatch]:
