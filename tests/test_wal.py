@@ -203,14 +203,19 @@ async def test_seals_by_age_wait_for_the_seals_after_event(tmp_path: Path) -> No
         await wal.close()
 
 
-async def test_close_read_files_closes_what_reads_opened(tmp_path: Path) -> None:
-    def open_files() -> set[str]:
-        found = set()
-        for fd in os.listdir("/proc/self/fd"):
-            with contextlib.suppress(OSError):
-                found.add(os.readlink(f"/proc/self/fd/{fd}"))
-        return found
+def open_files(under: Path | None = None) -> set[str]:
+    """The files this process holds open (``/proc/self/fd``); with ``under``, the sealed
+    segments below that directory only."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if under is None or (target.startswith(str(under)) and target.endswith(Path(sealed_name(0, 1)).suffix)):
+                found.add(target)
+    return found
 
+
+async def test_close_read_files_closes_what_reads_opened(tmp_path: Path) -> None:
     wal = await open_wal(tmp_path)
     try:
         await append(wal, [msg(0), msg(1)])
@@ -232,19 +237,8 @@ async def test_sealed_files_open_for_reads_are_bounded_across_every_wal(
 ) -> None:
     """Reads keep sealed segment files open up to a limit shared by every WAL read from the
     thread (the broker's loop), least recently read closed first; each read is still right."""
-    from broker.storage.wal import local_log
-
-    def open_in(directory: Path) -> set[str]:
-        found = set()
-        for fd in os.listdir("/proc/self/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/self/fd/{fd}")
-                if target.startswith(str(directory)) and target.endswith(Path(sealed_name(0, 1)).suffix):
-                    found.add(target)
-        return found
-
-    files = local_log.ReadFiles(limit=4)
-    monkeypatch.setattr(local_log, "read_files", lambda: files)
+    files = localmod.ReadFiles(limit=4)
+    monkeypatch.setattr(localmod, "read_files", lambda: files)
     wals = [await open_wal(tmp_path / f"wal-{i}") for i in range(3)]
     try:
         for wal in wals:
@@ -253,18 +247,18 @@ async def test_sealed_files_open_for_reads_are_bounded_across_every_wal(
                 assert await wal.seal_active() is not None
         for wal in wals:
             assert [r.offset for r in read(wal, 0, 10)] == list(range(6))  # across its 3 sealed segments
-            assert len(open_in(tmp_path)) <= 4 and len(files) <= 4
+            assert len(open_files(tmp_path)) <= 4 and len(files) <= 4
         last = str(tmp_path / "wal-2" / sealed_name(4, 5))
-        assert last in open_in(tmp_path)  # the most recently read stays open
-        assert str(tmp_path / "wal-0" / sealed_name(0, 1)) not in open_in(tmp_path)
+        assert last in open_files(tmp_path)  # the most recently read stays open
+        assert str(tmp_path / "wal-0" / sealed_name(0, 1)) not in open_files(tmp_path)
         assert [r.offset for r in read(wals[0], 0, 10)] == list(range(6))  # reopened as needed
-        assert len(open_in(tmp_path)) <= 4
+        assert len(open_files(tmp_path)) <= 4
         wals[0].close_read_files()
-        assert not {p for p in open_in(tmp_path) if "/wal-0/" in p}
+        assert not {p for p in open_files(tmp_path) if "/wal-0/" in p}
     finally:
         for wal in wals:
             await wal.close()
-    assert open_in(tmp_path) == set() and len(files) == 0
+    assert open_files(tmp_path) == set() and len(files) == 0
 
 
 async def test_seal_active_and_empty_noop(tmp_path: Path) -> None:

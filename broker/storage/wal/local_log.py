@@ -67,10 +67,7 @@ class ReadFiles:
         self._open.pop(id(seg), None)
         self._open[id(seg)] = seg
         while len(self._open) > self.limit:
-            old = self._open.pop(next(iter(self._open)))
-            if old.fd is not None:
-                os.close(old.fd)
-                old.fd = None
+            self._open.pop(next(iter(self._open))).close_file()
 
     def forget(self, seg: Segment) -> None:
         """Stop counting ``seg`` (its file is being closed: sealed, deleted, or its WAL closed)."""
@@ -413,9 +410,7 @@ class LocalLog:
         usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`). Also used when a
         sealed segment is deleted."""
         read_files().forget(seg)
-        if seg.fd is not None:
-            os.close(seg.fd)
-            seg.fd = None
+        seg.close_file()
 
     def _sealed_fd(self, seg: Segment) -> int:
         if seg.fd is None:

@@ -364,9 +364,7 @@ class LogLoader:
     def _replace_active(self, seg: Segment, start: int) -> Segment:
         """Remove the empty active segment ``seg`` (a header, no record) and create one at
         ``start`` (past abandoned offsets)."""
-        if seg.fd is not None:
-            os.close(seg.fd)
-            seg.fd = None
+        seg.close_file()
         seg.path.unlink()
         return self._create_active(start)
 

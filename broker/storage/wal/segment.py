@@ -329,6 +329,12 @@ class Segment:
         """Whether the segment holds no durable record."""
         return self.end < self.start
 
+    def close_file(self) -> None:
+        """Close :attr:`fd` if it is open (a later read of a sealed segment opens it again)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def info(self) -> SealedSegment:
         """The public description of this segment."""
         return SealedSegment(
