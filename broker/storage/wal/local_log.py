@@ -408,7 +408,7 @@ class LocalLog:
         """Close the file a segment was written through once it is sealed: a broker of
         10,000 topics would otherwise hold two files per topic (the open files limit is
         usually 20,000 or less); a read opens it again (:meth:`_sealed_fd`). Also used when a
-        sealed segment is deleted."""
+        sealed segment is deleted and for :meth:`close_read_files`."""
         read_files().forget(seg)
         seg.close_file()
 
