@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import ConfigurableResource, Definitions, EnvVar
+from dagster import ConfigurableResource, Definitions, EnvVar, in_process_executor
 
 from assets.assets import compacted_table, iceberg_table, retention, schema_rewrite, segment_objects
 from assets.bulk import bulk_table
@@ -89,4 +89,10 @@ defs = Definitions(
     schedules=[compaction_schedule, retention_schedule],
     sensors=[topic_partitions_sensor, sealed_segments_sensor, commit_checks_sensor, freshness_sensor],
     resources=default_resources(),
+    # Every step of a run in the run's own process. Dagster's default (the multiprocess
+    # executor) starts one Python process per step, each importing Dagster, pyiceberg and
+    # pyarrow again: a tiering run's nine steps (two assets, seven checks) took 29-31 s for
+    # 1.5 s of work (benchmarks/README.md, "Dagster runs"). The steps of a run depend on one
+    # another or are checks of a second or less, so running them in parallel gained nothing.
+    executor=in_process_executor,
 )
