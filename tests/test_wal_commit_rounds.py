@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,19 +113,9 @@ def frame(i: int) -> tuple[bytes, int]:
 async def test_commits_of_several_wals_in_one_loop_turn_share_one_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rounds: list[int] = []
-    real = sync_thread.run_round
-
-    def counted(jobs: list[CommitJob], syncfs_min_files: int) -> list[BaseException | None]:
-        rounds.append(len(jobs))
-        return real(jobs, syncfs_min_files)
-
-    monkeypatch.setattr(sync_thread, "run_round", counted)
-    wals = [await WriteAheadLog.open(tmp_path / f"wal{i}", segment_max_age_s=3600.0) for i in range(3)]
+    wals = await _opened(tmp_path, 3)
+    rounds = _record_rounds(monkeypatch)
     try:
-        for i, wal in enumerate(wals):  # each WAL's first append records its epoch: not a round
-            assert await wal.append(*frame(i)) == (0, 0)
-        rounds.clear()
         results = await asyncio.gather(*(wal.append(*frame(10 + i)) for i, wal in enumerate(wals)))
         assert results == [(1, 1)] * 3
         assert rounds == [3]
@@ -132,3 +123,68 @@ async def test_commits_of_several_wals_in_one_loop_turn_share_one_round(
         for wal in wals:
             await wal.close()
 
+
+def _record_rounds(monkeypatch: pytest.MonkeyPatch, hold_first: threading.Event | None = None) -> list[int]:
+    """The size of every round run from now on; with ``hold_first``, the first round waits for
+    it before it writes (a round kept in flight)."""
+    rounds: list[int] = []
+    real = sync_thread.run_round
+
+    def recorded(jobs: list[CommitJob], syncfs_min_files: int) -> list[BaseException | None]:
+        rounds.append(len(jobs))
+        if hold_first is not None and len(rounds) == 1:
+            assert hold_first.wait(10)
+        return real(jobs, syncfs_min_files)
+
+    monkeypatch.setattr(sync_thread, "run_round", recorded)
+    return rounds
+
+
+async def _opened(tmp_path: Path, count: int) -> list[WriteAheadLog]:
+    wals = [await WriteAheadLog.open(tmp_path / f"wal{i}", segment_max_age_s=3600.0) for i in range(count)]
+    for i, wal in enumerate(wals):  # each WAL's first append records its epoch
+        assert await wal.append(*frame(i)) == (0, 0)
+    return wals
+
+
+@pytest.mark.asyncio
+async def test_commits_handed_over_while_rounds_are_in_flight_wait_for_the_next_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync_thread.SYNC_THREADS, "max_rounds_in_flight", 1)
+    wals = await _opened(tmp_path, 4)
+    release = threading.Event()
+    rounds = _record_rounds(monkeypatch, hold_first=release)
+    try:
+        first = asyncio.ensure_future(wals[0].append(*frame(10)))
+        while not rounds:
+            await asyncio.sleep(0.01)
+        later = []
+        for i, wal in enumerate(wals[1:], start=1):  # one per loop turn, each its own round before
+            later.append(asyncio.ensure_future(wal.append(*frame(10 + i))))
+            await asyncio.sleep(0.02)
+        assert rounds == [1] and not first.done()  # nothing else went to a thread meanwhile
+        release.set()
+        assert await asyncio.gather(first, *later) == [(1, 1)] * 4
+        assert rounds == [1, 3]  # the three waited, then shared one round
+    finally:
+        release.set()
+        for wal in wals:
+            await wal.close()
+
+
+@pytest.mark.asyncio
+async def test_a_round_goes_to_a_thread_once_it_holds_round_start_jobs_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync_thread.SYNC_THREADS, "round_start_jobs", 2)
+    monkeypatch.setattr(sync_thread.SYNC_THREADS, "max_rounds_in_flight", 4)
+    wals = await _opened(tmp_path, 5)
+    rounds = _record_rounds(monkeypatch)
+    try:
+        results = await asyncio.gather(*(wal.append(*frame(10 + i)) for i, wal in enumerate(wals)))
+        assert results == [(1, 1)] * 5
+        assert sorted(rounds) == [1, 2, 2]  # two full rounds at once, the rest at the turn's end
+    finally:
+        for wal in wals:
+            await wal.close()
