@@ -106,6 +106,7 @@ class BatchSender:
         self._wakeup = asyncio.Event()
         self._stream: ProduceStream | None = None
         self._lane = 0  # the producer's lane on self._stream
+        self._writing: asyncio.Future[None] | None = None  # the request holding its last batch, until written
         self._stream_gen = 0
         self._owner_address: str | None = None
         self._stream_stubs: Stubs | None = None  # the stubs the current stream was opened on
@@ -145,8 +146,7 @@ class BatchSender:
         if self._fenced is not None:
             raise self._fenced
         future = self.accumulator.append(payload, attributes, key)
-        if self._adaptive:
-            self._wakeup.set()
+        self._wake_for_open_batch()
         return future
 
     def append_many(
@@ -168,8 +168,7 @@ class BatchSender:
         if self._fenced is not None:
             raise self._fenced
         spans = self.accumulator.append_many(payloads, attributes, key)
-        if self._adaptive:
-            self._wakeup.set()
+        self._wake_for_open_batch()
         return span_offsets(asyncio.get_running_loop(), spans)
 
     async def flush(self) -> None:
@@ -192,6 +191,12 @@ class BatchSender:
             self._stream.close_lane(self._lane)
             self._stream = None
         await self._close_on_broker()
+
+    def _wake_for_open_batch(self) -> None:
+        """Adaptive batching: wake the sender for the open batch, unless it waits for the write
+        of its previous batch's request (:meth:`_written` wakes it then)."""
+        if self._adaptive and (self._writing is None or self._writing.done()):
+            self._wakeup.set()
 
     def _batch_ready(self, batch: Batch) -> None:
         self._pending.append(batch)
@@ -401,6 +406,8 @@ class BatchSender:
                     self._needs_producer = True
                     continue
             while self._stream is not None and len(self._inflight) < self._max_in_flight:
+                if self._writing is not None and not self._writing.done():
+                    break  # _written wakes this task once there is something to send after it
                 if not self._pending:
                     if not self._adaptive or not self.accumulator.has_open_batch:
                         break
@@ -410,10 +417,19 @@ class BatchSender:
                 written = self._write(self._stream, self._pending.popleft())
                 if not written.done():
                     # The connection is busy: let the next batch grow meanwhile. The future is
-                    # shared with the other producers on the stream: cancelling this task
-                    # (close) must not cancel it for them.
-                    await asyncio.shield(written)
+                    # shared with the other producers on the stream, so it is not awaited (a
+                    # cancelled wait would cancel it for them): its callback wakes this task
+                    # if, by then, there is something to send, and only then (a producer with
+                    # one message in flight is woken once per batch, not twice).
+                    self._writing = written
+                    written.add_done_callback(self._written)
+                    break
             await self._wakeup.wait()
+
+    def _written(self, _written: asyncio.Future[None]) -> None:
+        """The request holding the last batch was written: wake the sender if it has a batch to send."""
+        if self._pending or (self._adaptive and self.accumulator.has_open_batch):
+            self._wakeup.set()
 
     def _write(self, stream: ProduceStream, batch: Batch) -> asyncio.Future[None]:
         """Send ``batch`` on the lane; the future is resolved once its request is written."""
