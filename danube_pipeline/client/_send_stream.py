@@ -194,7 +194,7 @@ class BatchSender:
 
     def _wake_for_open_batch(self) -> None:
         """Adaptive batching: wake the sender for the open batch, unless it waits for the write
-        of its previous batch's request (:meth:`_written` wakes it then)."""
+        of its previous batch's request (:meth:`_wake_if_batch_waits` wakes it then)."""
         if self._adaptive and (self._writing is None or self._writing.done()):
             self._wakeup.set()
 
@@ -379,8 +379,7 @@ class BatchSender:
             batch.fail(OffsetRangeError(response.first_offset + count - 1, response.last_offset, "ProduceStream answer"))
         else:
             batch.resolve(response.first_offset)
-        if self._pending or (self._adaptive and self.accumulator.has_open_batch):
-            self._wakeup.set()  # a slot is free for what waits; else nothing to wake for
+        self._wake_if_batch_waits()  # a slot is free for what waits; else nothing to wake for
 
     async def _run(self) -> None:
         """The sender: keeps a stream open while there is work and writes ready batches."""
@@ -407,7 +406,7 @@ class BatchSender:
                     continue
             while self._stream is not None and len(self._inflight) < self._max_in_flight:
                 if self._writing is not None and not self._writing.done():
-                    break  # _written wakes this task once there is something to send after it
+                    break  # that write's callback wakes this task if a batch waits by then
                 if not self._pending:
                     if not self._adaptive or not self.accumulator.has_open_batch:
                         break
@@ -422,12 +421,14 @@ class BatchSender:
                     # if, by then, there is something to send, and only then (a producer with
                     # one message in flight is woken once per batch, not twice).
                     self._writing = written
-                    written.add_done_callback(self._written)
+                    written.add_done_callback(lambda _written: self._wake_if_batch_waits())
                     break
             await self._wakeup.wait()
 
-    def _written(self, _written: asyncio.Future[None]) -> None:
-        """The request holding the last batch was written: wake the sender if it has a batch to send."""
+    def _wake_if_batch_waits(self) -> None:
+        """Wake the sender if a batch waits to be sent: a closed one, or the open one with
+        adaptive batching (called when an in-flight slot frees and when the request holding the
+        previous batch was written)."""
         if self._pending or (self._adaptive and self.accumulator.has_open_batch):
             self._wakeup.set()
 

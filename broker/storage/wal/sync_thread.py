@@ -221,8 +221,7 @@ class SyncThreads:
         round_ = self._rounds.get(loop)
         if round_ is None:
             round_ = self._rounds[loop] = []
-            if self._in_flight.get(loop, 0) < self.max_rounds_in_flight:
-                loop.call_soon(self._start_round, loop)
+            loop.call_soon(self._start_round, loop)
         round_.append(job)
         if len(round_) >= self.round_start_jobs:
             self._start_round(loop)
