@@ -63,6 +63,7 @@ from assets.resources import IcebergCatalogResource, ObjectStoreResource
 from assets.writer_metrics import MetricsServer, TopicProgress, WriterMetrics, parse_listen
 from assets.writer_reporting import DagsterReporter
 from danube_pipeline import logs, settings
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import DanubeError, TopicNotFoundError
 from danube_pipeline.names import TopicName
 from danube_pipeline.storage.identity import check_store_identity
@@ -255,10 +256,7 @@ class ContinuousWriter:
         """
         while not stop.is_set():
             await self.run_once()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
-            except TimeoutError:
-                pass
+            await wait_set(stop, self.config.poll_interval_s)
 
     async def run_once(self) -> list[TopicPass]:
         """One pass: refresh the topic list when due, then :meth:`step` every topic not

@@ -10,10 +10,10 @@ assigns it. It also follows this broker's own assignments (§1.4) for the broker
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import BrokerUnavailableError, TopicNotFoundError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -204,8 +204,7 @@ class ClusterView:
                         name.path, f"no broker was assigned the topic within {timeout_s:.0f} s (is a leader elected?)"
                     )
                 changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
+                await wait_set(changed, min(remaining, 0.5))
         finally:
             for remove in listeners:
                 remove()

@@ -35,6 +35,7 @@ PRODUCT = ("danube_pipeline", "broker", "assets", "benchmarks")
 #: Modules and packages of the base install (``dependencies`` in pyproject.toml).
 BASE = (
     "danube_pipeline",  # the package's own __init__
+    "danube_pipeline.aio",
     "danube_pipeline.errors",
     "danube_pipeline.error_codec",
     "danube_pipeline.faults",

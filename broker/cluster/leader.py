@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.replica_values import ReplicaAssignment
@@ -222,8 +223,7 @@ class LeaderDuties:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), PASS_INTERVAL_S)
+            await wait_set(self._wake, PASS_INTERVAL_S)
             self._wake.clear()
             # Brokers seen registered since this broker started, leader or not: one whose
             # registration then expired died while this broker watched, so a new leader fails

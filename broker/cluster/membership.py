@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
 from danube_pipeline.metadata.store import (
@@ -306,8 +307,7 @@ class Membership:
         wait_s = self.load_report_interval_s
         reported_at = 0.0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._report_wake.wait(), wait_s)
+            await wait_set(self._report_wake, wait_s)
             if self._registered and self._topics_changed:  # coalesce the reports of a burst of loads
                 await asyncio.sleep(max(0.0, reported_at + TOPIC_CHANGE_REPORT_S - time.monotonic()))
             self._topics_changed = False

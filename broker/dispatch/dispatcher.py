@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from danube_pipeline import faults, logs
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import SegmentUnreadableError
 from danube_pipeline.format.batches import iter_batch
 from danube_pipeline.format.segments import StoredBatch
@@ -285,5 +286,4 @@ class Dispatcher:
             if due is None:
                 await self._wake.wait()
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, due - time.monotonic()) + 0.001)
+            await wait_set(self._wake, max(0.0, due - time.monotonic()) + 0.001)

@@ -17,6 +17,7 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import NotServedHereError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.metadata.cache import LocalCache
@@ -140,8 +141,7 @@ class ReplicaManager:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
+            await wait_set(self._wake, RECONCILE_INTERVAL_S)
             self._wake.clear()
             try:
                 await self._reconcile()

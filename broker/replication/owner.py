@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import NotEnoughReplicasError
 from danube_pipeline.metadata import keys, values
 from danube_pipeline.names import TopicName
@@ -269,8 +270,7 @@ class ReplicaTracker:
             if left <= 0:
                 return False
             self._advanced.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._advanced.wait(), min(left, CHECK_INTERVAL_S))
+            await wait_set(self._advanced, min(left, CHECK_INTERVAL_S))
         return True
 
     async def wait_for_data(self, fetch_offset: int, timeout_s: float) -> None:
@@ -280,8 +280,7 @@ class ReplicaTracker:
         event = asyncio.Event()
         unlisten = self.wal.add_listener(lambda end: event.set() if end > fetch_offset else None)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
+            await wait_set(event, timeout_s)
         finally:
             unlisten()
 

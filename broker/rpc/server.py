@@ -408,7 +408,8 @@ class BrokerServer:
         if self._broker is not None and self._broker.topics and self._broker.other_active_brokers():
             # Hand the topics over cleanly rather than leave them to a failover (§5.3).
             try:
-                await asyncio.wait_for(self._broker.drain(), self.config.shutdown_grace_s)
+                async with asyncio.timeout(self.config.shutdown_grace_s):
+                    await self._broker.drain()
             except Exception as exc:  # noqa: BLE001 - the rest is failed over by the leader
                 log.warning("broker %d: releasing its topics before shutdown failed: %s", self.broker_id, exc)
         if self._membership is not None:

@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.client._acks import AckBuffer, reconnectable
 from danube_pipeline.client._connection import Stubs
 from danube_pipeline.client._context import Context
@@ -120,9 +121,8 @@ class Inbox:
             await self.arrived.wait()
         else:
             remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
+            if remaining <= 0 or not await wait_set(self.arrived, remaining):
                 raise TimeoutError(f"no message within {timeout_ms} ms")
-            await asyncio.wait_for(self.arrived.wait(), remaining)
 
 
 class Receiver:

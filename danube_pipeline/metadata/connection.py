@@ -34,6 +34,7 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import MetadataStoreError
 from danube_pipeline.metadata.etcd import split_endpoint, wrap_errors
 
@@ -266,7 +267,9 @@ class _EtcdClient(aetcd.Client):  # type: ignore[misc]
         if self._connected.is_set():
             return
         if self._is_connecting:
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            if not await wait_set(self._connected, self._connect_wait_timeout):
+                raise TimeoutError(f"etcd {self._host}:{self._port}: another connect still running after "
+                                   f"{self._connect_wait_timeout} s")
             return
         try:
             self._is_connecting = True
@@ -398,7 +401,8 @@ class EtcdConnection:
                 raise MetadataStoreError("connect", f"etcd TLS files: {exc}") from exc
             store = cls(client, f"{host}:{port}", request_timeout_s=request_timeout_s)
             try:
-                await asyncio.wait_for(store.range_raw(b"/", None, limit=1), connect_timeout_s)
+                async with asyncio.timeout(connect_timeout_s):
+                    await store.range_raw(b"/", None, limit=1)
             except (MetadataStoreError, TimeoutError) as exc:
                 failures.append(f"{endpoint}: {exc or 'timed out'}")
                 with contextlib.suppress(Exception):
@@ -528,4 +532,5 @@ class EtcdConnection:
     async def cancel_watch(watch: aetcd.Watch) -> None:
         """Cancel ``watch``, waiting at most 2 s; errors are ignored."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(watch.cancel(), 2.0)
+            async with asyncio.timeout(2.0):
+                await watch.cancel()

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Protocol
 
 from danube_pipeline import faults
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import StorageFullError
 from danube_pipeline.format.records import EPOCH_PREFIX_SIZE
 from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix
@@ -369,8 +370,7 @@ class GroupCommit:
         if left <= 0:
             return False
         self._wakeup.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), left)
+        await wait_set(self._wakeup, left)
         if self._roll_check:
             self._roll_check = False
             async with self._io_lock:

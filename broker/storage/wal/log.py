@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.format.segments import StoredBatch
 
@@ -292,9 +293,7 @@ class WriteAheadLog(ReplicaLogMixin):
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return False
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
+            if not await wait_set(event, remaining):
                 return False
         return self.durable_end > offset
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from danube_pipeline.aio import wait_set
 from danube_pipeline.errors import LogTruncationError
 from danube_pipeline.format.segments import StoredBatch
 
@@ -274,11 +275,7 @@ class ReplicaLogMixin:
                 return
             event = self._advanced
             remaining = None if deadline is None else deadline - loop.time()
-            try:
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
+            if (remaining is not None and remaining <= 0) or not await wait_set(event, remaining):
                 raise TimeoutError(
                     f"WAL {self.directory}: the high watermark {high_watermark} stayed below the end "
                     f"{self._local.durable_end} for {timeout_s} s; the active segment is not sealed"
