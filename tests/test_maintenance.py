@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from dagster import (
     AssetSelection,
+    DagsterInstance,
     MultiPartitionKey,
     SensorResult,
     SkipReason,
@@ -47,6 +48,19 @@ SCHEMA = avro({"name": "n", "type": "long"}, {"name": "s", "type": "string"})
 def _requests(evaluated: Any) -> list[Any]:
     """The run requests and skip reasons a schedule function yielded."""
     return list(evaluated)
+
+
+def _evaluate(schedule: Any, instance: DagsterInstance, env: _Env) -> list[Any]:
+    """The run requests and skip reasons of one tick of ``schedule``, its context closed here.
+
+    A schedule context opens an instance of its own from the test instance's ref. Left to the
+    garbage collector, its close came after the test instance's and put that instance's state
+    storage back as Dagster's current one, dead: the next test of the worker to load the
+    definitions failed with "Attempted to resolve undefined DagsterInstance weakref"."""
+    with build_schedule_context(
+        instance=instance, resources=env.resources(), scheduled_execution_time=_now()
+    ) as context:
+        return _requests(schedule(context))
 
 
 def _now() -> dt.datetime:
@@ -268,10 +282,9 @@ def test_compaction_schedule_requests_only_days_with_small_files(env: _Env) -> N
     env.put(2, dt.date(2020, 1, 1))
     env.tier()
     with instance_for_test() as instance:
-        context = build_schedule_context(instance=instance, resources=env.resources(), scheduled_execution_time=_now())
-        empty = _requests(compaction_schedule(context))  # no topic partitions yet
+        empty = _evaluate(compaction_schedule, instance, env)  # no topic partitions yet
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
-        requests = _requests(compaction_schedule(build_schedule_context(instance=instance, resources=env.resources(), scheduled_execution_time=_now())))
+        requests = _evaluate(compaction_schedule, instance, env)
         days = instance.get_dynamic_partitions(DAYS_PARTITIONS_NAME)
     assert [type(r).__name__ for r in empty] == ["SkipReason"]
     assert sorted(str(r.partition_key) for r in requests) == [
@@ -292,12 +305,12 @@ def test_retention_schedule_requests_the_expired_days(env: _Env) -> None:
     env.tier()
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(TOPICS_PARTITIONS_NAME, [env.topic.partition_key])
-        nothing = _requests(retention_schedule(build_schedule_context(instance=instance, resources=env.resources(), scheduled_execution_time=_now())))
+        nothing = _evaluate(retention_schedule, instance, env)
         asyncio.run(
             env.put_key(keys.namespace_policy(env.topic.namespace), NamespacePolicy(retention_time_minutes=24 * 60).to_json())
         )
         try:
-            requests = _requests(retention_schedule(build_schedule_context(instance=instance, resources=env.resources(), scheduled_execution_time=_now())))
+            requests = _evaluate(retention_schedule, instance, env)
         finally:
             asyncio.run(env.put_key(keys.namespace_policy(env.topic.namespace), NamespacePolicy().to_json()))
     assert [type(r).__name__ for r in nothing] == ["SkipReason"]
