@@ -36,7 +36,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from danube_pipeline import logs
 from danube_pipeline.logs import LOG_FORMATS
@@ -80,6 +80,9 @@ from broker.config_file import (
     metrics_exposure,
 )
 from broker.storage.wal.sync_thread import SYNC_THREADS, SYNCFS_MIN_FILES
+
+if TYPE_CHECKING:
+    from broker.rpc.server import BrokerServer
 
 log = logging.getLogger("broker")
 
@@ -313,7 +316,18 @@ async def run(config: BrokerConfig) -> None:
     finally:
         if lag is not None:
             await lag.stop()
-        await broker.stop()
+        await _stop(broker, config.shutdown_report_s)
+
+
+async def _stop(broker: BrokerServer, report_s: float) -> None:
+    """``broker.stop()``; if it is still running after ``report_s`` seconds, log every task's
+    stack once (ERROR) and go on waiting: a stop that hangs says what it waits for."""
+    stopping = asyncio.create_task(broker.stop(), name="broker-stop")
+    done, _ = await asyncio.wait({stopping}, timeout=report_s)
+    if not done:
+        log.error("broker stop still running after %.0f s; the tasks it may wait for:\n%s",
+                  report_s, event_loop.describe_tasks())
+    await stopping
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,6 +64,8 @@ class BrokerConfig:
         cursor_flush_interval_s: subscription cursors are persisted at least this often (§3.5).
         cursor_flush_acks: ... or after this many acks.
         shutdown_grace_s: grace period for in-flight RPCs on shutdown.
+        shutdown_report_s: a stop still running after this many seconds logs every task's
+            stack at ERROR, once, and goes on waiting (what it waits for, for whoever kills it).
         max_batch_bytes: largest record batch a producer may send, in bytes.
         grpc_max_message_bytes: gRPC max send/receive message size, in bytes.
         max_receiver_queue_size: the largest consumer window granted, in messages; a larger
@@ -190,6 +192,7 @@ class BrokerConfig:
     cursor_flush_interval_s: float = 5.0
     cursor_flush_acks: int = 1000
     shutdown_grace_s: float = 5.0
+    shutdown_report_s: float = 30.0
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     max_receiver_queue_size: int = DEFAULT_MAX_RECEIVER_QUEUE_SIZE

@@ -17,6 +17,9 @@ frozen after start, and an optional loop-lag recorder.
   whole topic state frequent. It is set before the topics load: loading 3,000 topics with
   CPython's defaults ran 7 full collections (1.4 s, up to 411 ms each) of a heap that only
   grows meanwhile; with these thresholds, one.
+* :func:`describe_tasks` writes the stack of every task of the running loop, for a log line
+  when something that should end does not (a stop still running after
+  ``shutdown_report_s``, ``python -m broker``).
 * :class:`LoopLagRecorder` (on when ``DANUBE_LOOP_LAG_FILE`` names a file) measures how long a
   callback sent to the loop from a thread every millisecond waits to run, how long each
   garbage collection pauses the loop, and how long the loop's thread waited for a CPU; it
@@ -71,6 +74,25 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(main)
     return asyncio.run(main)
+
+
+def describe_tasks(limit: int = 12) -> str:
+    """Every unfinished task of the running loop, sorted by name, each with the innermost
+    ``limit`` frames of its stack (:meth:`asyncio.Task.get_stack`), one ``file:line in
+    function`` per frame. Not :meth:`asyncio.Task.print_stack`: it fails on the frames of
+    gRPC's compiled coroutines, which have no line number.
+
+    Raises:
+        RuntimeError: no running loop.
+    """
+    lines = []
+    for task in sorted((t for t in asyncio.all_tasks() if not t.done()), key=lambda t: t.get_name()):
+        lines.append(f"task {task.get_name()}:")
+        lines.extend(
+            f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            for frame in task.get_stack(limit=limit)
+        )
+    return "\n".join(lines)
 
 
 def freeze_heap() -> None:

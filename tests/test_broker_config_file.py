@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from broker.config_file import (
     listen_exposure,
     load_config_file,
 )
+from danube_pipeline import faults
 from danube_pipeline.client import DanubeClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -355,3 +357,48 @@ async def test_a_broker_configured_only_by_file_serves(etcd_endpoints: list[str]
             proc.wait()
     assert proc.returncode == 0, log_path.read_text(encoding="utf-8")[-3000:]
     assert "WARNING broker: INSECURE" not in log_path.read_text(encoding="utf-8")
+
+
+_SEND_ONE = """
+import asyncio, sys
+from danube_pipeline.client import DanubeClient
+
+async def main() -> None:
+    async with DanubeClient([sys.argv[1]]) as client:
+        async with client.producer("/default/slow_disk", producer_name="p") as producer:
+            await producer.send(b"m")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_a_stop_still_running_after_shutdown_report_s_logs_what_it_waits_for(start_broker: Any, tmp_path: Path) -> None:
+    # A slow disk for real (the fault point blocks the commit's sync thread for 6 s): the stop
+    # waits for that commit. After shutdown_report_s (1 s, from the file) the broker logs every
+    # task's stack, the WAL writer's among them, and the stop then ends on its own.
+    cfg = _write(tmp_path / "stop.yml", "shutdown_report_s: 1.0\n")
+    broker = start_broker(
+        extra_args=["--config", str(cfg)], env=faults.environment({faults.WAL_BEFORE_FDATASYNC: "delay:6"})
+    )
+    sender = subprocess.Popen(
+        [sys.executable, "-c", _SEND_ONE, broker.address], cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "fault injection wal.before_fdatasync" not in broker.log_path.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, "the send's commit never reached the sync thread"
+            time.sleep(0.05)
+        os.kill(broker.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while broker.running:
+            assert time.monotonic() < deadline, "the broker did not stop once the commit ended"
+            time.sleep(0.1)
+    finally:
+        sender.kill()
+        sender.wait()
+    log = broker.log_path.read_text(encoding="utf-8")
+    report = log[log.index("broker stop still running after 1 s"):]
+    assert re.search(r"task wal-writer:\S+slow_disk:\n  \S+group_commit\.py:\d+ in _writer", report), report[:3000]
+    assert re.search(r"INFO broker\.rpc\.server: broker \d+ stopped", report), report[-2000:]  # and it ended

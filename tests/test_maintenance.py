@@ -18,7 +18,6 @@ from dagster import (
     DagsterInstance,
     MultiPartitionKey,
     SensorResult,
-    SkipReason,
     materialize,
     build_schedule_context,
     build_sensor_context,
