@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import eventually_sync
 
 from broker.__main__ import parse_command_line
 from broker.config import BrokerConfig
@@ -386,15 +387,10 @@ def test_a_stop_still_running_after_shutdown_report_s_logs_what_it_waits_for(sta
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while "fault injection wal.before_fdatasync" not in broker.log_path.read_text(encoding="utf-8"):
-            assert time.monotonic() < deadline, "the send's commit never reached the sync thread"
-            time.sleep(0.05)
+        eventually_sync(lambda: "fault injection wal.before_fdatasync" in broker.log_path.read_text(encoding="utf-8"),
+                        timeout_s=30, interval_s=0.05, what="the send's commit in the sync thread")
         os.kill(broker.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while broker.running:
-            assert time.monotonic() < deadline, "the broker did not stop once the commit ended"
-            time.sleep(0.1)
+        eventually_sync(lambda: not broker.running, timeout_s=30, interval_s=0.1, what="the broker stopped")
     finally:
         sender.kill()
         sender.wait()
