@@ -28,8 +28,8 @@ async def _wait_loop(event: asyncio.Event) -> None:
 @pytest.mark.parametrize("turns", range(6))
 async def test_a_cancel_in_the_turn_the_event_is_set_stops_the_loop(turns: int) -> None:
     # Each count of loop turns between set() and cancel() puts the cancellation at another step
-    # of the wake-up; with asyncio.wait_for one of them returned the event's result instead of
-    # raising CancelledError, and the loop ran on (this test then timed out).
+    # of the wake-up; with asyncio.wait_for the early ones returned the event's result instead of
+    # raising CancelledError, and the loop ran on (three of the six cases then fail here).
     event = asyncio.Event()
     task = asyncio.create_task(_wait_loop(event))
     await asyncio.sleep(0)
