@@ -192,10 +192,16 @@ class BatchSender:
             self._stream = None
         await self._close_on_broker()
 
+    @property
+    def _awaiting_write(self) -> bool:
+        """Whether the request holding this producer's last batch is not written yet (the
+        written callback, :meth:`_wake_if_batch_waits`, wakes the sender then)."""
+        return self._writing is not None and not self._writing.done()
+
     def _wake_for_open_batch(self) -> None:
         """Adaptive batching: wake the sender for the open batch, unless it waits for the write
         of its previous batch's request (:meth:`_wake_if_batch_waits` wakes it then)."""
-        if self._adaptive and (self._writing is None or self._writing.done()):
+        if self._adaptive and not self._awaiting_write:
             self._wakeup.set()
 
     def _batch_ready(self, batch: Batch) -> None:
@@ -405,7 +411,7 @@ class BatchSender:
                     self._needs_producer = True
                     continue
             while self._stream is not None and len(self._inflight) < self._max_in_flight:
-                if self._writing is not None and not self._writing.done():
+                if self._awaiting_write:
                     break  # that write's callback wakes this task if a batch waits by then
                 if not self._pending:
                     if not self._adaptive or not self.accumulator.has_open_batch:
