@@ -26,7 +26,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-%: pyproject.toml setup.py constraints.txt scripts/install-system-deps.sh danube_pipeline/lake/_framing.c danube_pipeline/format/_batch_builder.c | $(BIN)/python
+EXTENSIONS := danube_pipeline/lake/_framing.c danube_pipeline/format/_batch_builder.c broker/storage/wal/_commit_round.c
+
+$(VENV)/.installed-%: pyproject.toml setup.py constraints.txt scripts/install-system-deps.sh $(EXTENSIONS) | $(BIN)/python
 	bash scripts/install-system-deps.sh
 	PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@

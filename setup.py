@@ -8,7 +8,9 @@ from pure Python, slower (``scripts/install-system-deps.sh`` installs gcc):
 * ``danube_pipeline/lake/_framing.c``, the record walker that
   ``danube_pipeline/lake/segment_columns.py`` uses for tiering;
 * ``danube_pipeline/format/_batch_builder.c``, which frames a producer's records (no key, no
-  attributes) into a record batch for ``danube_pipeline/format/batches.py``.
+  attributes) into a record batch for ``danube_pipeline/format/batches.py``;
+* ``broker/storage/wal/_commit_round.c``, which runs a WAL commit round's system calls with the
+  GIL released once, for ``broker/storage/wal/sync_thread.py``.
 """
 
 from setuptools import Extension, setup
@@ -26,6 +28,12 @@ setup(
         Extension(
             "danube_pipeline.format._batch_builder",
             sources=["danube_pipeline/format/_batch_builder.c"],
+            optional=True,
+            extra_compile_args=_FLAGS,
+        ),
+        Extension(
+            "broker.storage.wal._commit_round",
+            sources=["broker/storage/wal/_commit_round.c"],
             optional=True,
             extra_compile_args=_FLAGS,
         ),

@@ -78,6 +78,16 @@ def etcd_endpoints(etcd: EtcdServer) -> list[str]:
 
 
 @pytest.fixture
+def wal_syscalls_from_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The WAL's commit rounds make their system calls from Python instead of the C extension
+    (``broker/storage/wal/sync_thread.py``, ``native_round``), so that a test's FAKE
+    ``os.fdatasync`` or ``sync_filesystem`` takes effect. In this process only."""
+    from broker.storage.wal import sync_thread  # noqa: PLC0415 - broker code, imported where used
+
+    monkeypatch.setattr(sync_thread, "native_round", None)
+
+
+@pytest.fixture
 def start_broker(
     etcd_endpoints: list[str], tmp_path: Path
 ) -> Iterator[Callable[..., BrokerProcess]]:

@@ -1,6 +1,6 @@
 """``danube_pipeline/aio.py``: a wait with a deadline that never swallows a cancellation, and
 no ``asyncio.wait_for`` in the product code (Python 3.11's can lose a cancellation, CPython
-gh-86296, which once hung a broker's shutdown)."""
+gh-86296, which once hung a broker's shutdown); the lock a callback can hold."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from danube_pipeline.aio import wait_set
+from danube_pipeline.aio import HandoffLock, wait_set
 
 pytestmark = pytest.mark.unit
 
@@ -61,6 +61,53 @@ async def test_a_timeout_around_wait_set_is_the_outer_ones() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.02):
             await wait_set(asyncio.Event(), 5.0)
+
+
+@pytest.mark.asyncio
+async def test_the_handoff_lock_is_first_come_first_served_and_a_callback_can_hold_it() -> None:
+    lock = HandoffLock()
+    assert lock.try_acquire() and lock.locked()  # from plain code, no await
+    assert not lock.try_acquire()
+    order: list[str] = []
+
+    async def waiter(name: str) -> None:
+        async with lock:
+            order.append(name)
+            await asyncio.sleep(0)
+
+    first = asyncio.create_task(waiter("first"))
+    second = asyncio.create_task(waiter("second"))
+    await asyncio.sleep(0)
+    assert lock.contended
+    lock.release()  # handed to the first waiter: still locked, a callback cannot overtake it
+    assert lock.locked() and not lock.try_acquire()
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"]
+    assert not lock.locked() and not lock.contended
+    with pytest.raises(RuntimeError):
+        lock.release()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("handed_over", [False, True])
+async def test_a_cancelled_waiter_of_the_handoff_lock_passes_it_on(handed_over: bool) -> None:
+    lock = HandoffLock()
+    assert lock.try_acquire()
+    cancelled = asyncio.create_task(lock.acquire())
+    behind = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(0)
+    if handed_over:  # the lock reaches the waiter, which is cancelled before it runs
+        lock.release()
+        cancelled.cancel()
+    else:  # cancelled while waiting, then the lock is released
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        lock.release()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert await asyncio.wait_for(behind, 1) is True  # the next waiter holds it, nothing is stuck
+    lock.release()
+    assert not lock.locked() and not lock.contended
 
 
 def test_no_product_module_calls_asyncio_wait_for() -> None:

@@ -68,7 +68,9 @@ def _batch(*payloads: bytes, producer_id: int = 1, producer_name: str = "p") -> 
     return builder.build(producer_id=producer_id, producer_name=producer_name), len(payloads)
 
 
-async def test_send_stream_stops_after_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_send_stream_stops_after_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
+) -> None:
     """After the WAL write of batch N fails, SendStream must not publish later batches: they
     would persist after the gap and a client resending from N would duplicate and reorder. Every
     batch is answered, errors as data, and the broker does not end the stream first.

@@ -701,7 +701,9 @@ async def test_recovery_refuses_active_log_overlapping_sealed_with_more_records(
         await open_wal(w)
 
 
-async def test_seal_active_returns_when_the_appends_before_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_seal_active_returns_when_the_appends_before_it_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
+) -> None:
     """FAKE fault injection: ``os.fdatasync`` fails once with ENOSPC (a full disk cannot be
     arranged on demand). The failed append's offsets are handed back; a seal asked for right
     after it must neither hang nor seal anything that was not written."""

@@ -40,56 +40,90 @@ def _counting(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[in
     return calls
 
 
-def _jobs(tmp_path: Path, count: int, failing: int | None = None) -> tuple[list[CommitJob], list[str]]:
-    """``count`` jobs each writing ``b"data i"`` to its own file; job ``failing`` raises ENOSPC."""
+def _jobs(tmp_path: Path, count: int, failing: int | None = None) -> list[CommitJob]:
+    """``count`` jobs, each writing header ``Hi`` at byte 0 and ``data i`` at byte 8 of its own
+    file, then closing header ``Ci``. Job ``failing``'s file is open read-only: its writes fail
+    for real (``EBADF``)."""
     jobs: list[CommitJob] = []
-    events: list[str] = []
     for i in range(count):
-        fd = os.open(tmp_path / f"f{i}", os.O_CREAT | os.O_RDWR, 0o600)
+        path = tmp_path / f"f{i}"
+        path.touch()
+        fd = os.open(path, os.O_RDONLY if i == failing else os.O_RDWR)
+        jobs.append(CommitJob(fd, b"H%d" % i, 0, [b"da", memoryview(b"ta %d" % i)], 8, b"C%d" % i, lambda error: None))
+    return jobs
 
-        def write(fd: int = fd, i: int = i) -> None:
-            if i == failing:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            os.pwrite(fd, b"data %d" % i, 0)
 
-        def after(i: int = i) -> None:
-            events.append(f"after {i}")
+def _contents(tmp_path: Path, count: int) -> list[bytes]:
+    return [(tmp_path / f"f{i}").read_bytes() for i in range(count)]
 
-        jobs.append(CommitJob(write, fd, after, lambda error: None))
-    return jobs, events
+
+def _closed(i: int) -> bytes:
+    """File ``i`` once its job is durable and its closing header written."""
+    return b"C%d" % i + bytes(6) + b"data %d" % i
+
+
+@pytest.fixture(params=["python", "native"])
+def round_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each round test runs twice: system calls from Python, and from the C extension (skipped
+    where it was not built)."""
+    if request.param == "python":
+        monkeypatch.setattr(sync_thread, "native_round", None)
+    elif sync_thread.native_round is None:
+        pytest.skip("the C extension broker.storage.wal._commit_round is not built")
+    return str(request.param)
+
+
+def _syncs(monkeypatch: pytest.MonkeyPatch, path: str) -> Callable[[], tuple[int, int]]:
+    """How many ``(syncfs, fdatasync)`` calls the rounds made since: counted by wrapping the
+    real calls (Python), or from what the C round reports (native)."""
+    if path == "python":
+        syncfs = _counting(monkeypatch, sync_thread, "sync_filesystem")
+        fdatasync = _counting(monkeypatch, os, "fdatasync")
+        return lambda: (len(syncfs), len(fdatasync))
+    native = sync_thread.native_round
+    assert native is not None
+    counts = [0, 0]
+
+    def counted(jobs: Any, syncfs_min_files: int) -> tuple[list[int], bool, list[float]]:
+        errors, used_syncfs, sync_ms = native(jobs, syncfs_min_files)
+        counts[0 if used_syncfs else 1] += len(sync_ms)
+        return errors, used_syncfs, sync_ms
+
+    monkeypatch.setattr(sync_thread, "native_round", counted)
+    return lambda: (counts[0], counts[1])
 
 
 def test_a_round_of_several_files_is_made_durable_by_one_syncfs_and_a_failed_write_fails_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, round_path: str
 ) -> None:
     if sync_thread._SYNCFS is None:  # noqa: SLF001 - what the round would use
         pytest.skip("syncfs with write-back errors needs Linux 5.8 or later")
-    syncfs = _counting(monkeypatch, sync_thread, "sync_filesystem")
-    fdatasync = _counting(monkeypatch, os, "fdatasync")
-    jobs, events = _jobs(tmp_path, 4, failing=1)
+    syncs = _syncs(monkeypatch, round_path)
+    jobs = _jobs(tmp_path, 4, failing=1)
     errors = run_round(jobs, syncfs_min_files=2)
-    assert [type(e).__name__ if e else None for e in errors] == [None, "OSError", None, None]
-    assert len(syncfs) == 1 and fdatasync == []
-    assert events == ["after 0", "after 2", "after 3"]
-    for i in (0, 2, 3):
-        assert (tmp_path / f"f{i}").read_bytes() == b"data %d" % i
+    assert [e.errno if isinstance(e, OSError) else e for e in errors] == [None, errno.EBADF, None, None]
+    assert syncs() == (1, 0)
+    assert _contents(tmp_path, 4) == [_closed(0), b"", _closed(2), _closed(3)]
 
 
-def test_below_the_threshold_each_file_gets_its_fdatasync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    syncfs = _counting(monkeypatch, sync_thread, "sync_filesystem")
-    fdatasync = _counting(monkeypatch, os, "fdatasync")
-    jobs, events = _jobs(tmp_path, 3)
+def test_below_the_threshold_each_file_gets_its_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, round_path: str
+) -> None:
+    syncs = _syncs(monkeypatch, round_path)
+    jobs = _jobs(tmp_path, 3)
     assert run_round(jobs, syncfs_min_files=0) == [None, None, None]  # 0: never syncfs
-    assert syncfs == [] and sorted(fdatasync) == sorted(job.fd for job in jobs)
+    assert syncs() == (0, 3)
     (tmp_path / "one").mkdir()
-    single, _ = _jobs(tmp_path / "one", 1)
-    fdatasync.clear()
+    single = _jobs(tmp_path / "one", 1)
     assert run_round(single, syncfs_min_files=2) == [None]
-    assert syncfs == [] and fdatasync == [single[0].fd]
-    assert events == ["after 0", "after 1", "after 2"]
+    assert syncs() == (0, 4)
+    assert _contents(tmp_path, 3) == [_closed(i) for i in range(3)]
+    assert _contents(tmp_path / "one", 1) == [_closed(0)]
 
 
-def test_a_failed_syncfs_fails_every_job_it_covered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_syncfs_fails_every_job_it_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
+) -> None:
     if sync_thread._SYNCFS is None:  # noqa: SLF001
         pytest.skip("syncfs with write-back errors needs Linux 5.8 or later")
 
@@ -97,10 +131,57 @@ def test_a_failed_syncfs_fails_every_job_it_covered(tmp_path: Path, monkeypatch:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(sync_thread, "sync_filesystem", failing)
-    jobs, events = _jobs(tmp_path, 3)
+    jobs = _jobs(tmp_path, 3)
     errors = run_round(jobs, syncfs_min_files=2)
     assert all(isinstance(e, OSError) and e.errno == errno.EIO for e in errors)
-    assert events == []  # nothing is marked synced
+    assert _contents(tmp_path, 3) == [b"H%d" % i + bytes(6) + b"data %d" % i for i in range(3)]  # none closed
+
+
+def test_the_c_round_writes_what_the_python_round_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More buffers than one ``pwritev`` takes (``IOV_MAX``), empty ones among them, a
+    memoryview into a larger buffer: the two rounds leave the same bytes."""
+    native = sync_thread.native_round
+    if native is None:
+        pytest.skip("the C extension broker.storage.wal._commit_round is not built")
+    source = bytes(range(256)) * 40
+    buffers: list[bytes | memoryview] = [
+        b"" if i % 7 == 0 else memoryview(source)[i % 200 : i % 200 + 1 + i % 13] for i in range(2500)
+    ]
+    written: list[bytes] = []
+    for path in ("python", "native"):
+        monkeypatch.setattr(sync_thread, "native_round", native if path == "native" else None)
+        (tmp_path / path).mkdir()
+        target = tmp_path / path / "f"
+        target.write_bytes(b"x" * 100)
+        fd = os.open(target, os.O_RDWR)
+        try:
+            assert run_round([CommitJob(fd, b"head", 3, buffers, 40, b"done", lambda error: None)], 2) == [None]
+        finally:
+            os.close(fd)
+        written.append(target.read_bytes())
+    assert written[0] == written[1]
+    assert written[0][3:7] == b"done" and written[0][40:] == b"".join(bytes(b) for b in buffers)
+
+
+def test_the_c_round_refuses_a_malformed_job_before_writing(tmp_path: Path) -> None:
+    native = sync_thread.native_round
+    if native is None:
+        pytest.skip("the C extension broker.storage.wal._commit_round is not built")
+    target = tmp_path / "f"
+    target.touch()
+    fd = os.open(target, os.O_RDWR)
+    call: Callable[[list[Any]], object] = lambda jobs: native(jobs, 2)  # noqa: E731 - wrong shapes on purpose
+    try:
+        good = (fd, b"H", 0, [b"data"], 8, b"C")
+        with pytest.raises(TypeError):
+            call([good, (fd, b"H", 0, (b"not", b"a list"), 8, b"C")])
+        with pytest.raises(ValueError):
+            call([good, (fd, b"H", 0, [b"data"], -1, b"C")])
+        with pytest.raises(TypeError):
+            call([good, (fd, "text", 0, [b"data"], 8, b"C")])
+        assert target.read_bytes() == b""  # nothing of the round was written
+    finally:
+        os.close(fd)
 
 
 def frame(i: int) -> tuple[bytes, int]:

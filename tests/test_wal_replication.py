@@ -169,7 +169,7 @@ async def test_begin_epoch_lands_between_appends_queued_before_and_after(tmp_pat
 
 
 class RefuseOnce:
-    """An offset guard (broker.storage.wal.group_commit.OffsetGuard) whose first reservation fails."""
+    """An offset guard (broker.storage.wal.commit_failures.OffsetGuard) whose first reservation fails."""
 
     def __init__(self) -> None:
         self.reserved_end = 0

@@ -63,7 +63,7 @@ def offsets(wal: WriteAheadLog) -> list[int]:
 
 
 async def test_appends_are_acknowledged_only_after_their_fdatasync_returned(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
 ) -> None:
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
     disk = HeldDisk()
@@ -90,7 +90,7 @@ async def test_appends_are_acknowledged_only_after_their_fdatasync_returned(
 
 
 async def test_a_failed_fdatasync_fails_its_commit_and_everything_queued_after_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
 ) -> None:
     wal = await WriteAheadLog.open(tmp_path, segment_max_age_s=3600.0)
     disk = HeldDisk()
@@ -157,7 +157,7 @@ async def test_the_sync_threads_report_each_outcome_on_the_loop() -> None:
 
 async def test_a_cancelled_writer_waits_for_the_outcome_of_its_write() -> None:
     loop = asyncio.get_running_loop()
-    write = Write([], [], 0, 0, None, loop.create_future())
+    write = Write([], [], -1, 0, 0, None, loop.create_future())
     waiting = asyncio.create_task(until_synced(write))
     await asyncio.sleep(0)
     waiting.cancel()
@@ -165,13 +165,14 @@ async def test_a_cancelled_writer_waits_for_the_outcome_of_its_write() -> None:
         await asyncio.sleep(0)
     assert not waiting.done()  # the write's outcome is not known yet
     write.finished = True
+    assert write.waiter is not None
     write.waiter.set_result(None)
     with pytest.raises(asyncio.CancelledError):
         await waiting
 
 
 async def test_the_queued_epoch_follows_epoch_starts_through_a_failed_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
 ) -> None:
     """``queued_epoch`` (kept without scanning the queue): the last epoch start queued while a
     write is in flight; still that epoch after the write fails (the epoch start stays queued,
@@ -204,4 +205,34 @@ async def test_the_queued_epoch_follows_epoch_starts_through_a_failed_write(
     finally:
         disk.error = None
         disk.release.set()
+        await wal.close()
+
+
+async def test_a_seal_waiting_for_the_io_lock_gets_it_while_appends_keep_coming(tmp_path: Path) -> None:
+    """Writes from the loop's callbacks hold the WAL's I/O lock from one write to the next while
+    appends are queued. Here every write's acknowledgement queues the next append (a listener),
+    so one is always queued when a write ends: a seal waiting for the lock must still get it
+    after the write in flight, and the appends go on behind it in order, none lost."""
+    wal = await WriteAheadLog.open(tmp_path, segment_max_bytes=1 << 30, segment_max_age_s=3600.0)  # never full
+    appended: list[asyncio.Future[tuple[int, int]]] = []
+    appending = True
+
+    def append_next(durable_end: int) -> None:
+        if appending:
+            appended.append(wal.enqueue(*frame(len(appended))))
+
+    try:
+        wal.add_listener(append_next)
+        appended.append(wal.enqueue(*frame(0)))
+        while len(appended) < 50:
+            await asyncio.sleep(0.001)
+        sealed = await asyncio.wait_for(wal.seal_active(), timeout=10)
+        appending = False
+        results = await asyncio.gather(*appended)
+        assert results == [(i, i) for i in range(len(appended))]
+        assert sealed is not None and sealed.start_offset == 0 and sealed.end_offset < len(appended) - 1
+        stored = [r.offset for b in wal.read(0, len(appended), max_bytes=1 << 30) for r in batch_records(b.data)]
+        assert stored == list(range(len(appended)))
+    finally:
+        appending = False
         await wal.close()

@@ -25,7 +25,7 @@ from danube_pipeline.format.batches import BatchBuilder, batch_records
 from danube_pipeline.names import TopicName
 
 from broker.cluster.ownership import Ownership
-from broker.storage.wal import WriteAheadLog
+from broker.storage.wal import WriteAheadLog, sync_thread
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -48,7 +48,9 @@ def slow_fault_point() -> Iterator[None]:
 
 
 def slow_fdatasync(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FAKE slow disk: every ``os.fdatasync`` sleeps :data:`SLOW_S` first."""
+    """FAKE slow disk: every ``os.fdatasync`` sleeps :data:`SLOW_S` first (the commit rounds make
+    their system calls from Python meanwhile)."""
+    monkeypatch.setattr(sync_thread, "native_round", None)
     real = os.fdatasync
 
     def slow(fd: int) -> None:
@@ -115,7 +117,7 @@ class StaleDuringSync:
 
 
 async def test_an_owner_past_its_deadline_after_the_fdatasync_does_not_ack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wal_syscalls_from_python: None
 ) -> None:
     """The lease is fresh when the write starts and stale once the slow ``fdatasync`` returns:
     the batch is not acknowledged (retriable NotServedHereError) and is cut off the WAL again,

@@ -168,7 +168,8 @@ class WalMetrics:
         self._flush.observe((time.perf_counter() - started) * 1000.0)
 
     def flushed(self, ms: float) -> None:
-        """One ``syncfs`` of a commit round took ``ms``, into ``danube_wal_flush_latency_ms``."""
+        """One sync of a commit round (its ``syncfs``, or one ``fdatasync``) took ``ms``, into
+        ``danube_wal_flush_latency_ms``."""
         self._flush.observe(ms)
 
     def written(self, appends: Sequence[Any], size_bytes: int) -> None:

@@ -11,8 +11,22 @@ The write and its ``fdatasync`` always run in a sync thread
 (:mod:`broker.storage.wal.sync_thread`), never on the event loop: a slow disk must not stall
 lease keep-alives, which an owner's self-fencing depends on. When the ``fdatasync`` returned, the
 thread schedules one callback on the loop, which acknowledges the commit's appends at once
-(:meth:`GroupCommit._synced`); the writer task resumes after it and starts the next write (one
-``pwritev`` + one ``fdatasync`` per group, in order). The commits that the WALs of the process
+(:meth:`GroupCommit._synced`) and starts the next write (one ``pwritev`` + one ``fdatasync`` per
+group, in order).
+
+**Writes from the loop's callbacks.** The common write, appends into an active segment with
+room, needs no task: an append schedules one callback at the end of its loop turn, which takes
+the WAL's I/O lock (:class:`~danube_pipeline.aio.HandoffLock`, without awaiting) and submits
+everything queued; the sync thread's callback settles the write and, holding the lock on, submits
+what was queued meanwhile. It lets go of the lock when the queue is empty, when a seal or a
+truncation waits for the lock, or when the writer task is needed. The writer task does the rest,
+which awaits: recording an epoch start, reserving offsets, sealing and rolling a full segment,
+holding writes back for the high watermark, draining at stop; a failed write is cut back in a
+task of its own. With thousands of topics each written a little, a one-message batch used to
+wake its WAL's writer task twice (``benchmarks/README.md``, "Where a one-message batch's broker
+time goes").
+
+The commits that the WALs of the process
 hand over in the same loop turn share one thread hand-off and one callback, and, when they are
 several, one ``syncfs`` in place of their ``fdatasync`` calls (the commit rounds of
 :mod:`~broker.storage.wal.sync_thread`). A failed ``fdatasync`` fails every append
@@ -61,25 +75,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Protocol
 
-from danube_pipeline import faults
-from danube_pipeline.aio import wait_set
-from danube_pipeline.errors import StorageFullError
+from danube_pipeline.aio import HandoffLock, wait_set
 from danube_pipeline.format.records import EPOCH_PREFIX_SIZE
 from danube_pipeline.format.segments import StoredBatch, has_epoch_prefix
 from danube_pipeline.outages import OutageLog
 
 from broker import metrics
+from broker.storage.wal.commit_failures import CommitFailures, OffsetGuard, StorageMonitor
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.pending import (
-    EpochStart, PendingAppend, fail_items, mark_seen, plan_write, settle_from_last, unawaited, write_all,
+    EpochStart, PendingAppend, fail_items, mark_seen, plan_write, settle_from_last, unawaited,
 )
 from broker.storage.wal.segment import WRITE_RECORD_AT, encode_write_record
 from broker.storage.wal.sync_thread import CommitJob, Write, in_sync_thread, submit_commit, until_synced
@@ -91,50 +100,14 @@ ROLL_HOLD_MAX_S = 2.0
 """How long a full active segment holds further writes back while the high watermark is below
 its end (:meth:`GroupCommit._hold_for_roll`); past it, writes go on into the segment."""
 
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def storage_error(exc: BaseException, path: Path) -> BaseException:
-    """``exc`` as the error an append reports: a full disk becomes
-    :class:`~danube_pipeline.errors.StorageFullError`, anything else stays as it is."""
-    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
-        return StorageFullError(str(path), os.strerror(exc.errno))
-    return exc
-
-
-class StorageMonitor(Protocol):
-    """Who learns that a WAL's disk is full, and that it takes writes again."""
-
-    def storage_full(self, directory: Path, error: StorageFullError) -> None: ...
-
-    def storage_available(self, directory: Path) -> None: ...
-
-
-class OffsetGuard(Protocol):
-    """Reserves offsets before the WAL writes them (:class:`broker.cluster.ownership.Ownership`)."""
-
-    reserved_end: int
-
-    def covers(self, offset: int) -> bool:
-        """Whether offsets up to ``offset`` may be written and acknowledged without
-        :meth:`reserve_through` (checked before every write)."""
-        ...
-
-    async def reserve_through(self, offset: int) -> None: ...
-
-    def refuse_ack(self, offset: int) -> Exception | None:
-        """After a write up to ``offset`` is durable and before it is acknowledged: the typed
-        error to fail its appends with when acknowledging is no longer allowed (fenced, or past
-        the self-fencing deadline), else ``None``."""
-        ...
-
-
-class GroupCommit:
-    """The append queue of one WAL and the task that writes it (module docstring).
+class GroupCommit(CommitFailures):
+    """The append queue of one WAL and what writes it: callbacks, else a writer task (module
+    docstring).
 
     Args:
         local: the WAL's segments (the writer appends to the active one and seals it when full).
-        io_lock: the WAL's I/O lock, held for every write and seal.
+        io_lock: the WAL's I/O lock, held for every write and seal (by the writer task, or by
+            the callbacks from the submission of a write to its settlement).
         segment_max_bytes: the active segment is sealed once it reaches this size.
         seal_outage: logs failed seals once per outage.
         on_written: called after each successful write (the durable end advanced).
@@ -155,7 +128,7 @@ class GroupCommit:
         self,
         local: LocalLog,
         *,
-        io_lock: asyncio.Lock,
+        io_lock: HandoffLock,
         segment_max_bytes: int,
         seal_outage: OutageLog,
         on_written: Callable[[], None],
@@ -181,6 +154,10 @@ class GroupCommit:
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._pass_scheduled = False  # a write pass is due at the end of this loop turn (_kick)
+        self._direct: Write | None = None  # the write from the loop's callbacks in flight
+        self._seal_due = False  # a write from the callbacks filled the segment: the writer seals it
+        self._recovery: asyncio.Task[None] | None = None  # a failed write's cut-back, from the callbacks
         self.failed: BaseException | None = None
         self.storage_full = False
         self.storage_monitor: StorageMonitor | None = None
@@ -193,12 +170,16 @@ class GroupCommit:
         self._task = asyncio.create_task(self._writer(), name=f"wal-writer:{self._directory}")
 
     async def stop(self) -> None:
-        """Write everything queued, then end the writer task."""
+        """Write everything queued, then end the writer task. A write from the loop's
+        callbacks still in flight holds the I/O lock until it ends (the caller takes it next)."""
         self._stopping = True
         self._wakeup.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._recovery is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
 
     def enqueue(self, batch: bytes, record_count: int) -> asyncio.Future[tuple[int, int]]:
         """Give ``batch`` its offsets now and queue it (the caller checked that the WAL takes
@@ -217,7 +198,7 @@ class GroupCommit:
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
         self._queue.append(PendingAppend(self.next_offset, batch, record_count, fut, leader_epoch=epoch))
         self.next_offset += record_count
-        self._wakeup.set()
+        self._kick()
         return fut
 
     def _epoch_is_new(self, epoch: int) -> bool:
@@ -291,7 +272,7 @@ class GroupCommit:
         end = batches[-1][1].last_offset + 1
         last.add_done_callback(lambda fut: settle_from_last(done, fut, end))
         self.next_offset = end
-        self._wakeup.set()
+        self._kick()
         return done
 
     def _queue_epoch_start(self, start: EpochStart) -> None:  # counted for queued_epoch
@@ -305,8 +286,91 @@ class GroupCommit:
         self._roll_check = True
         self._wakeup.set()
 
+    def _kick(self) -> None:
+        """Appends were queued: write them at the end of this loop turn, with whatever else is
+        queued by then. A write in flight from the callbacks takes them when it ends."""
+        if self._pass_scheduled or self._direct is not None:
+            return
+        self._pass_scheduled = True
+        asyncio.get_running_loop().call_soon(self._write_pass)
+
+    def _write_pass(self) -> None:
+        """The end-of-turn pass :meth:`_kick` queued: write what is queued from this callback
+        if :meth:`_writes_direct` allows and the I/O lock is free, else wake the writer task."""
+        self._pass_scheduled = False
+        if self._direct is not None or not self._queue:
+            return
+        if self._writes_direct() and self._io_lock.try_acquire():
+            if self._start_direct():
+                return
+            self._io_lock.release()
+        self._wakeup.set()
+
+    def _writes_direct(self) -> bool:
+        """Whether the head of the queue may be written from the loop's callbacks, without the
+        writer task: appends into an active segment with room, nothing to record, seal, roll,
+        hold or drain first (those wait in the writer task)."""
+        active = self._local.active
+        return not (
+            self._stopping or self._seal_due or self.failed is not None or self._local.roll_pending
+            or active is None or active.fd is None or active.length >= self.segment_max_bytes
+            or isinstance(self._queue[0], EpochStart)
+        )
+
+    def _start_direct(self) -> bool:
+        """Submit the write of the appends queued, from a callback holding the I/O lock; it
+        ends in :meth:`_direct_synced`.
+
+        Returns:
+            Whether it was submitted: ``False`` when the :class:`OffsetGuard` must reserve
+            offsets first (an await: the writer task does it), the queue unchanged.
+        """
+        batch = self._take_batch()
+        last_owned = next((item.last_offset for item in reversed(batch) if not item.replica), None)
+        guard = self.offset_guard
+        if guard is not None and last_owned is not None and not guard.covers(last_owned):
+            self._queue[:0] = batch
+            return False
+        self._reserve_outage.succeeded()
+        self._direct = self._submit_write(batch, last_owned, awaited=False)
+        return True
+
+    def _direct_synced(self, write: Write, error: BaseException | None) -> None:
+        """On the loop, once the sync thread returned a write from the callbacks: settle it
+        (:meth:`_synced`); then, holding the I/O lock on, write what was queued meanwhile
+        unless someone waits for the lock or the writer task is needed. A failed or refused
+        write is cut back in a task of its own, which releases the lock."""
+        self._synced(write, error)
+        if write.error is not None or write.refused is not None:
+            self._recovery = asyncio.create_task(self._recover_direct(write), name=f"wal-recovery:{self._directory}")
+            return
+        self._direct = None
+        if self._queue and not self._io_lock.contended and self._writes_direct() and self._start_direct():
+            return
+        active = self._local.active
+        if active is not None and active.length >= self.segment_max_bytes:
+            self._seal_due = True
+        self._io_lock.release()
+        if self._queue or self._seal_due or self._roll_check or self._stopping:
+            self._wakeup.set()
+
+    async def _recover_direct(self, write: Write) -> None:
+        """Cut back a failed or refused write from the callbacks (:meth:`_after_write`), then
+        release the I/O lock it held and hand what is queued to the writer task."""
+        try:
+            await self._after_write(write)
+        finally:
+            self._direct = None
+            self._io_lock.release()
+            self._wakeup.set()
+
     async def _writer(self) -> None:
         while True:
+            if self._seal_due:  # a write from the callbacks filled the segment
+                self._seal_due = False
+                async with self._io_lock:
+                    await self._seal_if_full()
+                continue
             if not self._queue:
                 if self._stopping:
                     return
@@ -318,9 +382,19 @@ class GroupCommit:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 continue
+            if self._direct is None and self._writes_direct() and self._io_lock.try_acquire():
+                if self._start_direct():  # back to writes from the callbacks
+                    continue
+                self._io_lock.release()
+            if self._direct is not None:  # the callbacks write; they wake this task when it is needed
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
             if await self._hold_for_roll():
                 continue
             async with self._io_lock:
+                if not self._queue:  # written from the callbacks while this task waited for the lock
+                    continue
                 if self._local.roll_pending:
                     try:
                         await run_to_completion(self._local.finish_roll())
@@ -413,10 +487,6 @@ class GroupCommit:
                 start.future.set_result(None)
         self._on_handed_back()  # waiters (truncate_to) re-check the queue
 
-    @property
-    def _queued_appends(self) -> int:
-        return sum(isinstance(item, PendingAppend) for item in self._queue)
-
     def _take_batch(self) -> list[PendingAppend]:
         """The appends queued up to the first epoch start, but no more than fits the active
         segment (at least one append), so segments stay close to ``segment_max_bytes``; the
@@ -442,43 +512,33 @@ class GroupCommit:
         from the one loop callback the thread schedules when the sync returned
         (:meth:`_synced`), before this task resumes. A failed or refused write is cut back
         here, before anything queued after it is written."""
+        write = self._submit_write(batch, last_owned, awaited=True)
+        await until_synced(write)
+        await self._after_write(write)
+
+    def _submit_write(self, batch: list[PendingAppend], last_owned: int | None, *, awaited: bool) -> Write:
+        """Hand the write of ``batch`` to this loop turn's commit round (the caller holds the
+        I/O lock). Its outcome is settled on the loop by :meth:`_synced` (``awaited``: the
+        writer task waits for :attr:`Write.waiter`), else by :meth:`_direct_synced`."""
         active = self._local.active
         assert active is not None and active.fd is not None
         fd = active.fd
         start_length = active.length
 
         buffers, positions, size = plan_write(batch, start_length, epoch_prefix=has_epoch_prefix(active.format_version))
-        pending = encode_write_record(start_length, size, synced=False)
-        synced = encode_write_record(start_length, size, synced=True)
-
-        def write_bytes() -> None:
-            faults.point(faults.WAL_BEFORE_FDATASYNC)
-            os.pwrite(fd, pending, WRITE_RECORD_AT)  # synced with the write below
-            write_all(fd, buffers, start_length)
-
-        def mark_synced() -> None:  # the write is durable either way: an error is ignored
-            os.pwrite(fd, synced, WRITE_RECORD_AT)  # durable with the next sync (or writeback)
-
-        write = Write(batch, positions, start_length, size, last_owned, asyncio.get_running_loop().create_future())
+        waiter = asyncio.get_running_loop().create_future() if awaited else None
+        write = Write(batch, positions, fd, start_length, size, last_owned, waiter)
+        settle = self._synced if awaited else self._direct_synced
         # Never on the event loop (module docstring), in this loop turn's commit round
         # (sync_thread.py: one fdatasync, or one syncfs for the round's WALs). The commit's state
-        # follows the file even if this task is cancelled meanwhile: _synced runs on the loop
-        # either way.
-        submit_commit(CommitJob(write_bytes, fd, mark_synced, lambda error: self._synced(write, error)))
-        await until_synced(write)
-        if write.error is not None:
-            await self._fail_batch(batch, write.error, fd, start_length)
-            if not isinstance(write.error, Exception):
-                raise write.error
-        elif write.refused is not None:
-            # Durable, yet this owner may no longer acknowledge: it may have been failed over,
-            # and the producers resend to the new owner. A copy kept here would become a second
-            # copy of what the new owner acknowledges, so it is cut off as a failed write is.
-            failed = len(batch) + self._queued_appends
-            self._reserve_outage.failed(
-                f"{failed} appends written but not acknowledged, cut off again: {write.refused}"
-            )
-            await self._cut_back(batch, write.refused, fd, start_length)
+        # follows the file even if the writer task is cancelled meanwhile: it is settled on the
+        # loop either way.
+        pending = encode_write_record(start_length, size, synced=False)  # made durable with the write
+        synced = encode_write_record(start_length, size, synced=True)  # durable with the next sync (or writeback)
+        submit_commit(
+            CommitJob(fd, pending, WRITE_RECORD_AT, buffers, start_length, synced, lambda error: settle(write, error))
+        )
+        return write
 
     def _synced(self, write: Write, error: BaseException | None) -> None:
         """On the loop, once the sync thread's write of ``write`` returned (``error``: how it
@@ -498,7 +558,7 @@ class GroupCommit:
             write.error = exc
         finally:
             write.finished = True
-            if not write.waiter.done():
+            if write.waiter is not None and not write.waiter.done():
                 write.waiter.set_result(None)
 
     def _committed(self, write: Write) -> None:
@@ -526,75 +586,3 @@ class GroupCommit:
         for item in batch:
             if not item.future.done():
                 item.future.set_result((item.first_offset, item.last_offset))
-
-    async def _fail_batch(self, batch: list[PendingAppend], exc: BaseException, fd: int, good_length: int) -> None:
-        """A write failed: drop the batch and everything queued after it (their offsets were
-        never acknowledged), cut the file back, and hand the offsets out again."""
-        await self._cut_back(batch, self._report_failure(exc, len(batch) + self._queued_appends), fd, good_length)
-
-    async def _cut_back(self, batch: list[PendingAppend], error: Exception, fd: int, good_length: int) -> None:
-        """Fail ``batch`` and everything queued after it with ``error``, cut the file back to
-        ``good_length`` (synced, in a sync thread), and hand their offsets out again: none was
-        acknowledged. Appends queued meanwhile fail with them."""
-
-        def truncate() -> None:
-            os.ftruncate(fd, good_length)
-            os.fsync(fd)
-
-        try:
-            await run_to_completion(in_sync_thread(truncate))
-        except OSError as trunc_exc:
-            self.failed = trunc_exc
-            log.error("WAL %s: cannot truncate after a failed write; WAL disabled: %s", self._directory, trunc_exc)
-        finally:
-            self._hand_back(batch, error)
-
-    def _refuse_queued(self, batch: list[PendingAppend], exc: Exception) -> None:
-        """The offsets of ``batch`` could not be reserved (:attr:`offset_guard`): fail it and
-        everything queued after it with ``exc``, unwritten, and hand the offsets back."""
-        self._reserve_outage.failed(f"{len(batch) + self._queued_appends} appends refused: offsets not reserved: {exc}")
-        self._hand_back(batch, exc)
-
-    def _fail_queued(self, exc: OSError) -> None:
-        """No active segment to write to: fail everything queued (nothing was written)."""
-        self._hand_back([], self._report_failure(exc, self._queued_appends))
-
-    def _hand_back(self, batch: list[PendingAppend], error: BaseException) -> None:
-        """Fail ``batch`` and every append queued after it with ``error`` and hand their offsets
-        out again (none was acknowledged). Epoch starts queued by :meth:`begin_epoch` stay
-        queued, moved down to the new :attr:`next_offset`; those of replica appends go with
-        their batches."""
-        assert self._local.active is not None
-        self.next_offset = self._local.active.end + 1
-        failed: list[PendingAppend] = list(batch)
-        kept: list[PendingAppend | EpochStart] = []
-        for item in self._queue:
-            if isinstance(item, PendingAppend):
-                failed.append(item)
-            elif item.future is not None:
-                item.start_offset = self.next_offset
-                kept.append(item)
-        self._queue = kept
-        starts = [item for item in kept if isinstance(item, EpochStart)]  # all of kept
-        self._epoch_starts_queued = len(starts)
-        if starts:
-            self._last_queued_epoch = starts[-1].epoch
-        fail_items(failed, error)
-        self._on_handed_back()  # offsets were handed back: waiters such as seal_active re-check
-
-    def _report_failure(self, exc: BaseException, appends: int) -> Exception:
-        """Log a failed write (a full disk once per episode) and return the error the
-        appends fail with."""
-        error = storage_error(exc, self._directory)
-        if isinstance(error, StorageFullError):
-            if not self.storage_full:
-                self.storage_full = True
-                log.warning(
-                    "WAL %s: disk full, appends refused until space is freed (reads go on): %s",
-                    self._directory, exc,
-                )
-                if self.storage_monitor is not None:
-                    self.storage_monitor.storage_full(self._directory, error)
-            return error
-        log.error("WAL %s: write failed, failing %d queued appends: %s", self._directory, appends, exc)
-        return error if isinstance(error, Exception) else OSError(str(error))

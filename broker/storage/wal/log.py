@@ -11,7 +11,7 @@ acknowledged only after the ``fdatasync`` that covers its batch. :class:`WriteAh
 A full disk (``ENOSPC``, ``EDQUOT``) fails the appends of that write with
 :class:`~danube_pipeline.errors.StorageFullError`; the file is cut back to its last good byte,
 reads go on, and the next write that fits succeeds. The WAL tells its
-:class:`~broker.storage.wal.group_commit.StorageMonitor` when it becomes full and when a write
+:class:`~broker.storage.wal.commit_failures.StorageMonitor` when it becomes full and when a write
 succeeds again, and logs once per episode.
 
 For topic replication the facade also records leader epochs, appends a follower's copies of
@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from danube_pipeline.aio import wait_set
+from danube_pipeline.aio import HandoffLock, wait_set
 from danube_pipeline.outages import OutageLog
 from danube_pipeline.format.segments import StoredBatch
 
 from broker.storage.wal.abandoned import AbandonedRange
-from broker.storage.wal.group_commit import GroupCommit, OffsetGuard, StorageMonitor
+from broker.storage.wal.commit_failures import OffsetGuard, StorageMonitor
+from broker.storage.wal.group_commit import GroupCommit
 from broker.storage.wal.local_log import LocalLog
 from broker.storage.wal.recovery import Quarantine
 from broker.storage.wal.replica_log import ReplicaLogMixin
@@ -66,7 +67,7 @@ class WriteAheadLog(ReplicaLogMixin):
         self.index_interval_bytes = index_interval_bytes
         self._local = LocalLog(directory, index_interval_bytes=index_interval_bytes)
         self._advanced = asyncio.Event()
-        self._io_lock = asyncio.Lock()
+        self._io_lock = HandoffLock()
         self._timer_task: asyncio.Task[None] | None = None
         self._seals_after: asyncio.Event | None = None
         self._closed = False

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from danube_pipeline.aio import wait_set
+from danube_pipeline.aio import HandoffLock, wait_set
 from danube_pipeline.errors import LogTruncationError
 from danube_pipeline.format.segments import StoredBatch
 
@@ -51,7 +51,7 @@ class _Wal(Protocol):
     directory: Path
     _local: LocalLog
     _commit: GroupCommit
-    _io_lock: asyncio.Lock
+    _io_lock: HandoffLock
     _advanced: asyncio.Event
 
     @property
