@@ -209,10 +209,10 @@ async def test_the_queued_epoch_follows_epoch_starts_through_a_failed_write(
 
 
 async def test_a_seal_waiting_for_the_io_lock_gets_it_while_appends_keep_coming(tmp_path: Path) -> None:
-    """Writes from the loop's callbacks hold the WAL's I/O lock from one write to the next while
-    appends are queued. Here every write's acknowledgement queues the next append (a listener),
-    so one is always queued when a write ends: a seal waiting for the lock must still get it
-    after the write in flight, and the appends go on behind it in order, none lost."""
+    """A write from the loop's callbacks holds the WAL's I/O lock until it is settled. Here every
+    write's acknowledgement queues the next append (a listener), so one is always queued when a
+    write ends: a seal waiting for the lock must still get it after the write in flight, and the
+    appends go on behind it in order, none lost."""
     wal = await WriteAheadLog.open(tmp_path, segment_max_bytes=1 << 30, segment_max_age_s=3600.0)  # never full
     appended: list[asyncio.Future[tuple[int, int]]] = []
     appending = True

@@ -17,9 +17,10 @@ group, in order).
 **Writes from the loop's callbacks.** The common write, appends into an active segment with
 room, needs no task: an append schedules one callback at the end of its loop turn, which takes
 the WAL's I/O lock (:class:`~danube_pipeline.aio.HandoffLock`, without awaiting) and submits
-everything queued; the sync thread's callback settles the write and, holding the lock on, submits
-what was queued meanwhile. It lets go of the lock when the queue is empty, when a seal or a
-truncation waits for the lock, or when the writer task is needed. The writer task does the rest,
+everything queued; the sync thread's callback settles the write, hands the lock to a seal or a
+truncation waiting for it, if any, and schedules the same pass for what was queued meanwhile
+(written with what comes until the end of that loop turn, as the writer task did). The writer
+task does the rest,
 which awaits: recording an epoch start, reserving offsets, sealing and rolling a full segment,
 holding writes back for the high watermark, draining at stop; a failed write is cut back in a
 task of its own. With thousands of topics each written a little, a one-message batch used to
@@ -337,22 +338,23 @@ class GroupCommit(CommitFailures):
 
     def _direct_synced(self, write: Write, error: BaseException | None) -> None:
         """On the loop, once the sync thread returned a write from the callbacks: settle it
-        (:meth:`_synced`); then, holding the I/O lock on, write what was queued meanwhile
-        unless someone waits for the lock or the writer task is needed. A failed or refused
-        write is cut back in a task of its own, which releases the lock."""
+        (:meth:`_synced`), release the I/O lock (to whoever waits for it), and have what was
+        queued meanwhile written by a pass at the end of this loop turn, or the writer task woken
+        when it is needed. A failed or refused write is cut back in a task of its own, which
+        releases the lock."""
         self._synced(write, error)
         if write.error is not None or write.refused is not None:
             self._recovery = asyncio.create_task(self._recover_direct(write), name=f"wal-recovery:{self._directory}")
             return
         self._direct = None
-        if self._queue and not self._io_lock.contended and self._writes_direct() and self._start_direct():
-            return
         active = self._local.active
         if active is not None and active.length >= self.segment_max_bytes:
             self._seal_due = True
-        self._io_lock.release()
-        if self._queue or self._seal_due or self._roll_check or self._stopping:
+        self._io_lock.release()  # to a seal or truncation waiting for it, if any
+        if self._seal_due or self._roll_check or self._stopping:
             self._wakeup.set()
+        elif self._queue:
+            self._kick()  # written at the end of this loop turn, with what comes meanwhile
 
     async def _recover_direct(self, write: Write) -> None:
         """Cut back a failed or refused write from the callbacks (:meth:`_after_write`), then
