@@ -43,6 +43,7 @@ typedef struct {
     Py_buffer header;
     Py_ssize_t header_at;
     Py_buffer *buffers;
+    struct iovec *iov; /* one per buffer, for pwritev */
     Py_ssize_t buffer_count;
     Py_ssize_t position;
     Py_buffer closing;
@@ -56,36 +57,19 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-/* pwrite all of buf at off; 0 or an errno. */
-static int pwrite_all(int fd, const char *buf, size_t size, off_t off) {
-    while (size > 0) {
-        ssize_t n = pwrite(fd, buf, size, off);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        if (n == 0)
-            return EIO;
-        buf += n;
-        size -= (size_t)n;
-        off += n;
-    }
-    return 0;
-}
-
-/* pwritev every buffer from off on, in chunks of IOV_CHUNK, continuing after partial writes. */
-static int pwritev_all(int fd, const Py_buffer *buffers, Py_ssize_t count, off_t off) {
+/* pwritev every byte of src[0..count) from off on, in chunks of IOV_CHUNK, continuing after
+ * partial writes; 0 or an errno. */
+static int pwritev_all(int fd, const struct iovec *src, Py_ssize_t count, off_t off) {
     struct iovec iov[IOV_CHUNK];
     Py_ssize_t i = 0;
-    size_t skip = 0; /* bytes of buffers[i] already written */
+    size_t skip = 0; /* bytes of src[i] already written */
     while (i < count) {
         int used = 0;
         size_t total = 0;
         for (Py_ssize_t j = i; j < count && used < IOV_CHUNK; j++) {
             size_t from = j == i ? skip : 0;
-            iov[used].iov_base = (char *)buffers[j].buf + from;
-            iov[used].iov_len = (size_t)buffers[j].len - from;
+            iov[used].iov_base = (char *)src[j].iov_base + from;
+            iov[used].iov_len = src[j].iov_len - from;
             total += iov[used].iov_len;
             used++;
         }
@@ -101,14 +85,20 @@ static int pwritev_all(int fd, const Py_buffer *buffers, Py_ssize_t count, off_t
             return EIO;
         off += n;
         size_t left = (size_t)n;
-        while (i < count && left >= (size_t)buffers[i].len - skip) {
-            left -= (size_t)buffers[i].len - skip;
+        while (i < count && left >= src[i].iov_len - skip) {
+            left -= src[i].iov_len - skip;
             skip = 0;
             i++;
         }
         skip += left;
     }
     return 0;
+}
+
+/* pwrite all of a Py_buffer at off; 0 or an errno. */
+static int pwrite_buffer(int fd, const Py_buffer *buffer, off_t off) {
+    struct iovec one = {buffer->buf, (size_t)buffer->len};
+    return pwritev_all(fd, &one, 1, off);
 }
 
 static void release_job(job_t *job) {
@@ -119,6 +109,7 @@ static void release_job(job_t *job) {
     for (Py_ssize_t k = 0; k < job->buffer_count; k++)
         PyBuffer_Release(&job->buffers[k]);
     PyMem_Free(job->buffers);
+    PyMem_Free(job->iov);
 }
 
 /* Fill job from the tuple item; -1 with an exception set (job is released by the caller). */
@@ -144,7 +135,8 @@ static int load_job(PyObject *item, job_t *job) {
     }
     Py_ssize_t count = PyList_GET_SIZE(buffers);
     job->buffers = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof(Py_buffer));
-    if (job->buffers == NULL) {
+    job->iov = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof(struct iovec));
+    if (job->buffers == NULL || job->iov == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -152,6 +144,8 @@ static int load_job(PyObject *item, job_t *job) {
         if (PyObject_GetBuffer(PyList_GET_ITEM(buffers, k), &job->buffers[k], PyBUF_SIMPLE) < 0)
             return -1;
         job->buffer_count = k + 1;
+        job->iov[k].iov_base = job->buffers[k].buf;
+        job->iov[k].iov_len = (size_t)job->buffers[k].len;
     }
     return 0;
 }
@@ -188,9 +182,9 @@ static PyObject *commit_round(PyObject *module, PyObject *const *args, Py_ssize_
     Py_ssize_t written = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         job_t *job = &jobs[i];
-        job->error = pwrite_all(job->fd, job->header.buf, (size_t)job->header.len, (off_t)job->header_at);
+        job->error = pwrite_buffer(job->fd, &job->header, (off_t)job->header_at);
         if (job->error == 0)
-            job->error = pwritev_all(job->fd, job->buffers, job->buffer_count, (off_t)job->position);
+            job->error = pwritev_all(job->fd, job->iov, job->buffer_count, (off_t)job->position);
         job->written = job->error == 0;
         written += job->written;
     }
@@ -239,7 +233,7 @@ static PyObject *commit_round(PyObject *module, PyObject *const *args, Py_ssize_
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         if (jobs[i].written) /* durable either way: an error is ignored */
-            (void)pwrite_all(jobs[i].fd, jobs[i].closing.buf, (size_t)jobs[i].closing.len, (off_t)jobs[i].header_at);
+            (void)pwrite_buffer(jobs[i].fd, &jobs[i].closing, (off_t)jobs[i].header_at);
     }
     Py_END_ALLOW_THREADS
 

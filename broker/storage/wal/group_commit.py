@@ -326,10 +326,8 @@ class GroupCommit(CommitFailures):
             Whether it was submitted: ``False`` when the :class:`OffsetGuard` must reserve
             offsets first (an await: the writer task does it), the queue unchanged.
         """
-        batch = self._take_batch()
-        last_owned = next((item.last_offset for item in reversed(batch) if not item.replica), None)
-        guard = self.offset_guard
-        if guard is not None and last_owned is not None and not guard.covers(last_owned):
+        batch, last_owned, covered = self._take_write()
+        if not covered:
             self._queue[:0] = batch
             return False
         self._reserve_outage.succeeded()
@@ -407,10 +405,9 @@ class GroupCommit(CommitFailures):
                 if isinstance(head, EpochStart):
                     await self._record_epoch(head)
                     continue
-                batch = self._take_batch()
-                last_owned = next((item.last_offset for item in reversed(batch) if not item.replica), None)
+                batch, last_owned, covered = self._take_write()
                 guard = self.offset_guard
-                if guard is not None and last_owned is not None and not guard.covers(last_owned):
+                if not covered and guard is not None and last_owned is not None:
                     try:
                         await guard.reserve_through(last_owned)
                     except Exception as exc:  # noqa: BLE001 - fenced or etcd down: nothing is written
@@ -488,6 +485,15 @@ class GroupCommit(CommitFailures):
             if start.future is not None and not start.future.done():
                 start.future.set_result(None)
         self._on_handed_back()  # waiters (truncate_to) re-check the queue
+
+    def _take_write(self) -> tuple[list[PendingAppend], int | None, bool]:
+        """The next write (:meth:`_take_batch`), the last offset of it the owner assigned
+        (``None``: replica batches only), and whether the :class:`OffsetGuard` covers it
+        without a reservation."""
+        batch = self._take_batch()
+        last_owned = next((item.last_offset for item in reversed(batch) if not item.replica), None)
+        guard = self.offset_guard
+        return batch, last_owned, guard is None or last_owned is None or guard.covers(last_owned)
 
     def _take_batch(self) -> list[PendingAppend]:
         """The appends queued up to the first epoch start, but no more than fits the active
