@@ -2,9 +2,9 @@
 disk in ONE ``os.pwritev`` and ONE ``os.fdatasync``.
 
 :meth:`GroupCommit.enqueue` takes one producer-framed record batch, assigns its offsets at once
-and queues it; one writer task takes everything queued since its previous write and writes each
-batch's bytes as received, behind the base offset it was given, then syncs, and resolves every
-waiting future. A producer is acknowledged only after the ``fdatasync`` that covers its batch.
+and queues it; one write at a time takes everything queued since the previous one and writes
+each batch's bytes as received, behind the base offset it was given, then syncs, and resolves
+every waiting future. A producer is acknowledged only after the ``fdatasync`` that covers its batch.
 No Python object is made per message.
 
 The write and its ``fdatasync`` always run in a sync thread
