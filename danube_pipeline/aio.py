@@ -42,10 +42,9 @@ class HandoffLock:
     """A first-come-first-served ``asyncio`` lock that code outside a task can also hold.
 
     ``async with lock`` and :meth:`acquire` / :meth:`release` behave as ``asyncio.Lock``'s.
-    :meth:`try_acquire` takes the lock at once, from a plain callback, or tells it cannot;
-    :attr:`contended` tells a holder that someone waits, so that a holder taking turn after turn
-    (the WAL's writes from its commit callbacks) can let them in. :meth:`release` hands the lock
-    straight to the first waiter: it stays locked, so :meth:`try_acquire` never overtakes a waiter.
+    :meth:`try_acquire` takes the lock at once, from a plain callback, or tells it cannot.
+    :meth:`release` hands the lock straight to the first waiter: it stays locked, so
+    :meth:`try_acquire` never overtakes a waiter.
     """
 
     def __init__(self) -> None:
@@ -55,11 +54,6 @@ class HandoffLock:
     def locked(self) -> bool:
         """Whether someone holds the lock."""
         return self._locked
-
-    @property
-    def contended(self) -> bool:
-        """Whether a task waits for the lock."""
-        return bool(self._waiters)
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free (no waiter can be waiting then); never blocks.

@@ -299,13 +299,19 @@ class GroupCommit(CommitFailures):
         """The end-of-turn pass :meth:`_kick` queued: write what is queued from this callback
         if :meth:`_writes_direct` allows and the I/O lock is free, else wake the writer task."""
         self._pass_scheduled = False
-        if self._direct is not None or not self._queue:
+        if self._direct is not None or not self._queue or self._try_direct():
             return
+        self._wakeup.set()
+
+    def _try_direct(self) -> bool:
+        """Whether what is queued was submitted from the loop's callbacks (:meth:`_start_direct`,
+        the I/O lock held until it is settled): :meth:`_writes_direct` allows it, the lock is free
+        and the :class:`OffsetGuard` covers it."""
         if self._writes_direct() and self._io_lock.try_acquire():
             if self._start_direct():
-                return
+                return True
             self._io_lock.release()
-        self._wakeup.set()
+        return False
 
     def _writes_direct(self) -> bool:
         """Whether the head of the queue may be written from the loop's callbacks, without the
@@ -382,10 +388,8 @@ class GroupCommit(CommitFailures):
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 continue
-            if self._direct is None and self._writes_direct() and self._io_lock.try_acquire():
-                if self._start_direct():  # back to writes from the callbacks
-                    continue
-                self._io_lock.release()
+            if self._direct is None and self._try_direct():  # back to writes from the callbacks
+                continue
             if self._direct is not None:  # the callbacks write; they wake this task when it is needed
                 await self._wakeup.wait()
                 self._wakeup.clear()
